@@ -1,0 +1,159 @@
+/*
+ * engine_status_string / engine_last_error (the C API's error reporting) and the host-side caches
+ * declared in common.cuh. No kernels here.
+ *
+ * The last-error detail is a thread-local string: each public entry point clears it, a failure
+ * fills it, and engine_last_error() returns it (valid until the thread's next engine call).
+ * The device and occupancy caches are small arrays behind a mutex: a launch after the first one of
+ * a given kernel shape costs one uncontended lock and a short linear search, no driver call.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/common.cuh"
+
+namespace engine {
+namespace {
+
+thread_local std::string g_last_error;
+
+constexpr int kMaxDevices = 64;
+std::mutex g_device_mutex;
+bool g_device_valid[kMaxDevices];
+DeviceInfo g_device_info[kMaxDevices];
+
+struct OccEntry {
+  int device;
+  const void* func;
+  int block;
+  size_t smem;
+  int blocks;
+};
+std::mutex g_occ_mutex;
+std::vector<OccEntry> g_occ;
+/* (device, func) pairs whose dynamic shared-memory limit was raised to the device maximum. */
+std::vector<std::pair<int, const void*>> g_smem_raised;
+
+}  // namespace
+
+engine_status set_error(engine_status status, const char* fmt, ...) {
+  char buf[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  g_last_error.assign(buf);
+  return status;
+}
+
+void clear_error() { g_last_error.clear(); }
+
+const char* dtype_name(engine_dtype t) {
+  switch (t) {
+    case ENGINE_DTYPE_FLOAT32: return "float32";
+    case ENGINE_DTYPE_FLOAT16: return "float16";
+    case ENGINE_DTYPE_BFLOAT16: return "bfloat16";
+    case ENGINE_DTYPE_FLOAT8_E4M3: return "float8_e4m3";
+    case ENGINE_DTYPE_FLOAT8_E5M2: return "float8_e5m2";
+  }
+  return "unknown dtype";
+}
+
+engine_status current_device_info(DeviceInfo* info) {
+  int dev = 0;
+  ENGINE_CHECK_CUDA(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) {
+    return set_error(ENGINE_ERROR_CUDA, "device ordinal %d out of the supported range", dev);
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_device_mutex);
+    if (g_device_valid[dev]) {
+      *info = g_device_info[dev];
+      return ENGINE_SUCCESS;
+    }
+  }
+  DeviceInfo d;
+  d.device = dev;
+  ENGINE_CHECK_CUDA(cudaDeviceGetAttribute(&d.sm_count, cudaDevAttrMultiProcessorCount, dev));
+  ENGINE_CHECK_CUDA(
+      cudaDeviceGetAttribute(&d.max_smem_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  ENGINE_CHECK_CUDA(
+      cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+  ENGINE_CHECK_CUDA(cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, dev));
+  {
+    std::lock_guard<std::mutex> lock(g_device_mutex);
+    g_device_info[dev] = d;
+    g_device_valid[dev] = true;
+  }
+  *info = d;
+  return ENGINE_SUCCESS;
+}
+
+engine_status blocks_per_sm(const void* func, int block, size_t dyn_smem, int* out) {
+  int dev = 0;
+  ENGINE_CHECK_CUDA(cudaGetDevice(&dev));
+  {
+    std::lock_guard<std::mutex> lock(g_occ_mutex);
+    for (const OccEntry& e : g_occ) {
+      if (e.device == dev && e.func == func && e.block == block && e.smem == dyn_smem) {
+        *out = e.blocks;
+        return ENGINE_SUCCESS;
+      }
+    }
+  }
+  if (dyn_smem > 48 * 1024) {
+    bool raised = false;
+    {
+      std::lock_guard<std::mutex> lock(g_occ_mutex);
+      for (const auto& p : g_smem_raised) raised = raised || (p.first == dev && p.second == func);
+    }
+    if (!raised) {
+      DeviceInfo info;
+      ENGINE_TRY(current_device_info(&info));
+      if (dyn_smem > (size_t)info.max_smem_per_block_optin) {
+        return set_error(ENGINE_ERROR_INVALID_ARGUMENT,
+                         "kernel needs %zu bytes of shared memory, the device allows %d", dyn_smem,
+                         info.max_smem_per_block_optin);
+      }
+      ENGINE_CHECK_CUDA(cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             info.max_smem_per_block_optin));
+      std::lock_guard<std::mutex> lock(g_occ_mutex);
+      g_smem_raised.emplace_back(dev, func);
+    }
+  }
+  int blocks = 0;
+  ENGINE_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, func, block, dyn_smem));
+  if (blocks < 1) {
+    return set_error(ENGINE_ERROR_INVALID_ARGUMENT,
+                     "a block of %d threads with %zu bytes of dynamic shared memory cannot be "
+                     "resident on this device",
+                     block, dyn_smem);
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_occ_mutex);
+    g_occ.push_back(OccEntry{dev, func, block, dyn_smem, blocks});
+  }
+  *out = blocks;
+  return ENGINE_SUCCESS;
+}
+
+}  // namespace engine
+
+extern "C" {
+
+const char* engine_status_string(engine_status status) {
+  switch (status) {
+    case ENGINE_SUCCESS: return "ENGINE_SUCCESS";
+    case ENGINE_ERROR_INVALID_ARGUMENT: return "ENGINE_ERROR_INVALID_ARGUMENT";
+    case ENGINE_ERROR_CUDA: return "ENGINE_ERROR_CUDA";
+  }
+  return "ENGINE_ERROR_UNKNOWN";
+}
+
+const char* engine_last_error(void) { return engine::g_last_error.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,141 @@
+/*
+ * Warp, row-group and block reductions (device side).
+ *
+ * Determinism: every reduction has a fixed combination order that depends only on the launch
+ * shape, so results are bitwise identical run to run. The xor-butterfly sums give every lane of a
+ * group the same bits (float addition is commutative, and each level adds the same two partial
+ * sums on both sides), so all threads of a row agree on mean / rsigma without a broadcast.
+ *
+ * Row groups: a CTA is split into groups of `tpr` consecutive threads, each reducing its own row.
+ * tpr is a power of two <= 32 (the group lives inside one warp: shuffles only) or a multiple of 32
+ * (any number of warps, not necessarily a power of two: warp partials go through shared memory and
+ * every thread sums its group's partials in warp order). Every thread of the CTA must call the
+ * reducer the same number of times (the kernels keep their row loops uniform across the CTA and
+ * mask invalid rows instead of skipping them), because the multi-warp case uses __syncthreads.
+ */
+#ifndef ENGINE_CSRC_COMMON_REDUCE_CUH_
+#define ENGINE_CSRC_COMMON_REDUCE_CUH_
+
+#include <stdint.h>
+
+namespace engine {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+
+/* Sum of K values over row groups of `tpr` threads; every thread gets its group's sums.
+ * `buf` is shared memory of 2 * 32 * K floats; the two halves alternate between calls so that one
+ * __syncthreads per call suffices (a half is rewritten only after the next call's barrier, which
+ * every thread reaches after finishing its reads of the previous use). */
+template <int K>
+struct RowGroupSum {
+  float* buf;
+  int parity;
+
+  __device__ __forceinline__ explicit RowGroupSum(float* shared_buf) : buf(shared_buf), parity(0) {}
+
+  __device__ __forceinline__ void operator()(float (&v)[K], int tpr) {
+    const int width = tpr < 32 ? tpr : 32;
+    for (int off = width >> 1; off > 0; off >>= 1) {
+#pragma unroll
+      for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(kFullMask, v[k], off);
+    }
+    if (tpr > 32) {
+      const int warp = threadIdx.x >> 5;
+      const int lane = threadIdx.x & 31;
+      float* b = buf + parity * 32 * K;
+      if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) b[warp * K + k] = v[k];
+      }
+      __syncthreads();
+      const int wpr = tpr >> 5;
+      const int first = (warp / wpr) * wpr;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        float s = b[first * K + k];
+        for (int j = 1; j < wpr; ++j) s += b[(first + j) * K + k];
+        v[k] = s;
+      }
+      parity ^= 1;
+    }
+  }
+};
+
+/* Chan et al. merge of (count, mean, M2) statistics: (n, mean, m2) <- (n, mean, m2) + (nb, ...). */
+__device__ __forceinline__ void chan_merge(float& n, float& mean, float& m2, float nb, float meanb,
+                                           float m2b) {
+  if (nb == 0.0f) return;
+  if (n == 0.0f) {
+    n = nb;
+    mean = meanb;
+    m2 = m2b;
+    return;
+  }
+  const float nt = n + nb;
+  const float fb = nb / nt;
+  const float delta = meanb - mean;
+  mean = fmaf(delta, fb, mean);
+  m2 = m2 + m2b + delta * delta * n * fb;
+  n = nt;
+}
+
+/* Block-wide Chan merge; every thread receives the block's (n, mean, m2). blockDim.x % 32 == 0.
+ * `sm` is shared memory of 3 * 33 floats. Tree order within warps, warp order across warps. */
+__device__ __forceinline__ void block_chan(float& n, float& mean, float& m2, float* sm) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float nb = __shfl_down_sync(kFullMask, n, off);
+    const float mb = __shfl_down_sync(kFullMask, mean, off);
+    const float qb = __shfl_down_sync(kFullMask, m2, off);
+    chan_merge(n, mean, m2, nb, mb, qb);
+  }
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
+    sm[3 * warp + 0] = n;
+    sm[3 * warp + 1] = mean;
+    sm[3 * warp + 2] = m2;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int nw = blockDim.x >> 5;
+    for (int w = 1; w < nw; ++w) chan_merge(n, mean, m2, sm[3 * w], sm[3 * w + 1], sm[3 * w + 2]);
+    sm[96] = n;
+    sm[97] = mean;
+    sm[98] = m2;
+  }
+  __syncthreads();
+  n = sm[96];
+  mean = sm[97];
+  m2 = sm[98];
+}
+
+__device__ __forceinline__ int warp_max_int(int v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  return __reduce_max_sync(kFullMask, v);
+#else
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, off));
+  return v;
+#endif
+}
+
+/* Max of `bits` (non-negative float bits, see abs_bits) over the block, then ONE atomicMax per
+ * block into *amax (as int: deterministic, and monotone for non-negative floats). Must be called by
+ * every thread of the block; blockDim.x % 32 == 0; `sm` is shared memory of 32 ints. */
+__device__ __forceinline__ void block_amax_atomic(int bits, float* amax, int* sm) {
+  bits = warp_max_int(bits);
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) sm[warp] = bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int m = sm[0];
+    const int nw = blockDim.x >> 5;
+    for (int w = 1; w < nw; ++w) m = max(m, sm[w]);
+    atomicMax(reinterpret_cast<int*>(amax), m);
+  }
+}
+
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_COMMON_REDUCE_CUH_

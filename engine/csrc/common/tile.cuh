@@ -1,0 +1,83 @@
+/*
+ * Transposed store of a byte tile staged in shared memory (FP8 data), used by the norm's in-kernel
+ * transposed output, cast_transpose and fp8_transpose.
+ *
+ * A thread takes a work item (h, q): rows [16h, 16h + 16) and columns [4q, 4q + 4) of the tile. It
+ * reads 16 32-bit words (one per row; consecutive lanes take consecutive q, so a warp reads 32
+ * consecutive words of one tile row: no bank conflicts whatever the pitch), transposes the 16x4
+ * bytes in registers with __byte_perm, and writes four 16-byte runs, one per column, each a
+ * contiguous piece of an output row. With a 32-row tile two lanes complete one 32-byte sector.
+ * Tails (fewer than 16 valid rows, or an output that is not 16-byte aligned) fall back to byte
+ * stores of the valid bytes only.
+ */
+#ifndef ENGINE_CSRC_COMMON_TILE_CUH_
+#define ENGINE_CSRC_COMMON_TILE_CUH_
+
+#include <stdint.h>
+
+namespace engine {
+
+/* 4x4 byte transpose: o_j holds byte j of a0..a3 (a0's in the low byte). */
+__device__ __forceinline__ void transpose4x4_bytes(uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                   uint32_t& o0, uint32_t& o1, uint32_t& o2,
+                                                   uint32_t& o3) {
+  const uint32_t t0 = __byte_perm(a0, a1, 0x5140); /* a0.b0 a1.b0 a0.b1 a1.b1 */
+  const uint32_t t1 = __byte_perm(a0, a1, 0x7362); /* a0.b2 a1.b2 a0.b3 a1.b3 */
+  const uint32_t t2 = __byte_perm(a2, a3, 0x5140);
+  const uint32_t t3 = __byte_perm(a2, a3, 0x7362);
+  o0 = __byte_perm(t0, t2, 0x5410); /* a0.b0 a1.b0 a2.b0 a3.b0 */
+  o1 = __byte_perm(t0, t2, 0x7632);
+  o2 = __byte_perm(t1, t3, 0x5410);
+  o3 = __byte_perm(t1, t3, 0x7632);
+}
+
+/*
+ * dst[(c0 + c) * ld + r0 + r] = tile[r * pitch + c] for r < nr, c < nc.
+ * tile: shared memory with at least round_up(nr, 16) rows of `pitch` bytes (pitch % 4 == 0,
+ * pitch >= round_up(nc, 4)); bytes outside [0, nr) x [0, nc) may hold anything (never stored).
+ * vec16: dst + c0 * ld + r0 is 16-byte aligned and ld % 16 == 0 (then every full run is one
+ * 16-byte store). Work is spread over `nthreads` threads starting at `tid`; no barrier inside.
+ */
+__device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, int pitch, int nr, int nc,
+                                                      uint8_t* dst, int64_t ld, int64_t r0,
+                                                      int64_t c0, bool vec16, int tid,
+                                                      int nthreads) {
+  const int nq = (nc + 3) >> 2;
+  const int nh = (nr + 15) >> 4;
+  const int items = nq * nh;
+  for (int item = tid; item < items; item += nthreads) {
+    const int h = item / nq;
+    const int q = item - h * nq;
+    const int nvalid = min(16, nr - 16 * h);
+    uint32_t w[16];
+#pragma unroll
+    for (int k = 0; k < 16; ++k) {
+      w[k] = *reinterpret_cast<const uint32_t*>(tile + (16 * h + k) * pitch + 4 * q);
+    }
+    uint32_t o[4][4]; /* o[j][m]: column 4q + j, rows 16h + 4m .. 16h + 4m + 3 */
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      transpose4x4_bytes(w[4 * m], w[4 * m + 1], w[4 * m + 2], w[4 * m + 3], o[0][m], o[1][m],
+                         o[2][m], o[3][m]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int c = 4 * q + j;
+      if (c < nc) {
+        uint8_t* d = dst + (c0 + c) * ld + r0 + 16 * h;
+        if (vec16 && nvalid == 16) {
+          *reinterpret_cast<uint4*>(d) = make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]);
+        } else {
+#pragma unroll
+          for (int k = 0; k < 16; ++k) {
+            if (k < nvalid) d[k] = (uint8_t)(o[j][k >> 2] >> (8 * (k & 3)));
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_COMMON_TILE_CUH_

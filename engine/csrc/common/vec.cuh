@@ -1,0 +1,150 @@
+/*
+ * Vectorised global / shared memory access of N consecutive elements, converted to / from float.
+ *
+ * An access of N elements of T moves B = N * sizeof(T) bytes with the widest aligned instructions:
+ * B >= 16 -> B / 16 x 128-bit (LDG.E.128 / STG.E.128), B = 8 -> 64-bit, B = 4 -> 32-bit; N = 1 is a
+ * plain scalar access. The caller guarantees min(16, B)-byte alignment (the launchers check
+ * pointers and row strides with vec_ok() and fall back to N = 1 otherwise).
+ *
+ * Plain (coherent) loads on purpose: some inputs are written earlier in the same kernel (the
+ * blocked norm re-reads residual_out), and in-place use (out aliasing x) must stay correct, so
+ * the non-coherent read-only path (ld.global.nc) is not used.
+ */
+#ifndef ENGINE_CSRC_COMMON_VEC_CUH_
+#define ENGINE_CSRC_COMMON_VEC_CUH_
+
+#include <stdint.h>
+
+#include "common/dtype.cuh"
+
+namespace engine {
+
+/* ---- raw words ---------------------------------------------------------------------------- */
+
+template <int B>
+__device__ __forceinline__ void load_words(const void* p, uint32_t (&w)[B / 4]) {
+  static_assert(B % 4 == 0 && B >= 4, "vector access must be a multiple of 4 bytes");
+  if constexpr (B >= 16) {
+    static_assert(B % 16 == 0, "wide vector access must be a multiple of 16 bytes");
+#pragma unroll
+    for (int k = 0; k < B / 16; ++k) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[k];
+      w[4 * k + 0] = v.x;
+      w[4 * k + 1] = v.y;
+      w[4 * k + 2] = v.z;
+      w[4 * k + 3] = v.w;
+    }
+  } else if constexpr (B == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(p);
+    w[0] = v.x;
+    w[1] = v.y;
+  } else {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+}
+
+template <int B>
+__device__ __forceinline__ void store_words(void* p, const uint32_t (&w)[B / 4]) {
+  static_assert(B % 4 == 0 && B >= 4, "vector access must be a multiple of 4 bytes");
+  if constexpr (B >= 16) {
+    static_assert(B % 16 == 0, "wide vector access must be a multiple of 16 bytes");
+#pragma unroll
+    for (int k = 0; k < B / 16; ++k) {
+      reinterpret_cast<uint4*>(p)[k] = make_uint4(w[4 * k], w[4 * k + 1], w[4 * k + 2], w[4 * k + 3]);
+    }
+  } else if constexpr (B == 8) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = w[0];
+  }
+}
+
+/* ---- typed vectors of N elements <-> float[N] --------------------------------------------- */
+
+template <typename T, int N>
+__device__ __forceinline__ void load_vec(const T* p, float (&f)[N]) {
+  if constexpr (N == 1) {
+    f[0] = to_float(p[0]);
+  } else if constexpr (sizeof(T) == 4) {
+    uint32_t w[N];
+    load_words<4 * N>(p, w);
+#pragma unroll
+    for (int i = 0; i < N; ++i) f[i] = __uint_as_float(w[i]);
+  } else {
+    static_assert(sizeof(T) == 2 && N % 2 == 0, "16-bit vectors hold an even number of elements");
+    uint32_t w[N / 2];
+    load_words<2 * N>(p, w);
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) {
+      const float2 v = word_to_float2<T>(w[i]);
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ void store_vec(T* p, const float (&f)[N]) {
+  if constexpr (N == 1) {
+    p[0] = from_float<T>(f[0]);
+  } else if constexpr (sizeof(T) == 4) {
+    uint32_t w[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __float_as_uint(f[i]);
+    store_words<4 * N>(p, w);
+  } else {
+    static_assert(sizeof(T) == 2 && N % 2 == 0, "16-bit vectors hold an even number of elements");
+    uint32_t w[N / 2];
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) w[i] = float2_to_word<T>(f[2 * i], f[2 * i + 1]);
+    store_words<2 * N>(p, w);
+  }
+}
+
+/* N floats -> N FP8 bytes packed little-endian into words (N a multiple of 4). */
+template <int N>
+__device__ __forceinline__ void pack_fp8(const float (&f)[N], bool e5m2, uint32_t (&w)[N / 4]) {
+  static_assert(N % 4 == 0, "FP8 packing works on groups of 4");
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const uint32_t lo = fp8x2_from_float(f[4 * i], f[4 * i + 1], e5m2);
+    const uint32_t hi = fp8x2_from_float(f[4 * i + 2], f[4 * i + 3], e5m2);
+    w[i] = lo | (hi << 16);
+  }
+}
+
+/* Loads of a run-time dtype (weights, and the rarer streams whose dtype is a run-time switch):
+ * one uniform branch per vector. */
+template <int N>
+__device__ __forceinline__ void load_vec_dt(const void* p, int64_t idx, engine_dtype dt,
+                                            float (&f)[N]) {
+  if (dt == ENGINE_DTYPE_FLOAT32) {
+    load_vec<float, N>(static_cast<const float*>(p) + idx, f);
+  } else if (dt == ENGINE_DTYPE_BFLOAT16) {
+    load_vec<__nv_bfloat16, N>(static_cast<const __nv_bfloat16*>(p) + idx, f);
+  } else {
+    load_vec<__half, N>(static_cast<const __half*>(p) + idx, f);
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void store_vec_dt(void* p, int64_t idx, engine_dtype dt,
+                                             const float (&f)[N]) {
+  if (dt == ENGINE_DTYPE_FLOAT32) {
+    store_vec<float, N>(static_cast<float*>(p) + idx, f);
+  } else if (dt == ENGINE_DTYPE_BFLOAT16) {
+    store_vec<__nv_bfloat16, N>(static_cast<__nv_bfloat16*>(p) + idx, f);
+  } else {
+    store_vec<__half, N>(static_cast<__half*>(p) + idx, f);
+  }
+}
+
+__device__ __forceinline__ float load_scalar_dt(const void* p, int64_t idx, engine_dtype dt) {
+  if (dt == ENGINE_DTYPE_FLOAT32) return static_cast<const float*>(p)[idx];
+  if (dt == ENGINE_DTYPE_BFLOAT16) return to_float(static_cast<const __nv_bfloat16*>(p)[idx]);
+  return to_float(static_cast<const __half*>(p)[idx]);
+}
+
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_COMMON_VEC_CUH_

@@ -1,0 +1,41 @@
+/*
+ * engine C API: common types. Framework-free: raw device pointers, a dtype enum, a CUDA stream.
+ * Every output is passed in by the caller; no function allocates device memory or synchronises.
+ */
+#ifndef ENGINE_COMMON_H_
+#define ENGINE_COMMON_H_
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element types. Values are stable: bindings map framework dtypes onto them. */
+typedef enum {
+  ENGINE_DTYPE_FLOAT32 = 0,
+  ENGINE_DTYPE_FLOAT16 = 1,
+  ENGINE_DTYPE_BFLOAT16 = 2,
+  ENGINE_DTYPE_FLOAT8_E4M3 = 3, /* e4m3 "fn": max 448, no inf */
+  ENGINE_DTYPE_FLOAT8_E5M2 = 4, /* max 57344 */
+} engine_dtype;
+
+typedef enum {
+  ENGINE_SUCCESS = 0,
+  ENGINE_ERROR_INVALID_ARGUMENT = 1, /* unsupported dtype combination, bad size or pointer */
+  ENGINE_ERROR_CUDA = 2,             /* a CUDA call or launch failed */
+} engine_status;
+
+/* A static string naming the status. */
+const char* engine_status_string(engine_status status);
+
+/* Detail of the last failure on the calling host thread ("" if none). Valid until the next call. */
+const char* engine_last_error(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* ENGINE_COMMON_H_ */

@@ -1,0 +1,312 @@
+/*
+ * The C API of the norms (engine/normalization.h): parameter validation, pass orchestration and
+ * the deterministic dweight / dbias reduction kernel. The row kernels live in norm_fwd.cuh /
+ * norm_bwd.cuh and are instantiated in norm_{fwd,bwd}_<dtype>.cu.
+ *
+ * Forward:
+ *   high-precision out, or FP8 with delayed scaling: one kernel (kFull);
+ *   FP8 with current scaling: cudaMemsetAsync(amax) -> kStats kernel (statistics, residual_out,
+ *   amax; no output) -> kApply kernel (re-reads z and mu / rsigma, derives the scale from amax,
+ *   writes out / out_t, scale and scale_inv).
+ *   out_t is written inside the kernel when the register path can stage a tile of rows in shared
+ *   memory; otherwise (wide rows, blocked path) the FP8 rowwise output is transposed afterwards by
+ *   the tiled fp8 transpose (bitwise the same result).
+ *   rows == 0: nothing for high-precision outputs; FP8 still writes scale_inv (and, for current
+ *   scaling, amax = 0 and scale = compute_scale(0)).
+ * Backward: the row kernel writes per-CTA fp32 partials of dweight / dbias into the workspace
+ * ([max_ctas, pitch] each, pitch = cols rounded up to 4 floats), then norm_bwd_reduce_kernel sums
+ * the rows actually written in a fixed order. Nothing allocates, nothing synchronises; every call
+ * is capturable in a CUDA graph.
+ */
+#include "common/common.cuh"
+#include "common/dtype.cuh"
+#include "engine/normalization.h"
+#include "engine/transpose.h"
+#include "normalization/norm_common.cuh"
+
+namespace engine {
+namespace norm {
+namespace {
+
+/* cols are indexed with int inside the kernels (chunk offsets may run past cols by a chunk). */
+constexpr int64_t kMaxCols = (int64_t)1 << 30;
+
+engine_status fwd_dispatch(engine_dtype out_dtype, engine_dtype xt, engine_dtype rt, FwdArgs& a,
+                           const LaunchCtx& ctx, bool* transposed) {
+  switch (out_dtype) {
+    case ENGINE_DTYPE_FLOAT32: return fwd_out_f32(xt, rt, a, ctx, transposed);
+    case ENGINE_DTYPE_FLOAT16: return fwd_out_f16(xt, rt, a, ctx, transposed);
+    case ENGINE_DTYPE_BFLOAT16: return fwd_out_bf16(xt, rt, a, ctx, transposed);
+    case ENGINE_DTYPE_FLOAT8_E4M3:
+    case ENGINE_DTYPE_FLOAT8_E5M2: return fwd_out_fp8(xt, rt, a, ctx, transposed);
+  }
+  return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm forward: unsupported out dtype %d",
+                   (int)out_dtype);
+}
+
+engine_status bwd_dispatch(engine_dtype xt, engine_dtype dyt, BwdArgs& a, const LaunchCtx& ctx,
+                           int64_t max_ctas, int* num_ctas) {
+  switch (xt) {
+    case ENGINE_DTYPE_FLOAT32: return bwd_x_f32(dyt, a, ctx, max_ctas, num_ctas);
+    case ENGINE_DTYPE_FLOAT16: return bwd_x_f16(dyt, a, ctx, max_ctas, num_ctas);
+    case ENGINE_DTYPE_BFLOAT16: return bwd_x_bf16(dyt, a, ctx, max_ctas, num_ctas);
+    default: break;
+  }
+  return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm backward: unsupported x dtype %s",
+                   dtype_name(xt));
+}
+
+engine_status check_stride(const char* fn, const char* name, int64_t stride, int64_t rows,
+                           int64_t cols) {
+  ENGINE_CHECK_ARG(rows <= 1 || stride >= cols,
+                   "%s: %s row stride %lld is smaller than cols %lld", fn, name, (long long)stride,
+                   (long long)cols);
+  return ENGINE_SUCCESS;
+}
+
+/* dweight[c] (blockIdx.y == 0) or dbias[c] (blockIdx.y == 1) = sum over p < P of ws[p][c].
+ * Block 32 x 16: 32 columns (coalesced 128-byte rows), 16 row slices (slice k sums rows
+ * k, k + 16, ... in order), the slices combined in slice order: a fixed order for given
+ * (P, cols), so the result is bitwise reproducible. */
+__global__ void __launch_bounds__(512)
+    norm_bwd_reduce_kernel(const float* ws_dw, const float* ws_db, int P, int cols, int pitch,
+                           void* dweight, void* dbias, engine_dtype w_dtype) {
+  __shared__ float sm[16][33];
+  const int tx = threadIdx.x & 31;
+  const int ty = threadIdx.x >> 5;
+  const int64_t c = (int64_t)blockIdx.x * 32 + tx;
+  const float* ws = blockIdx.y == 0 ? ws_dw : ws_db;
+  void* out = blockIdx.y == 0 ? dweight : dbias;
+  float acc = 0.0f;
+  if (c < cols) {
+#pragma unroll 4
+    for (int p = ty; p < P; p += 16) acc += ws[(int64_t)p * pitch + c];
+  }
+  sm[ty][tx] = acc;
+  __syncthreads();
+  if (ty == 0 && c < cols) {
+    float t = sm[0][tx];
+#pragma unroll
+    for (int k = 1; k < 16; ++k) t += sm[k][tx];
+    if (w_dtype == ENGINE_DTYPE_FLOAT32) {
+      static_cast<float*>(out)[c] = t;
+    } else if (w_dtype == ENGINE_DTYPE_BFLOAT16) {
+      static_cast<__nv_bfloat16*>(out)[c] = from_float<__nv_bfloat16>(t);
+    } else {
+      static_cast<__half*>(out)[c] = from_float<__half>(t);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace norm
+}  // namespace engine
+
+using namespace engine;
+using namespace engine::norm;
+
+extern "C" engine_status engine_norm_fwd(const engine_norm_fwd_params* p, int sm_count,
+                                         int sm_margin, cudaStream_t stream) {
+  clear_error();
+  static const char* fn = "engine_norm_fwd";
+  ENGINE_CHECK_ARG(p != nullptr, "%s: params is NULL", fn);
+  const int64_t rows = p->rows, cols = p->cols;
+  ENGINE_CHECK_ARG(rows >= 0, "%s: rows must be >= 0, got %lld", fn, (long long)rows);
+  ENGINE_CHECK_ARG(cols >= 1 && cols <= kMaxCols, "%s: cols must be in [1, 2^30], got %lld", fn,
+                   (long long)cols);
+  ENGINE_CHECK_ARG(sm_count >= 1, "%s: sm_count must be >= 1, got %d", fn, sm_count);
+  ENGINE_CHECK_ARG(sm_margin >= 0, "%s: sm_margin must be >= 0, got %d", fn, sm_margin);
+  ENGINE_CHECK_ARG(is_high_precision(p->x_dtype),
+                   "%s: x must be float32, float16 or bfloat16, got %s", fn, dtype_name(p->x_dtype));
+  ENGINE_CHECK_ARG(p->weight_dtype == p->x_dtype || p->weight_dtype == ENGINE_DTYPE_FLOAT32,
+                   "%s: weight / bias dtype must be x's (%s) or float32, got %s", fn,
+                   dtype_name(p->x_dtype), dtype_name(p->weight_dtype));
+  ENGINE_CHECK_ARG(is_high_precision(p->out_dtype) || is_fp8_dtype(p->out_dtype),
+                   "%s: unsupported out dtype %d", fn, (int)p->out_dtype);
+  ENGINE_CHECK_ARG(p->weight != nullptr, "%s: weight is NULL", fn);
+  const bool has_res = p->residual != nullptr;
+  if (has_res) {
+    ENGINE_CHECK_ARG(p->residual_dtype == p->x_dtype || p->residual_dtype == ENGINE_DTYPE_FLOAT32,
+                     "%s: residual dtype must be x's (%s) or float32, got %s", fn,
+                     dtype_name(p->x_dtype), dtype_name(p->residual_dtype));
+  }
+  ENGINE_CHECK_ARG(p->is_rms_norm || rows == 0 || p->mu != nullptr,
+                   "%s: LayerNorm needs mu (got NULL)", fn);
+  if (rows > 0) {
+    ENGINE_CHECK_ARG(p->x != nullptr, "%s: x is NULL", fn);
+    ENGINE_CHECK_ARG(p->out != nullptr, "%s: out is NULL", fn);
+    ENGINE_CHECK_ARG(p->rsigma != nullptr, "%s: rsigma is NULL", fn);
+    ENGINE_CHECK_ARG(!has_res || p->residual_out != nullptr,
+                     "%s: residual_out is required when residual is given", fn);
+  }
+  ENGINE_TRY(check_stride(fn, "x", p->x_row_stride, rows, cols));
+  ENGINE_TRY(check_stride(fn, "out", p->out_row_stride, rows, cols));
+  if (has_res) {
+    ENGINE_TRY(check_stride(fn, "residual", p->residual_row_stride, rows, cols));
+    ENGINE_TRY(check_stride(fn, "residual_out", p->residual_out_row_stride, rows, cols));
+  }
+  const bool fp8 = is_fp8_dtype(p->out_dtype);
+  if (fp8) {
+    ENGINE_CHECK_ARG(p->scale != nullptr && p->amax != nullptr && p->scale_inv != nullptr,
+                     "%s: FP8 output needs scale, amax and scale_inv", fn);
+  } else {
+    ENGINE_CHECK_ARG(p->out_t == nullptr, "%s: out_t is only supported for FP8 outputs", fn);
+  }
+
+  DeviceInfo info;
+  ENGINE_TRY(current_device_info(&info));
+  const LaunchCtx ctx{sm_count, sm_margin, info.max_smem_per_block_optin, stream};
+
+  FwdArgs a{};
+  a.rows = rows;
+  a.cols = (int)cols;
+  a.x = p->x;
+  a.x_stride = p->x_row_stride;
+  a.residual = p->residual;
+  a.res_stride = p->residual_row_stride;
+  a.residual_out = has_res ? p->residual_out : nullptr;
+  a.res_out_stride = p->residual_out_row_stride;
+  a.weight = p->weight;
+  a.bias = p->bias;
+  a.w_dtype = p->weight_dtype;
+  a.out = p->out;
+  a.out_stride = p->out_row_stride;
+  a.mu = p->is_rms_norm ? nullptr : p->mu;
+  a.rsigma = p->rsigma;
+  a.scale = p->scale;
+  a.amax = p->amax;
+  a.scale_inv = p->scale_inv;
+  a.out_t = static_cast<uint8_t*>(p->out_t);
+  a.eps = p->eps;
+  a.inv_n = 1.0f / (float)cols;
+  a.amax_eps = p->amax_epsilon;
+  a.fp8_max = fp8_max_of(p->out_dtype);
+  a.is_rms = p->is_rms_norm ? 1 : 0;
+  a.zero_centered = p->zero_centered_gamma ? 1 : 0;
+  a.e5m2 = p->out_dtype == ENGINE_DTYPE_FLOAT8_E5M2 ? 1 : 0;
+  const engine_dtype rt = has_res ? p->residual_dtype : p->x_dtype;
+
+  bool transposed = false;
+  if (!fp8) {
+    if (rows == 0) return ENGINE_SUCCESS;
+    a.mode = kFull;
+    return fwd_dispatch(p->out_dtype, p->x_dtype, rt, a, ctx, &transposed);
+  }
+  if (!p->current_scaling) {
+    a.mode = kFull;
+    ENGINE_TRY(fwd_dispatch(p->out_dtype, p->x_dtype, rt, a, ctx, &transposed));
+  } else {
+    ENGINE_CHECK_CUDA(cudaMemsetAsync(p->amax, 0, sizeof(float), stream));
+    FwdArgs s = a;
+    s.mode = kStats;
+    s.out_t = nullptr;
+    ENGINE_TRY(fwd_dispatch(p->out_dtype, p->x_dtype, rt, s, ctx, &transposed));
+    a.mode = kApply;
+    if (has_res) {
+      a.x = p->residual_out;
+      a.x_stride = p->residual_out_row_stride;
+    }
+    a.residual = nullptr;
+    a.residual_out = nullptr;
+    ENGINE_TRY(fwd_dispatch(p->out_dtype, rt, rt, a, ctx, &transposed));
+  }
+  if (p->out_t != nullptr && !transposed && rows > 0) {
+    ENGINE_TRY(engine_fp8_transpose(p->out, rows, cols, p->out_row_stride, p->out_t, stream));
+  }
+  return ENGINE_SUCCESS;
+}
+
+extern "C" size_t engine_norm_bwd_workspace_bytes(int64_t rows, int64_t cols, int has_dbias,
+                                                  int sm_count, int sm_margin) {
+  if (rows <= 0 || cols < 1) return 0;
+  const int64_t p = bwd_max_ctas(rows, sm_count < 1 ? 1 : sm_count, sm_margin);
+  return (size_t)p * (size_t)bwd_ws_pitch(cols) * sizeof(float) * (has_dbias ? 2u : 1u);
+}
+
+extern "C" engine_status engine_norm_bwd(const engine_norm_bwd_params* p, int sm_count,
+                                         int sm_margin, void* workspace, size_t workspace_bytes,
+                                         cudaStream_t stream) {
+  clear_error();
+  static const char* fn = "engine_norm_bwd";
+  ENGINE_CHECK_ARG(p != nullptr, "%s: params is NULL", fn);
+  const int64_t rows = p->rows, cols = p->cols;
+  ENGINE_CHECK_ARG(rows >= 0, "%s: rows must be >= 0, got %lld", fn, (long long)rows);
+  ENGINE_CHECK_ARG(cols >= 1 && cols <= kMaxCols, "%s: cols must be in [1, 2^30], got %lld", fn,
+                   (long long)cols);
+  ENGINE_CHECK_ARG(sm_count >= 1, "%s: sm_count must be >= 1, got %d", fn, sm_count);
+  ENGINE_CHECK_ARG(sm_margin >= 0, "%s: sm_margin must be >= 0, got %d", fn, sm_margin);
+  ENGINE_CHECK_ARG(is_high_precision(p->dy_dtype), "%s: dy must be float32, float16 or bfloat16, got %s",
+                   fn, dtype_name(p->dy_dtype));
+  ENGINE_CHECK_ARG(is_high_precision(p->x_dtype), "%s: x must be float32, float16 or bfloat16, got %s",
+                   fn, dtype_name(p->x_dtype));
+  ENGINE_CHECK_ARG(is_high_precision(p->dx_dtype), "%s: dx must be float32, float16 or bfloat16, got %s",
+                   fn, dtype_name(p->dx_dtype));
+  ENGINE_CHECK_ARG(is_high_precision(p->weight_dtype),
+                   "%s: weight must be float32, float16 or bfloat16, got %s", fn,
+                   dtype_name(p->weight_dtype));
+  const bool any_dres = p->dres != nullptr || p->dresidual != nullptr;
+  ENGINE_CHECK_ARG(!any_dres || is_high_precision(p->dres_dtype),
+                   "%s: dresidual / dres must be float32, float16 or bfloat16, got %s", fn,
+                   dtype_name(p->dres_dtype));
+  ENGINE_CHECK_ARG(p->weight != nullptr && p->dweight != nullptr, "%s: weight and dweight are required",
+                   fn);
+  ENGINE_CHECK_ARG(p->is_rms_norm || rows == 0 || p->mu != nullptr,
+                   "%s: LayerNorm needs mu (got NULL)", fn);
+  if (rows > 0) {
+    ENGINE_CHECK_ARG(p->dy != nullptr && p->x != nullptr && p->rsigma != nullptr && p->dx != nullptr,
+                     "%s: dy, x, rsigma and dx are required", fn);
+  }
+  ENGINE_TRY(check_stride(fn, "dy", p->dy_row_stride, rows, cols));
+  ENGINE_TRY(check_stride(fn, "x", p->x_row_stride, rows, cols));
+  ENGINE_TRY(check_stride(fn, "dx", p->dx_row_stride, rows, cols));
+  if (p->dresidual) ENGINE_TRY(check_stride(fn, "dresidual", p->dresidual_row_stride, rows, cols));
+  if (p->dres) ENGINE_TRY(check_stride(fn, "dres", p->dres_row_stride, rows, cols));
+
+  const bool has_db = p->dbias != nullptr;
+  const size_t need = engine_norm_bwd_workspace_bytes(rows, cols, has_db ? 1 : 0, sm_count, sm_margin);
+  ENGINE_CHECK_ARG(workspace_bytes >= need,
+                   "%s: workspace of %zu bytes is too small, engine_norm_bwd_workspace_bytes says %zu",
+                   fn, workspace_bytes, need);
+  ENGINE_CHECK_ARG(need == 0 || (workspace != nullptr && ptr_aligned(workspace, 16)),
+                   "%s: workspace must be a 16-byte aligned device pointer", fn);
+
+  const int64_t max_ctas = bwd_max_ctas(rows, sm_count, sm_margin);
+  const int64_t pitch = bwd_ws_pitch(cols);
+  BwdArgs a{};
+  a.rows = rows;
+  a.cols = (int)cols;
+  a.dy = p->dy;
+  a.dy_stride = p->dy_row_stride;
+  a.x = p->x;
+  a.x_stride = p->x_row_stride;
+  a.mu = p->is_rms_norm ? nullptr : p->mu;
+  a.rsigma = p->rsigma;
+  a.weight = p->weight;
+  a.w_dtype = p->weight_dtype;
+  a.dresidual = p->dresidual;
+  a.dresidual_stride = p->dresidual_row_stride;
+  a.dx = p->dx;
+  a.dx_dtype = p->dx_dtype;
+  a.dx_stride = p->dx_row_stride;
+  a.dres = p->dres;
+  a.dres_dtype = p->dres_dtype;
+  a.dres_stride = p->dres_row_stride;
+  a.ws_dw = static_cast<float*>(workspace);
+  a.ws_db = (has_db && need > 0) ? static_cast<float*>(workspace) + max_ctas * pitch : nullptr;
+  a.ws_pitch = (int)pitch;
+  a.inv_n = 1.0f / (float)cols;
+  a.is_rms = p->is_rms_norm ? 1 : 0;
+  a.zero_centered = p->zero_centered_gamma ? 1 : 0;
+
+  DeviceInfo info;
+  ENGINE_TRY(current_device_info(&info));
+  const LaunchCtx ctx{sm_count, sm_margin, info.max_smem_per_block_optin, stream};
+  int num_ctas = 0;
+  if (rows > 0) ENGINE_TRY(bwd_dispatch(p->x_dtype, p->dy_dtype, a, ctx, max_ctas, &num_ctas));
+
+  const dim3 grid((unsigned)ceil_div(cols, 32), has_db ? 2u : 1u);
+  norm_bwd_reduce_kernel<<<grid, 512, 0, stream>>>(a.ws_dw, a.ws_db, num_ctas, (int)cols, (int)pitch,
+                                                   p->dweight, p->dbias, p->weight_dtype);
+  ENGINE_CHECK_LAUNCH("norm_bwd_reduce_kernel");
+  return ENGINE_SUCCESS;
+}

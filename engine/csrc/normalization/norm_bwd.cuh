@@ -1,0 +1,384 @@
+/*
+ * Norm backward kernels and launcher template.
+ *
+ *   xhat = (z - mu) * rsigma,  dyg = dy * g
+ *   dz   = rsigma * (dyg - c1 - xhat * c2),  c2 = mean(dyg * xhat),  c1 = mean(dyg) (LayerNorm; 0
+ *          for RMSNorm), both computed once per row by one two-value row reduction
+ *   dz  += dresidual;  dx = dz (dx_dtype), dres = dz (dres_dtype)
+ *   dweight = sum_rows(dy * xhat), dbias = sum_rows(dy)
+ *
+ * Templated on (Z = dtype of x/z, DY); the dtypes of dx, dres / dresidual and weight are uniform
+ * run-time switches at their (vectorised) accesses, which keeps the instantiation count at 9 per
+ * path instead of 81 at a cost of a few uniform branch instructions per 16-byte vector.
+ *
+ * Register path (norm_bwd_reg_kernel): rows of up to kMaxRowThreads * kBwdElems elements (8K) with
+ * vector-friendly operands. Row groups as in the forward; gamma hoisted; each thread keeps its
+ * dweight / dbias partials for its columns in registers across all of its CTA's rows, then the CTA
+ * combines its row groups in a fixed order through shared memory and writes ONE row of fp32
+ * partials to the workspace ([num_ctas, ws_pitch] for dweight, the same for dbias).
+ * Blocked path (norm_bwd_blocked_kernel): one CTA per row at a time; pass 1 reduces c1 / c2 over
+ * column chunks, pass 2 re-reads (L2) and writes dx, and read-modify-writes the CTA's own
+ * workspace row (the first row of a CTA stores instead of adding).
+ * norm_bwd_reduce_kernel (norm_api.cu) then sums the workspace rows per column in a fixed order:
+ * deterministic, no float atomics anywhere.
+ */
+#ifndef ENGINE_CSRC_NORMALIZATION_NORM_BWD_CUH_
+#define ENGINE_CSRC_NORMALIZATION_NORM_BWD_CUH_
+
+#include "common/common.cuh"
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
+#include "normalization/norm_common.cuh"
+
+namespace engine {
+namespace norm {
+
+template <typename Z, typename DY>
+constexpr int bwd_vec() {
+  return 16 / (sizeof(Z) < sizeof(DY) ? sizeof(Z) : sizeof(DY));
+}
+
+template <typename Z, typename DY, int VEC, int NV>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    norm_bwd_reg_kernel(const BwdArgs a) {
+  __shared__ float red_buf[2 * 32 * 2];
+  extern __shared__ __align__(16) float part[]; /* [rows_per_iter][ws_pitch] when > 1 group */
+
+  const int tpr = a.tpr;
+  const int group = threadIdx.x / tpr;
+  const int lr = threadIdx.x - group * tpr;
+  const int nvec = a.cols / VEC;
+  const bool is_rms = a.is_rms != 0;
+  const bool has_dres_in = a.dresidual != nullptr;
+  const bool has_dres_out = a.dres != nullptr;
+
+  int col[NV];
+  bool valid[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = lr + i * tpr;
+    valid[i] = v < nvec;
+    col[i] = v * VEC;
+  }
+  float g[NV][VEC];
+  float dw[NV][VEC];
+  float db[NV][VEC];
+  const float g_add = a.zero_centered ? 1.0f : 0.0f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      g[i][j] = valid[i] ? load_scalar_dt(a.weight, col[i] + j, a.w_dtype) + g_add : 0.0f;
+      dw[i][j] = 0.0f;
+      db[i][j] = 0.0f;
+    }
+  }
+
+  RowGroupSum<2> red(red_buf);
+  const int G = a.rows_per_iter;
+  const int64_t nblk = (a.rows + G - 1) / G;
+  for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+    const int64_t row = blk * G + group;
+    const bool ok = row < a.rows;
+    const int64_t r = ok ? row : 0;
+    const DY* dyrow = static_cast<const DY*>(a.dy) + r * a.dy_stride;
+    const Z* zrow = static_cast<const Z*>(a.x) + r * a.x_stride;
+    float xh[NV][VEC]; /* z, then xhat */
+    float dd[NV][VEC]; /* dy, then dyg */
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (ok && valid[i]) {
+        load_vec<DY, VEC>(dyrow + col[i], dd[i]);
+        load_vec<Z, VEC>(zrow + col[i], xh[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          dd[i][j] = 0.0f;
+          xh[i][j] = 0.0f;
+        }
+      }
+    }
+    float mean = 0.0f, rs = 0.0f;
+    if (ok) {
+      rs = a.rsigma[row];
+      if (!is_rms) mean = a.mu[row];
+    }
+    float s[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (ok && valid[i]) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (xh[i][j] - mean) * rs;
+          const float dy = dd[i][j];
+          const float dyg = dy * g[i][j];
+          dw[i][j] = fmaf(dy, xhat, dw[i][j]);
+          db[i][j] += dy;
+          s[0] = fmaf(dyg, xhat, s[0]);
+          s[1] += dyg;
+          xh[i][j] = xhat;
+          dd[i][j] = dyg;
+        }
+      }
+    }
+    red(s, tpr);
+    const float c2 = s[0] * a.inv_n;
+    const float c1 = is_rms ? 0.0f : s[1] * a.inv_n;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (ok && valid[i]) {
+        float dz[VEC];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) dz[j] = rs * (dd[i][j] - c1 - xh[i][j] * c2);
+        if (has_dres_in) {
+          float dr[VEC];
+          load_vec_dt<VEC>(a.dresidual, row * a.dresidual_stride + col[i], a.dres_dtype, dr);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) dz[j] += dr[j];
+        }
+        store_vec_dt<VEC>(a.dx, row * a.dx_stride + col[i], a.dx_dtype, dz);
+        if (has_dres_out) store_vec_dt<VEC>(a.dres, row * a.dres_stride + col[i], a.dres_dtype, dz);
+      }
+    }
+  }
+
+  /* One workspace row of partials per CTA. */
+  float* wsd = a.ws_dw + (int64_t)blockIdx.x * a.ws_pitch;
+  float* wsb = a.ws_db != nullptr ? a.ws_db + (int64_t)blockIdx.x * a.ws_pitch : nullptr;
+  if (G == 1) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (valid[i]) {
+        store_vec<float, VEC>(wsd + col[i], dw[i]);
+        if (wsb != nullptr) store_vec<float, VEC>(wsb + col[i], db[i]);
+      }
+    }
+  } else {
+    /* Combine the row groups in group order through shared memory. */
+    const int pitch = a.ws_pitch;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (valid[i]) store_vec<float, VEC>(part + group * pitch + col[i], dw[i]);
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < a.cols; c += blockDim.x) {
+      float acc = part[c];
+      for (int k = 1; k < G; ++k) acc += part[k * pitch + c];
+      wsd[c] = acc;
+    }
+    if (wsb != nullptr) {
+      __syncthreads();
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (valid[i]) store_vec<float, VEC>(part + group * pitch + col[i], db[i]);
+      }
+      __syncthreads();
+      for (int c = threadIdx.x; c < a.cols; c += blockDim.x) {
+        float acc = part[c];
+        for (int k = 1; k < G; ++k) acc += part[k * pitch + c];
+        wsb[c] = acc;
+      }
+    }
+  }
+}
+
+template <typename Z, typename DY, int VEC, int NVB>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    norm_bwd_blocked_kernel(const BwdArgs a) {
+  __shared__ float red_buf[2 * 32 * 2];
+  const int nt = blockDim.x;
+  const int chunk = nt * NVB * VEC;
+  const int cols = a.cols;
+  const bool is_rms = a.is_rms != 0;
+  const bool has_dres_in = a.dresidual != nullptr;
+  const bool has_dres_out = a.dres != nullptr;
+  const float g_add = a.zero_centered ? 1.0f : 0.0f;
+  float* wsd = a.ws_dw + (int64_t)blockIdx.x * a.ws_pitch;
+  float* wsb = a.ws_db != nullptr ? a.ws_db + (int64_t)blockIdx.x * a.ws_pitch : nullptr;
+  RowGroupSum<2> red(red_buf);
+  bool first = true;
+
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    const DY* dyrow = static_cast<const DY*>(a.dy) + row * a.dy_stride;
+    const Z* zrow = static_cast<const Z*>(a.x) + row * a.x_stride;
+    const float rs = a.rsigma[row];
+    const float mean = is_rms ? 0.0f : a.mu[row];
+
+    /* Pass 1: c1, c2. */
+    float s[2] = {0.0f, 0.0f};
+    for (int c0 = 0; c0 < cols; c0 += chunk) {
+      float zv[NVB][VEC], dv[NVB][VEC];
+      bool valid[NVB];
+      int col[NVB];
+#pragma unroll
+      for (int i = 0; i < NVB; ++i) {
+        col[i] = c0 + (threadIdx.x + i * nt) * VEC;
+        valid[i] = col[i] < cols;
+        if (valid[i]) {
+          load_vec<DY, VEC>(dyrow + col[i], dv[i]);
+          load_vec<Z, VEC>(zrow + col[i], zv[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NVB; ++i) {
+        if (valid[i]) {
+          float gv[VEC];
+          load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float xhat = (zv[i][j] - mean) * rs;
+            const float dyg = dv[i][j] * (gv[j] + g_add);
+            s[0] = fmaf(dyg, xhat, s[0]);
+            s[1] += dyg;
+          }
+        }
+      }
+    }
+    red(s, nt);
+    const float c2 = s[0] * a.inv_n;
+    const float c1 = is_rms ? 0.0f : s[1] * a.inv_n;
+
+    /* Pass 2: dx, dres, workspace partials. */
+    for (int c0 = 0; c0 < cols; c0 += chunk) {
+      float zv[NVB][VEC], dv[NVB][VEC];
+      bool valid[NVB];
+      int col[NVB];
+#pragma unroll
+      for (int i = 0; i < NVB; ++i) {
+        col[i] = c0 + (threadIdx.x + i * nt) * VEC;
+        valid[i] = col[i] < cols;
+        if (valid[i]) {
+          load_vec<DY, VEC>(dyrow + col[i], dv[i]);
+          load_vec<Z, VEC>(zrow + col[i], zv[i]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NVB; ++i) {
+        if (valid[i]) {
+          float gv[VEC], dz[VEC], pw[VEC], pb[VEC];
+          load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
+          if (first) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              pw[j] = 0.0f;
+              pb[j] = 0.0f;
+            }
+          } else {
+            load_vec<float, VEC>(wsd + col[i], pw);
+            if (wsb != nullptr) load_vec<float, VEC>(wsb + col[i], pb);
+          }
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float xhat = (zv[i][j] - mean) * rs;
+            const float dy = dv[i][j];
+            const float dyg = dy * (gv[j] + g_add);
+            dz[j] = rs * (dyg - c1 - xhat * c2);
+            pw[j] = fmaf(dy, xhat, pw[j]);
+            pb[j] += dy;
+          }
+          store_vec<float, VEC>(wsd + col[i], pw);
+          if (wsb != nullptr) store_vec<float, VEC>(wsb + col[i], pb);
+          if (has_dres_in) {
+            float dr[VEC];
+            load_vec_dt<VEC>(a.dresidual, row * a.dresidual_stride + col[i], a.dres_dtype, dr);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) dz[j] += dr[j];
+          }
+          store_vec_dt<VEC>(a.dx, row * a.dx_stride + col[i], a.dx_dtype, dz);
+          if (has_dres_out) store_vec_dt<VEC>(a.dres, row * a.dres_stride + col[i], a.dres_dtype, dz);
+        }
+      }
+    }
+    first = false;
+  }
+  if (first) { /* a CTA without rows (not launched that way, but keep the workspace defined) */
+    for (int c = threadIdx.x; c < cols; c += nt) {
+      wsd[c] = 0.0f;
+      if (wsb != nullptr) wsb[c] = 0.0f;
+    }
+  }
+}
+
+template <typename Z, typename DY>
+engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas) {
+  constexpr int VEC = bwd_vec<Z, DY>();
+  constexpr int NV = kBwdElems / VEC;
+  const int64_t rows = a.rows;
+  const int cols = a.cols;
+  const int wsz = dtype_size(a.w_dtype);
+  const int rsz = dtype_size(a.dres_dtype);
+  const bool vec = (cols % VEC == 0) && vec_ok(a.dy, a.dy_stride, rows, sizeof(DY), VEC) &&
+                   vec_ok(a.x, a.x_stride, rows, sizeof(Z), VEC) &&
+                   vec_ok(a.dx, a.dx_stride, rows, dtype_size(a.dx_dtype), VEC) &&
+                   vec_ok(a.dres, a.dres_stride, rows, rsz, VEC) &&
+                   vec_ok(a.dresidual, a.dresidual_stride, rows, rsz, VEC) &&
+                   vec_ok(a.weight, 0, 1, wsz, VEC);
+  const int nvec = cols / VEC;
+  const int tpr_raw = (nvec + NV - 1) / NV;
+  const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
+
+  if (vec && tpr <= kMaxRowThreads) {
+    const int G = pow2_floor(tpr >= 256 ? 1 : 256 / tpr);
+    const int block = tpr * G;
+    a.tpr = tpr;
+    a.rows_per_iter = G;
+    const size_t smem = G > 1 ? (size_t)G * a.ws_pitch * sizeof(float) : 0;
+    const void* fn = reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV>);
+    int per_sm = 1;
+    ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
+    if (per_sm > kBwdMaxCtasPerSm) per_sm = kBwdMaxCtasPerSm;
+    int64_t grid = persistent_grid(ceil_div(rows, G), ctx.sm_count, ctx.sm_margin, per_sm);
+    if (grid > max_ctas) grid = max_ctas;
+    *num_ctas = (int)grid;
+    norm_bwd_reg_kernel<Z, DY, VEC, NV><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+    ENGINE_CHECK_LAUNCH("norm_bwd_reg_kernel");
+    return ENGINE_SUCCESS;
+  }
+
+  if (vec) {
+    constexpr int NVB = NV;
+    const int block = kMaxRowThreads;
+    const void* fn = reinterpret_cast<const void*>(&norm_bwd_blocked_kernel<Z, DY, VEC, NVB>);
+    int per_sm = 1;
+    ENGINE_TRY(blocks_per_sm(fn, block, 0, &per_sm));
+    if (per_sm > kBwdMaxCtasPerSm) per_sm = kBwdMaxCtasPerSm;
+    int64_t grid = persistent_grid(rows, ctx.sm_count, ctx.sm_margin, per_sm);
+    if (grid > max_ctas) grid = max_ctas;
+    *num_ctas = (int)grid;
+    norm_bwd_blocked_kernel<Z, DY, VEC, NVB><<<(unsigned)grid, block, 0, ctx.stream>>>(a);
+    ENGINE_CHECK_LAUNCH("norm_bwd_blocked_kernel");
+  } else {
+    constexpr int NVB = 8;
+    int64_t want = round_up(ceil_div(cols, NVB), 32);
+    const int block = (int)(want < 32 ? 32 : (want > kMaxRowThreads ? kMaxRowThreads : want));
+    const void* fn = reinterpret_cast<const void*>(&norm_bwd_blocked_kernel<Z, DY, 1, NVB>);
+    int per_sm = 1;
+    ENGINE_TRY(blocks_per_sm(fn, block, 0, &per_sm));
+    if (per_sm > kBwdMaxCtasPerSm) per_sm = kBwdMaxCtasPerSm;
+    int64_t grid = persistent_grid(rows, ctx.sm_count, ctx.sm_margin, per_sm);
+    if (grid > max_ctas) grid = max_ctas;
+    *num_ctas = (int)grid;
+    norm_bwd_blocked_kernel<Z, DY, 1, NVB><<<(unsigned)grid, block, 0, ctx.stream>>>(a);
+    ENGINE_CHECK_LAUNCH("norm_bwd_blocked_kernel(scalar)");
+  }
+  return ENGINE_SUCCESS;
+}
+
+template <typename Z>
+engine_status dispatch_bwd_dy(engine_dtype dyt, BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas,
+                              int* num_ctas) {
+  switch (dyt) {
+    case ENGINE_DTYPE_FLOAT32: return launch_bwd<Z, float>(a, ctx, max_ctas, num_ctas);
+    case ENGINE_DTYPE_FLOAT16: return launch_bwd<Z, __half>(a, ctx, max_ctas, num_ctas);
+    case ENGINE_DTYPE_BFLOAT16: return launch_bwd<Z, __nv_bfloat16>(a, ctx, max_ctas, num_ctas);
+    default: break;
+  }
+  return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm backward: unsupported dy dtype %s",
+                   dtype_name(dyt));
+}
+
+}  // namespace norm
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_NORMALIZATION_NORM_BWD_CUH_

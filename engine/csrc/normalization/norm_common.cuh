@@ -1,0 +1,142 @@
+/*
+ * Shared definitions of the norm kernels: kernel argument blocks, modes, launch context and the
+ * per-dtype dispatch entry points implemented by the instantiation files
+ *   norm_fwd_{f32,f16,bf16,fp8}.cu   (split by output dtype)
+ *   norm_bwd_{f32,f16,bf16}.cu       (split by the dtype of x, the normalised input z)
+ * and called by norm_api.cu (the C API: validation and pass orchestration).
+ */
+#ifndef ENGINE_CSRC_NORMALIZATION_NORM_COMMON_CUH_
+#define ENGINE_CSRC_NORMALIZATION_NORM_COMMON_CUH_
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common/common.cuh"
+#include "engine/normalization.h"
+
+namespace engine {
+namespace norm {
+
+/* Forward kernel modes.
+ *   kFull : residual add, statistics, output (high precision, or FP8 with a given scale and amax
+ *           max-update; delayed scaling).
+ *   kStats: current scaling pass 1: residual add, statistics and amax of y; no output.
+ *   kApply: current scaling pass 2: reads z (x points at residual_out or x) and the stored mu /
+ *           rsigma, derives the scale from amax, writes out (and out_t), scale and scale_inv. */
+enum FwdMode : int { kFull = 0, kStats = 1, kApply = 2 };
+
+struct FwdArgs {
+  int64_t rows;
+  int cols;
+  const void* x; /* kApply: z */
+  int64_t x_stride;
+  const void* residual; /* NULL: no residual add (always NULL in kApply) */
+  int64_t res_stride;
+  void* residual_out;
+  int64_t res_out_stride;
+  const void* weight;
+  const void* bias; /* NULL: no bias */
+  engine_dtype w_dtype;
+  void* out; /* unused in kStats */
+  int64_t out_stride;
+  float* mu;     /* LayerNorm: written (kFull, kStats) or read (kApply) */
+  float* rsigma; /* written (kFull, kStats) or read (kApply) */
+  float* scale;
+  float* amax;
+  float* scale_inv;
+  uint8_t* out_t; /* in-kernel transposed FP8 copy [cols, rows], or NULL */
+  float eps;
+  float inv_n;
+  float amax_eps;
+  float fp8_max;
+  int mode;
+  int is_rms;
+  int zero_centered;
+  int e5m2;
+  /* launch configuration, filled in by the launcher */
+  int tpr;           /* threads per row (register path) */
+  int rows_per_iter; /* row groups per CTA (register path) */
+  int tile_rows;     /* rows per transposed tile (0: no in-kernel transpose) */
+  int tile_pitch;    /* bytes per shared-memory tile row */
+  int t_vec16;       /* out_t rows are 16-byte aligned runs */
+};
+
+struct BwdArgs {
+  int64_t rows;
+  int cols;
+  const void* dy;
+  int64_t dy_stride;
+  const void* x; /* z */
+  int64_t x_stride;
+  const float* mu;
+  const float* rsigma;
+  const void* weight;
+  engine_dtype w_dtype;
+  const void* dresidual; /* NULL or dres_dtype */
+  int64_t dresidual_stride;
+  void* dx;
+  engine_dtype dx_dtype;
+  int64_t dx_stride;
+  void* dres; /* NULL or dres_dtype */
+  engine_dtype dres_dtype;
+  int64_t dres_stride;
+  float* ws_dw; /* [num_ctas, ws_pitch] */
+  float* ws_db; /* [num_ctas, ws_pitch] or NULL */
+  int ws_pitch;
+  float inv_n;
+  int is_rms;
+  int zero_centered;
+  int tpr;
+  int rows_per_iter;
+};
+
+struct LaunchCtx {
+  int sm_count;
+  int sm_margin;
+  int max_smem_optin;
+  cudaStream_t stream;
+};
+
+/* Register-path limits (see the launchers): the forward keeps 4 vectors of 16 bytes of x per
+ * thread, the backward 16 elements; both at most 512 threads per row. */
+constexpr int kMaxRowThreads = 512;
+constexpr int kFwdNV = 4;
+constexpr int kBwdElems = 16;
+
+/* Upper bound on backward CTAs per SM, so that the workspace size depends on (rows, cols,
+ * sm_count, sm_margin) only, not on dtypes or occupancy. */
+constexpr int kBwdMaxCtasPerSm = 4;
+
+inline int64_t bwd_ws_pitch(int64_t cols) { return round_up(cols, 4); }
+inline int64_t bwd_max_ctas(int64_t rows, int sm_count, int sm_margin) {
+  int64_t sms = (int64_t)sm_count - (int64_t)(sm_margin > 0 ? sm_margin : 0);
+  if (sms < 1) sms = 1;
+  const int64_t cap = sms * kBwdMaxCtasPerSm;
+  return rows < cap ? rows : cap;
+}
+
+/* Launch one forward pass. x_dtype / r_dtype: the row input and residual dtypes (r_dtype ==
+ * x_dtype when there is no residual). *transposed: whether out_t was written in-kernel (false:
+ * the caller must transpose `out` itself). */
+engine_status fwd_out_f32(engine_dtype x_dtype, engine_dtype r_dtype, FwdArgs& a,
+                          const LaunchCtx& ctx, bool* transposed);
+engine_status fwd_out_f16(engine_dtype x_dtype, engine_dtype r_dtype, FwdArgs& a,
+                          const LaunchCtx& ctx, bool* transposed);
+engine_status fwd_out_bf16(engine_dtype x_dtype, engine_dtype r_dtype, FwdArgs& a,
+                           const LaunchCtx& ctx, bool* transposed);
+engine_status fwd_out_fp8(engine_dtype x_dtype, engine_dtype r_dtype, FwdArgs& a,
+                          const LaunchCtx& ctx, bool* transposed);
+
+/* Launch the backward main kernel; *num_ctas receives the grid size (rows of partials written to
+ * the workspace). The workspace pointers in `a` are laid out by the caller from max_ctas. */
+engine_status bwd_x_f32(engine_dtype dy_dtype, BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas,
+                        int* num_ctas);
+engine_status bwd_x_f16(engine_dtype dy_dtype, BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas,
+                        int* num_ctas);
+engine_status bwd_x_bf16(engine_dtype dy_dtype, BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas,
+                         int* num_ctas);
+
+}  // namespace norm
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_NORMALIZATION_NORM_COMMON_CUH_

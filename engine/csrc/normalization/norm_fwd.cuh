@@ -1,0 +1,512 @@
+/*
+ * Norm forward kernels (RMSNorm and LayerNorm in one code path: is_rms is a uniform run-time flag;
+ * RMSNorm is LayerNorm with mean 0 and no mean reduction) and their launcher template.
+ *
+ * Register path (norm_fwd_reg_kernel), rows of up to kMaxRowThreads * kFwdNV 16-byte vectors
+ * (16K elements for 16-bit x, 8K for fp32) whose operands allow 16-byte vector access:
+ *   - a CTA holds rows_per_iter row groups of tpr threads; thread t of a group owns vectors
+ *     t, t + tpr, t + 2 tpr, t + 3 tpr of the row (coalesced across the group);
+ *   - persistent: grid ~ SMs * occupancy, each CTA loops over blocks of rows with a loop count
+ *     that is uniform across the CTA (invalid rows are masked, never skipped: the reductions use
+ *     __syncthreads when a row spans several warps);
+ *   - gamma / beta are converted to float (with the zero-centred +1) ONCE, before the row loop,
+ *     as are 1/N (host) and the FP8 scale;
+ *   - LayerNorm statistics are two-pass over registers: mean first, then sum((z - mean)^2): no
+ *     E[z^2] - E[z]^2 cancellation;
+ *   - FP8 out: per-thread amax (int bits of |y|, masked lanes contribute 0), reduced per CTA, one
+ *     atomicMax per CTA; with out_t the CTA owns tiles of tile_rows rows, stages the FP8 bytes in
+ *     shared memory and writes the transposed tile with 16-byte stores (common/tile.cuh).
+ * Blocked path (norm_fwd_blocked_kernel), any cols: one CTA per row at a time; pass 1 walks the
+ * row in chunks of blockDim * NVB * VEC elements computing the statistics (RMSNorm: sum of squares;
+ * LayerNorm: per-thread Chan merge of each chunk's exact two-pass (n, mean, M2), then a block-wide
+ * Chan merge in a fixed order) and storing residual_out; pass 2 re-reads z (residual_out or x, hot
+ * in L2) and writes y. VEC = 1 is the scalar fallback for unaligned operands or cols % VEC != 0.
+ *
+ * Numerics shared by every path and mode (so kStats and kApply agree bit for bit):
+ *   z = round_R(x + residual), rsigma = 1 / sqrtf(var + eps) (IEEE sqrt and division),
+ *   y = fma((z - mean) * rsigma, g, b) with a bias, (z - mean) * rsigma * g without one,
+ *   q = cvt.rn.satfinite(y * scale).
+ */
+#ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_CUH_
+#define ENGINE_CSRC_NORMALIZATION_NORM_FWD_CUH_
+
+#include "common/common.cuh"
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+#include "common/tile.cuh"
+#include "common/vec.cuh"
+#include "normalization/norm_common.cuh"
+
+namespace engine {
+namespace norm {
+
+__device__ __forceinline__ float norm_y(float z, float mean, float rs, float g, float b,
+                                        bool has_bias) {
+  const float t = (z - mean) * rs;
+  return has_bias ? fmaf(t, g, b) : t * g;
+}
+
+/* FP8 scale for this kernel, and the scale / scale_inv bookkeeping by one thread of the grid. */
+template <bool kFp8>
+__device__ __forceinline__ float fwd_fp8_scale(const FwdArgs& a) {
+  float scale = 1.0f;
+  if constexpr (kFp8) {
+    if (a.mode == kApply) {
+      scale = compute_scale(*a.amax, a.fp8_max, a.amax_eps);
+    } else if (a.mode == kFull) {
+      scale = *a.scale;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+      if (a.mode == kApply) {
+        *a.scale = scale;
+        *a.scale_inv = 1.0f / scale;
+      } else if (a.mode == kFull) {
+        *a.scale_inv = 1.0f / scale;
+      }
+    }
+  }
+  return scale;
+}
+
+template <typename X, typename R, typename O, int NV>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    norm_fwd_reg_kernel(const FwdArgs a) {
+  constexpr int VEC = 16 / sizeof(X);
+  constexpr bool kFp8 = is_fp8_v<O>;
+  __shared__ float red_buf[2 * 32];
+  __shared__ int amax_buf[32];
+  extern __shared__ __align__(16) uint8_t tile[];
+
+  const int tpr = a.tpr;
+  const int group = threadIdx.x / tpr;
+  const int lr = threadIdx.x - group * tpr;
+  const int nvec = a.cols / VEC;
+  const int mode = a.mode;
+  const bool is_rms = a.is_rms != 0;
+  const bool has_bias = a.bias != nullptr;
+  const bool has_res = a.residual != nullptr;
+
+  int col[NV];
+  bool valid[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = lr + i * tpr;
+    valid[i] = v < nvec;
+    col[i] = v * VEC;
+  }
+
+  /* Loop invariants: gamma (+1 if zero-centred) and beta as float, once per CTA. */
+  float g[NV][VEC];
+  float b[NV][VEC];
+  const float g_add = a.zero_centered ? 1.0f : 0.0f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      g[i][j] = valid[i] ? load_scalar_dt(a.weight, col[i] + j, a.w_dtype) + g_add : 0.0f;
+      b[i][j] = (valid[i] && has_bias) ? load_scalar_dt(a.bias, col[i] + j, a.w_dtype) : 0.0f;
+    }
+  }
+  const float scale = fwd_fp8_scale<kFp8>(a);
+  const bool e5m2 = a.e5m2 != 0;
+  int amax_bits = 0;
+
+  RowGroupSum<1> red(red_buf);
+  const int G = a.rows_per_iter;
+  const int rpb = a.tile_rows > 0 ? a.tile_rows : G; /* a multiple of G */
+  const int64_t nblk = (a.rows + rpb - 1) / rpb;
+
+  for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+    const int64_t row0 = blk * rpb;
+    for (int sub = group; sub < rpb; sub += G) { /* rpb / G iterations for every group */
+      const int64_t row = row0 + sub;
+      const bool ok = row < a.rows;
+      float z[NV][VEC];
+      float mean = 0.0f;
+      float rs = 0.0f;
+      const X* xrow = static_cast<const X*>(a.x) + (ok ? row : 0) * a.x_stride;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (ok && valid[i]) {
+          load_vec<X, VEC>(xrow + col[i], z[i]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) z[i][j] = 0.0f;
+        }
+      }
+      if (mode == kApply) {
+        if (ok) {
+          rs = a.rsigma[row];
+          mean = is_rms ? 0.0f : a.mu[row];
+        }
+      } else {
+        if (has_res) {
+          const R* rrow = static_cast<const R*>(a.residual) + (ok ? row : 0) * a.res_stride;
+          R* orow = static_cast<R*>(a.residual_out) + (ok ? row : 0) * a.res_out_stride;
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            if (ok && valid[i]) {
+              float r[VEC];
+              load_vec<R, VEC>(rrow + col[i], r);
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) z[i][j] = round_to<R>(z[i][j] + r[j]);
+              store_vec<R, VEC>(orow + col[i], z[i]);
+            }
+          }
+        }
+        if (!is_rms) {
+          float s[1] = {0.0f};
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) s[0] += z[i][j]; /* masked slots hold 0 */
+          }
+          red(s, tpr);
+          mean = s[0] * a.inv_n;
+        }
+        float q[1] = {0.0f};
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          if (valid[i]) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              const float d = z[i][j] - mean;
+              q[0] = fmaf(d, d, q[0]);
+            }
+          }
+        }
+        red(q, tpr);
+        rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
+        if (ok && lr == 0) {
+          a.rsigma[row] = rs;
+          if (!is_rms) a.mu[row] = mean;
+        }
+      }
+
+      /* Epilogue. */
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        if (ok && valid[i]) {
+          float y[VEC];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) y[j] = norm_y(z[i][j], mean, rs, g[i][j], b[i][j], has_bias);
+          if constexpr (kFp8) {
+            if (mode != kApply) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) amax_bits = max(amax_bits, abs_bits(y[j]));
+            }
+            if (mode != kStats) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) y[j] *= scale;
+              uint32_t w[VEC / 4];
+              pack_fp8<VEC>(y, e5m2, w);
+              uint8_t* orow = static_cast<uint8_t*>(a.out) + row * a.out_stride;
+              store_words<VEC>(orow + col[i], w);
+              if (a.tile_rows > 0) store_words<VEC>(tile + sub * a.tile_pitch + col[i], w);
+            }
+          } else {
+            O* orow = static_cast<O*>(a.out) + row * a.out_stride;
+            store_vec<O, VEC>(orow + col[i], y);
+          }
+        }
+      }
+    }
+    if constexpr (kFp8) {
+      if (a.tile_rows > 0) { /* uniform: all threads take this branch together */
+        __syncthreads();
+        const int64_t left = a.rows - row0;
+        const int nr = left < a.tile_rows ? (int)left : a.tile_rows;
+        store_tile_transposed(tile, a.tile_pitch, nr, a.cols, a.out_t, a.rows, row0, 0,
+                              a.t_vec16 != 0, threadIdx.x, blockDim.x);
+        __syncthreads();
+      }
+    }
+  }
+  if constexpr (kFp8) {
+    if (mode != kApply) block_amax_atomic(amax_bits, a.amax, amax_buf);
+  }
+}
+
+template <typename X, typename R, typename O, int VEC, int NVB>
+__global__ void __launch_bounds__(kMaxRowThreads)
+    norm_fwd_blocked_kernel(const FwdArgs a) {
+  constexpr bool kFp8 = is_fp8_v<O>;
+  constexpr int OVEC = VEC; /* output elements per access */
+  __shared__ float red_buf[2 * 32];
+  __shared__ float chan_buf[3 * 33];
+  __shared__ int amax_buf[32];
+
+  const int nt = blockDim.x;
+  const int chunk = nt * NVB * VEC;
+  const int cols = a.cols;
+  const int mode = a.mode;
+  const bool is_rms = a.is_rms != 0;
+  const bool has_bias = a.bias != nullptr;
+  const bool has_res = a.residual != nullptr;
+  const float g_add = a.zero_centered ? 1.0f : 0.0f;
+  const float scale = fwd_fp8_scale<kFp8>(a);
+  const bool e5m2 = a.e5m2 != 0;
+  int amax_bits = 0;
+  RowGroupSum<1> red(red_buf);
+
+  for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    float mean = 0.0f;
+    float rs;
+    if (mode != kApply) {
+      const X* xrow = static_cast<const X*>(a.x) + row * a.x_stride;
+      const R* rrow = has_res ? static_cast<const R*>(a.residual) + row * a.res_stride : nullptr;
+      R* orow = has_res ? static_cast<R*>(a.residual_out) + row * a.res_out_stride : nullptr;
+      float cnt = 0.0f, cmean = 0.0f, cm2 = 0.0f; /* LayerNorm running (n, mean, M2) */
+      float ss = 0.0f;                            /* RMSNorm running sum of squares */
+      for (int c0 = 0; c0 < cols; c0 += chunk) {
+        float z[NVB][VEC];
+        bool valid[NVB];
+        int col[NVB];
+#pragma unroll
+        for (int i = 0; i < NVB; ++i) {
+          col[i] = c0 + (threadIdx.x + i * nt) * VEC;
+          valid[i] = col[i] < cols; /* VEC divides cols on the vector path */
+          if (valid[i]) {
+            load_vec<X, VEC>(xrow + col[i], z[i]);
+          } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) z[i][j] = 0.0f;
+          }
+        }
+        if (has_res) {
+#pragma unroll
+          for (int i = 0; i < NVB; ++i) {
+            if (valid[i]) {
+              float r[VEC];
+              load_vec<R, VEC>(rrow + col[i], r);
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) z[i][j] = round_to<R>(z[i][j] + r[j]);
+              store_vec<R, VEC>(orow + col[i], z[i]);
+            }
+          }
+        }
+        if (is_rms) {
+#pragma unroll
+          for (int i = 0; i < NVB; ++i) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) ss = fmaf(z[i][j], z[i][j], ss);
+          }
+        } else {
+          float n = 0.0f, s = 0.0f;
+#pragma unroll
+          for (int i = 0; i < NVB; ++i) {
+            if (valid[i]) {
+              n += (float)VEC;
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) s += z[i][j];
+            }
+          }
+          if (n > 0.0f) {
+            const float m = s / n;
+            float m2 = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NVB; ++i) {
+              if (valid[i]) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                  const float d = z[i][j] - m;
+                  m2 = fmaf(d, d, m2);
+                }
+              }
+            }
+            chan_merge(cnt, cmean, cm2, n, m, m2);
+          }
+        }
+      }
+      float var;
+      if (is_rms) {
+        float v[1] = {ss};
+        red(v, nt);
+        var = v[0] * a.inv_n;
+      } else {
+        block_chan(cnt, cmean, cm2, chan_buf);
+        mean = cmean;
+        var = cm2 * a.inv_n;
+      }
+      rs = 1.0f / sqrtf(var + a.eps);
+      if (threadIdx.x == 0) {
+        a.rsigma[row] = rs;
+        if (!is_rms) a.mu[row] = mean;
+      }
+    } else {
+      rs = a.rsigma[row];
+      mean = is_rms ? 0.0f : a.mu[row];
+    }
+
+    /* Pass 2: re-read z (L2-resident), write y. */
+    const bool z_from_res = has_res && mode != kApply;
+    const X* zx = static_cast<const X*>(a.x) + row * a.x_stride;
+    const R* zr = z_from_res ? static_cast<const R*>(a.residual_out) + row * a.res_out_stride
+                             : nullptr;
+    for (int c0 = 0; c0 < cols; c0 += chunk) {
+      float z[NVB][VEC];
+      bool valid[NVB];
+      int col[NVB];
+#pragma unroll
+      for (int i = 0; i < NVB; ++i) {
+        col[i] = c0 + (threadIdx.x + i * nt) * VEC;
+        valid[i] = col[i] < cols;
+        if (valid[i]) {
+          if (z_from_res) {
+            load_vec<R, VEC>(zr + col[i], z[i]);
+          } else {
+            load_vec<X, VEC>(zx + col[i], z[i]);
+          }
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NVB; ++i) {
+        if (valid[i]) {
+          float gv[VEC], bv[VEC], y[OVEC];
+          load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
+          if (has_bias) {
+            load_vec_dt<VEC>(a.bias, col[i], a.w_dtype, bv);
+          } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) bv[j] = 0.0f;
+          }
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) y[j] = norm_y(z[i][j], mean, rs, gv[j] + g_add, bv[j], has_bias);
+          if constexpr (kFp8) {
+            if (mode != kApply) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) amax_bits = max(amax_bits, abs_bits(y[j]));
+            }
+            if (mode != kStats) {
+              uint8_t* orow = static_cast<uint8_t*>(a.out) + row * a.out_stride + col[i];
+              if constexpr (VEC % 4 == 0) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) y[j] *= scale;
+                uint32_t w[VEC / 4];
+                pack_fp8<VEC>(y, e5m2, w);
+                store_words<VEC>(orow, w);
+              } else {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) orow[j] = fp8_from_float(y[j] * scale, e5m2);
+              }
+            }
+          } else {
+            O* orow = static_cast<O*>(a.out) + row * a.out_stride;
+            store_vec<O, VEC>(orow + col[i], y);
+          }
+        }
+      }
+    }
+  }
+  if constexpr (kFp8) {
+    if (mode != kApply) block_amax_atomic(amax_bits, a.amax, amax_buf);
+  }
+}
+
+/*
+ * Launch one forward pass with the register path when the operands allow 16-byte vectors and the
+ * row fits, the blocked path otherwise. Configuration depends on cols and dtypes only, never on
+ * rows (rows only caps the grid).
+ */
+template <typename X, typename R, typename O>
+engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
+  constexpr int VEC = 16 / sizeof(X);
+  constexpr bool kFp8 = is_fp8_v<O>;
+  *transposed = false;
+  const int64_t rows = a.rows;
+  const int cols = a.cols;
+  const int wsz = dtype_size(a.w_dtype);
+  const bool vec = (cols % VEC == 0) && vec_ok(a.x, a.x_stride, rows, sizeof(X), VEC) &&
+                   vec_ok(a.residual, a.res_stride, rows, sizeof(R), VEC) &&
+                   vec_ok(a.residual_out, a.res_out_stride, rows, sizeof(R), VEC) &&
+                   (a.mode == kStats || vec_ok(a.out, a.out_stride, rows, sizeof(O), VEC)) &&
+                   vec_ok(a.weight, 0, 1, wsz, VEC) && vec_ok(a.bias, 0, 1, wsz, VEC);
+  const int nvec = cols / VEC;
+  const int tpr_raw = (nvec + kFwdNV - 1) / kFwdNV;
+  const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
+
+  if (vec && tpr <= kMaxRowThreads) {
+    const int G = pow2_floor(tpr >= 256 ? 1 : 256 / tpr);
+    const int block = tpr * G;
+    a.tpr = tpr;
+    a.rows_per_iter = G;
+    a.tile_rows = 0;
+    a.tile_pitch = 0;
+    a.t_vec16 = 0;
+    size_t smem = 0;
+    if (kFp8 && a.out_t != nullptr && a.mode != kStats) {
+      /* Tile of T rows x cols bytes; T = 32 gives whole 32-byte sectors per output column run,
+       * 16 halves the tile for wide rows; beyond that the caller transposes `out` afterwards. */
+      const int64_t budget = (int64_t)ctx.max_smem_optin - 1024; /* static smem of the kernel */
+      const int pitch = (int)round_up(cols, 16) + 16;
+      int T = G > 32 ? G : 32;
+      if ((int64_t)T * pitch > budget) T = G > 16 ? G : 16;
+      if ((int64_t)T * pitch <= budget) {
+        a.tile_rows = T;
+        a.tile_pitch = pitch;
+        a.t_vec16 = (ptr_aligned(a.out_t, 16) && rows % 16 == 0) ? 1 : 0;
+        smem = (size_t)T * pitch;
+        *transposed = true;
+      }
+    }
+    if (!*transposed) a.out_t = nullptr;
+    const void* fn = reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, kFwdNV>);
+    int per_sm = 1;
+    ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
+    const int rpb = a.tile_rows > 0 ? a.tile_rows : G;
+    const int64_t grid = persistent_grid(ceil_div(rows, rpb), ctx.sm_count, ctx.sm_margin, per_sm);
+    norm_fwd_reg_kernel<X, R, O, kFwdNV><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+    ENGINE_CHECK_LAUNCH("norm_fwd_reg_kernel");
+    return ENGINE_SUCCESS;
+  }
+
+  a.out_t = nullptr;
+  a.tile_rows = 0;
+  if (vec) {
+    constexpr int NVB = 4;
+    const int block = kMaxRowThreads;
+    const void* fn = reinterpret_cast<const void*>(&norm_fwd_blocked_kernel<X, R, O, VEC, NVB>);
+    int per_sm = 1;
+    ENGINE_TRY(blocks_per_sm(fn, block, 0, &per_sm));
+    const int64_t grid = persistent_grid(rows, ctx.sm_count, ctx.sm_margin, per_sm);
+    norm_fwd_blocked_kernel<X, R, O, VEC, NVB><<<(unsigned)grid, block, 0, ctx.stream>>>(a);
+    ENGINE_CHECK_LAUNCH("norm_fwd_blocked_kernel");
+  } else {
+    constexpr int NVB = 8;
+    int64_t want = round_up(ceil_div(cols, NVB), 32);
+    const int block = (int)(want < 32 ? 32 : (want > kMaxRowThreads ? kMaxRowThreads : want));
+    const void* fn = reinterpret_cast<const void*>(&norm_fwd_blocked_kernel<X, R, O, 1, NVB>);
+    int per_sm = 1;
+    ENGINE_TRY(blocks_per_sm(fn, block, 0, &per_sm));
+    const int64_t grid = persistent_grid(rows, ctx.sm_count, ctx.sm_margin, per_sm);
+    norm_fwd_blocked_kernel<X, R, O, 1, NVB><<<(unsigned)grid, block, 0, ctx.stream>>>(a);
+    ENGINE_CHECK_LAUNCH("norm_fwd_blocked_kernel(scalar)");
+  }
+  return ENGINE_SUCCESS;
+}
+
+/* Dispatch over (x dtype, residual dtype) for one output type. */
+template <typename O>
+engine_status dispatch_fwd_xr(engine_dtype xt, engine_dtype rt, FwdArgs& a, const LaunchCtx& ctx,
+                              bool* transposed) {
+  switch (xt) {
+    case ENGINE_DTYPE_FLOAT32:
+      return launch_fwd<float, float, O>(a, ctx, transposed);
+    case ENGINE_DTYPE_FLOAT16:
+      return rt == ENGINE_DTYPE_FLOAT32 ? launch_fwd<__half, float, O>(a, ctx, transposed)
+                                        : launch_fwd<__half, __half, O>(a, ctx, transposed);
+    case ENGINE_DTYPE_BFLOAT16:
+      return rt == ENGINE_DTYPE_FLOAT32
+                 ? launch_fwd<__nv_bfloat16, float, O>(a, ctx, transposed)
+                 : launch_fwd<__nv_bfloat16, __nv_bfloat16, O>(a, ctx, transposed);
+    default:
+      break;
+  }
+  return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm forward: unsupported x dtype %s",
+                   dtype_name(xt));
+}
+
+}  // namespace norm
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_NORMALIZATION_NORM_FWD_CUH_

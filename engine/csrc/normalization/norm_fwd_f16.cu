@@ -1,0 +1,18 @@
+/*
+ * Norm forward instantiations for output dtype __half (see norm_fwd.cuh for the kernels' design).
+ * One translation unit per output dtype so that a parallel build compiles them concurrently; each
+ * holds the (x, residual) dtype pairs {f32/f32, f16/f16, f16/f32, bf16/bf16, bf16/f32} x
+ * {register, blocked-vector, blocked-scalar} kernels.
+ */
+#include "normalization/norm_fwd.cuh"
+
+namespace engine {
+namespace norm {
+
+engine_status fwd_out_f16(engine_dtype x_dtype, engine_dtype r_dtype, FwdArgs& a,
+                          const LaunchCtx& ctx, bool* transposed) {
+  return dispatch_fwd_xr<__half>(x_dtype, r_dtype, a, ctx, transposed);
+}
+
+}  // namespace norm
+}  // namespace engine

@@ -1,0 +1,270 @@
+"""RMSNorm and LayerNorm: autograd, functionals and modules.
+
+``engine.rmsnorm`` / ``engine.layernorm`` normalise the trailing dims given by the weight's shape
+(any leading dims). Optional, on both norms:
+
+* ``residual=r``: fused residual add. Returns ``(out, residual_out)`` with ``residual_out = x + r``
+  in ``r``'s dtype (keep your residual stream in fp32 by passing an fp32 ``r``); the norm is applied
+  to ``residual_out``. One pass forward, one pass backward (the gradient of ``residual_out`` is added
+  to the norm's input gradient inside the kernel).
+* ``quantizer=q`` (an :class:`engine.fp8.Float8Quantizer` or
+  :class:`engine.fp8.Float8CurrentScalingQuantizer`): FP8 output as an :class:`engine.fp8.Float8Tensor`,
+  with ``transpose_data`` when ``q.columnwise``. FP8 outputs are forward-only: they feed an FP8 GEMM
+  whose module owns the backward; asking for a gradient through one raises.
+* ``out_dtype``: high-precision output dtype (default: x's), e.g. bf16 in, fp32 out.
+* ``zero_centered_gamma``: ``y = xhat * (1 + weight)``, the weight initialised to zeros.
+* ``sm_margin``: leave this many SMs free (for concurrent communication kernels).
+
+The backend (CUDA C++ or Triton) is chosen per norm by ``ENGINE_USE_RMSNORM_TRITON`` /
+``ENGINE_USE_LAYERNORM_TRITON`` (see :mod:`engine.backend`).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from engine import _norm_ops as ops
+from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
+
+Tensor = torch.Tensor
+
+__all__ = ["rmsnorm", "layernorm", "RMSNorm", "LayerNorm"]
+
+
+def _grad_rows(g: Optional[Tensor], m: int, n: int, dtype: torch.dtype, device) -> Tensor:
+    if g is None:
+        return torch.zeros((m, n), dtype=dtype, device=device)
+    if n > 1 and g.stride(-1) != 1:
+        g = g.contiguous()
+    try:
+        return g.view(m, n)
+    except RuntimeError:
+        return g.reshape(m, n)
+
+
+class _NormFunction(torch.autograd.Function):
+    """Autograd of the high-precision norm on ``[M, N]`` views."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, eps, is_rms_norm, zero_centered_gamma, out_dtype, sm_margin):
+        out, res_out, mu, rsigma = ops.run_norm_fwd(
+            x, weight, bias, residual, eps, is_rms_norm, zero_centered_gamma, out_dtype, sm_margin)
+        z = x if residual is None else res_out
+        ctx.save_for_backward(z, weight, mu, rsigma)
+        ctx.cfg = (bias is not None, is_rms_norm, zero_centered_gamma, x.dtype,
+                   None if residual is None else residual.dtype, sm_margin, out.dtype)
+        return out, res_out
+
+    @staticmethod
+    def backward(ctx, dout, dres_out):
+        z, weight, mu, rsigma = ctx.saved_tensors
+        has_bias, is_rms_norm, zcg, x_dtype, res_dtype, sm_margin, out_dtype = ctx.cfg
+        m, n = z.shape
+        dy = _grad_rows(dout, m, n, out_dtype, z.device)
+        dres_in = None
+        if res_dtype is not None and dres_out is not None:
+            dres_in = _grad_rows(dres_out, m, n, res_dtype, z.device)
+        dx, dres, dw, db = ops.run_norm_bwd(
+            dy, z, mu, rsigma, weight, dres_in, has_bias, is_rms_norm, zcg, x_dtype, res_dtype, sm_margin)
+        dresidual = None
+        if res_dtype is not None:
+            dresidual = dres if dres is not None else dx
+        return dx, dw, db, dresidual, None, None, None, None, None
+
+
+def _needs_grad(*tensors: Optional[Tensor]) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _norm(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    eps: float,
+    is_rms_norm: bool,
+    zero_centered_gamma: bool,
+    residual: Optional[Tensor],
+    quantizer,
+    out_dtype: Optional[torch.dtype],
+    sm_margin: int,
+):
+    x2, w, b, r2 = ops.check_norm_inputs(x, weight, bias, residual, eps, sm_margin)
+    if quantizer is not None:
+        return _norm_fp8(x, x2, w, b, r2, residual, weight, bias, eps, is_rms_norm,
+                         zero_centered_gamma, quantizer, out_dtype, sm_margin)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    if out_dtype not in ops.HIGH_PRECISION:
+        raise ValueError(
+            f"out_dtype must be float32, float16 or bfloat16, got {out_dtype}; for FP8 output pass a "
+            f"quantizer"
+        )
+    if _needs_grad(x, weight, bias, residual):
+        out, res_out = _NormFunction.apply(x2, w, b, r2, float(eps), is_rms_norm, zero_centered_gamma,
+                                           out_dtype, sm_margin)
+    else:
+        out, res_out, _, _ = ops.run_norm_fwd(x2, w, b, r2, float(eps), is_rms_norm,
+                                              zero_centered_gamma, out_dtype, sm_margin)
+    out = out.view(x.shape)
+    if residual is None:
+        return out
+    return out, res_out.view(x.shape)
+
+
+def _norm_fp8(x, x2, w, b, r2, residual, weight, bias, eps, is_rms_norm, zero_centered_gamma,
+              quantizer, out_dtype, sm_margin):
+    if not isinstance(quantizer, (Float8Quantizer, Float8CurrentScalingQuantizer)):
+        raise TypeError(f"quantizer must be a Float8Quantizer or Float8CurrentScalingQuantizer, got {quantizer!r}")
+    if out_dtype is not None:
+        raise ValueError("out_dtype and quantizer are exclusive: the quantizer sets the FP8 output dtype")
+    if _needs_grad(x, weight, bias, residual):
+        raise NotImplementedError(
+            "FP8 norm outputs are forward-only: run under torch.no_grad(), or use the high-precision "
+            "output (no quantizer) when you need gradients through the norm"
+        )
+    if not quantizer.rowwise:
+        raise ValueError("norm FP8 outputs always carry rowwise data: construct the quantizer with rowwise=True")
+    dev = x.device
+    if quantizer.current_scaling:
+        scale = torch.empty(1, dtype=torch.float32, device=dev)
+        amax = torch.empty(1, dtype=torch.float32, device=dev)
+    else:
+        scale, amax = quantizer.scale, quantizer.amax
+        if scale.device != dev:
+            raise ValueError(f"the quantizer's scale/amax are on {scale.device} but x is on {dev}")
+    data, data_t, scale_inv, res_out, _, _ = ops.run_norm_fwd_fp8(
+        x2, w, b, r2, scale, amax, float(eps), is_rms_norm, zero_centered_gamma, quantizer.fp8_dtype,
+        quantizer.columnwise, quantizer.current_scaling, quantizer.amax_epsilon, sm_margin)
+    if quantizer.current_scaling:
+        quantizer.scale, quantizer.amax = scale, amax
+    t = Float8Tensor(data.view(x.shape), scale_inv, quantizer.fp8_dtype, transpose_data=data_t)
+    if residual is None:
+        return t
+    return t, res_out.view(x.shape)
+
+
+def rmsnorm(
+    x: Tensor,
+    weight: Tensor,
+    eps: float = 1e-6,
+    *,
+    zero_centered_gamma: bool = False,
+    residual: Optional[Tensor] = None,
+    quantizer=None,
+    out_dtype: Optional[torch.dtype] = None,
+    sm_margin: int = 0,
+):
+    """RMSNorm over the trailing dims of ``x`` given by ``weight.shape``.
+
+    ``y = x / sqrt(mean(x^2) + eps) * g`` with ``g = weight`` (``1 + weight`` when
+    ``zero_centered_gamma``). x: float32/float16/bfloat16, any leading dims, unit stride in the last
+    dim; weight: x's dtype or float32. Returns ``y`` (``out_dtype``, default x's dtype), or
+    ``(y, residual_out)`` with ``residual=``, or a :class:`Float8Tensor` with ``quantizer=`` (see the
+    module docstring).
+    """
+    return _norm(x, weight, None, eps, True, zero_centered_gamma, residual, quantizer, out_dtype, sm_margin)
+
+
+def layernorm(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor] = None,
+    eps: float = 1e-5,
+    *,
+    zero_centered_gamma: bool = False,
+    quantizer=None,
+    residual: Optional[Tensor] = None,
+    out_dtype: Optional[torch.dtype] = None,
+    sm_margin: int = 0,
+):
+    """LayerNorm over the trailing dims of ``x`` given by ``weight.shape``.
+
+    ``y = (x - mean(x)) / sqrt(var(x) + eps) * g + bias`` (biased variance, computed in fp32 from
+    centred values). Same dtypes, options and returns as :func:`rmsnorm`; ``bias`` is optional and
+    has weight's shape and dtype.
+    """
+    return _norm(x, weight, bias, eps, False, zero_centered_gamma, residual, quantizer, out_dtype, sm_margin)
+
+
+def _shape(normalized_shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
+    if isinstance(normalized_shape, numbers.Integral):
+        return (int(normalized_shape),)
+    return tuple(int(s) for s in normalized_shape)
+
+
+class _NormBase(nn.Module):
+    def __init__(self, normalized_shape, eps, zero_centered_gamma, sm_margin, bias, device, dtype):
+        super().__init__()
+        self.normalized_shape = _shape(normalized_shape)
+        self.eps = eps
+        self.zero_centered_gamma = zero_centered_gamma
+        self.sm_margin = sm_margin
+        kw = {"device": device, "dtype": dtype}
+        self.weight = nn.Parameter(torch.empty(self.normalized_shape, **kw))
+        if bias:
+            self.bias = nn.Parameter(torch.empty(self.normalized_shape, **kw))
+        else:
+            self.register_parameter("bias", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Weight to ones (zeros under ``zero_centered_gamma``), bias to zeros."""
+        with torch.no_grad():
+            if self.zero_centered_gamma:
+                self.weight.zero_()
+            else:
+                self.weight.fill_(1.0)
+            if self.bias is not None:
+                self.bias.zero_()
+
+    def extra_repr(self) -> str:
+        return (f"{self.normalized_shape}, eps={self.eps}, zero_centered_gamma={self.zero_centered_gamma}, "
+                f"sm_margin={self.sm_margin}")
+
+
+class RMSNorm(_NormBase):
+    """RMSNorm layer; its ``state_dict`` loads from and into ``torch.nn.RMSNorm``.
+
+    Args:
+        normalized_shape: trailing dims to normalise (int or tuple).
+        eps: added to the mean square.
+        zero_centered_gamma: ``y = xhat * (1 + weight)``; weight starts at zeros instead of ones.
+        sm_margin: SMs the kernels leave free.
+        device, dtype: of the weight.
+
+    ``forward(x, residual=None, quantizer=None)`` returns what :func:`engine.rmsnorm` returns.
+    """
+
+    def __init__(self, normalized_shape, eps: float = 1e-6, *, zero_centered_gamma: bool = False,
+                 sm_margin: int = 0, device=None, dtype=None) -> None:
+        super().__init__(normalized_shape, eps, zero_centered_gamma, sm_margin, False, device, dtype)
+
+    def forward(self, x: Tensor, residual: Optional[Tensor] = None, quantizer=None):
+        return _norm(x, self.weight, None, self.eps, True, self.zero_centered_gamma, residual, quantizer,
+                     None, self.sm_margin)
+
+
+class LayerNorm(_NormBase):
+    """LayerNorm layer; its ``state_dict`` loads from and into ``torch.nn.LayerNorm``.
+
+    Args:
+        normalized_shape: trailing dims to normalise (int or tuple).
+        eps: added to the variance.
+        bias: learn an additive bias (``torch.nn.LayerNorm(bias=...)``).
+        zero_centered_gamma: ``y = xhat * (1 + weight) + bias``; weight starts at zeros.
+        sm_margin: SMs the kernels leave free.
+        device, dtype: of the parameters.
+
+    ``forward(x, residual=None, quantizer=None)`` returns what :func:`engine.layernorm` returns.
+    """
+
+    def __init__(self, normalized_shape, eps: float = 1e-5, *, bias: bool = True,
+                 zero_centered_gamma: bool = False, sm_margin: int = 0, device=None, dtype=None) -> None:
+        super().__init__(normalized_shape, eps, zero_centered_gamma, sm_margin, bias, device, dtype)
+
+    def forward(self, x: Tensor, residual: Optional[Tensor] = None, quantizer=None):
+        return _norm(x, self.weight, self.bias, self.eps, False, self.zero_centered_gamma, residual,
+                     quantizer, None, self.sm_margin)

@@ -1,0 +1,424 @@
+"""RMSNorm and LayerNorm in Triton: one forward and one backward kernel, ``IS_RMS_NORM`` picks the norm.
+
+Both kernels are persistent: a grid of about ``programs_per_sm * (SMs - sm_margin)`` programs, each
+looping over tiles of ``BLOCK_M`` rows. When a row fits in registers (``BLOCKED`` false) gamma, beta
+and the FP8 scale are loaded once, before the row loop. Wider rows take the blocked path: two passes
+over column chunks per row tile (statistics, then output), the second pass re-reading from L2.
+Offsets are 64-bit. The launchers implement the op contract of ``engine.reference`` exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.triton_kernels import norms_common as nc
+from engine.triton_kernels.utils import (
+    _cast,
+    _fp8_saturate_cast,
+    _scale_from_amax,
+    fp8_consts,
+    is_fp8,
+    persistent_grid,
+    interpreter_rounding,
+)
+
+Tensor = torch.Tensor
+
+# Forward passes. Delayed scaling and high-precision outputs take PASS_FULL. Current scaling takes
+# PASS_AMAX (statistics + amax, no output) then PASS_APPLY (quantize with the stored statistics).
+PASS_FULL, PASS_AMAX, PASS_APPLY = 0, 1, 2
+
+
+@triton.jit
+def _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro,
+            HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, INTERPRETER: tl.constexpr):
+    """fp32 ``z = x (+ residual)`` of a tile; the sum is rounded to RES_OUT's dtype (and stored
+    when STORE_RES) so that what is normalised equals what the backward will read back."""
+    z = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RES:
+        z += tl.load(RES + rows64[:, None] * stride_res + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        zr = _cast(z, RES_OUT.dtype.element_ty, INTERPRETER)
+        if STORE_RES:
+            tl.store(RES_OUT + rows64[:, None] * stride_ro + cols[None, :], zr, mask=mask)
+        z = zr.to(tl.float32)
+    return z
+
+
+@triton.jit
+def _load_gamma_beta(W, B, cols, N, HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.constexpr):
+    """fp32 ``g`` (``1 + w`` when zero-centred) and ``b`` (0 without bias) for columns ``cols``."""
+    cmask = cols < N
+    g = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+    if ZERO_CENTERED:
+        g += 1.0
+    if HAS_BIAS:
+        b = tl.load(B + cols, mask=cmask, other=0.0).to(tl.float32)
+    else:
+        b = tl.zeros_like(g)
+    return g, b
+
+
+@triton.jit
+def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, scale, fp8_max,
+          IS_RMS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, IS_FP8: tl.constexpr,
+          STORE_OUT: tl.constexpr, STORE_T: tl.constexpr, INTERPRETER: tl.constexpr,
+          MANT: tl.constexpr, MIN_EXP: tl.constexpr):
+    """Normalise a tile, write it (high precision or FP8, optionally transposed), return its amax."""
+    if IS_RMS_NORM:
+        xhat = z * rstd[:, None]
+    else:
+        xhat = (z - mean[:, None]) * rstd[:, None]
+    y = xhat * g[None, :]
+    if HAS_BIAS:
+        y += b[None, :]
+    amax = 0.0
+    if IS_FP8:
+        amax = tl.max(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), axis=0)
+        if STORE_OUT:
+            q = _fp8_saturate_cast(y * scale, fp8_max, Y.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
+            tl.store(Y + rows64[:, None] * stride_y + cols[None, :], q, mask=mask)
+            if STORE_T:
+                # [BLOCK_N, BLOCK_M] tile of the [N, M] output: BLOCK_M contiguous bytes per column.
+                tl.store(Y_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], tl.trans(q),
+                         mask=tl.trans(mask))
+    elif STORE_OUT:
+        tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _cast(y, Y.dtype.element_ty, INTERPRETER),
+                 mask=mask)
+    return amax
+
+
+@triton.jit
+def _norm_fwd_kernel(
+    X,  # [M, N] input (PASS_APPLY: z, i.e. residual_out or x)
+    RES,  # [M, N] residual or dummy
+    W,  # [N] weight
+    B,  # [N] bias or dummy
+    Y,  # [M, N] output (high precision or FP8)
+    RES_OUT,  # [M, N] x + residual, or dummy
+    MU,  # [M] fp32 mean (LayerNorm) or dummy
+    RSTD,  # [M] fp32 1/sigma
+    SCALE,  # [1] fp32 FP8 scale (read; written by PASS_APPLY) or dummy
+    AMAX,  # [1] fp32 amax, max-updated, or dummy
+    SCALE_INV,  # [1] fp32 1/scale, written, or dummy
+    Y_T,  # [N, M] transposed FP8 output or dummy
+    stride_x, stride_res, stride_y, stride_ro,  # row strides in elements
+    M, N,  # rows, columns
+    eps,  # variance epsilon
+    fp8_max,  # largest finite FP8 value
+    amax_epsilon,  # current scaling: amax floor
+    IS_RMS_NORM: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_RES: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
+    IS_FP8: tl.constexpr,
+    STORE_T: tl.constexpr,  # write Y_T inside this kernel
+    PASS: tl.constexpr,  # PASS_FULL / PASS_AMAX / PASS_APPLY (see module)
+    INTERPRETER: tl.constexpr,  # interpreter-only rounding workarounds (utils._cast)
+    MANT: tl.constexpr,
+    MIN_EXP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCKED: tl.constexpr,  # N > BLOCK_N: two passes over column chunks
+):
+    tl.static_assert(not STORE_T or IS_FP8)
+    tl.static_assert(PASS == 0 or IS_FP8)
+    STORE_OUT: tl.constexpr = PASS != 1
+    LOAD_STATS: tl.constexpr = PASS == 2
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    scale = 1.0
+    if IS_FP8:
+        if LOAD_STATS:
+            scale = _scale_from_amax(tl.load(AMAX), fp8_max, amax_epsilon)
+        else:
+            scale = tl.load(SCALE)
+    if not BLOCKED:
+        g, b = _load_gamma_beta(W, B, cols, N, HAS_BIAS, ZERO_CENTERED)
+    amax = 0.0
+    for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
+        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows64 = tl.cast(rows, tl.int64)
+        rmask = rows < M
+        if not BLOCKED:
+            mask = rmask[:, None] & (cols[None, :] < N)
+            z = _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro,
+                        HAS_RES, True, INTERPRETER)
+            if LOAD_STATS:
+                rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+                mean = tl.zeros_like(rstd)
+                if not IS_RMS_NORM:
+                    mean = tl.load(MU + rows, mask=rmask, other=0.0)
+            else:
+                if IS_RMS_NORM:
+                    mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+                    var = tl.sum(z * z, axis=1) / N
+                else:
+                    mean = tl.sum(z, axis=1) / N
+                    zc = tl.where(mask, z - mean[:, None], 0.0)
+                    var = tl.sum(zc * zc, axis=1) / N
+                    tl.store(MU + rows, mean, mask=rmask)
+                rstd = tl.math.rsqrt(var + eps)
+                tl.store(RSTD + rows, rstd, mask=rmask)
+            a = _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, scale, fp8_max,
+                      IS_RMS_NORM, HAS_BIAS, IS_FP8, STORE_OUT, STORE_T, INTERPRETER, MANT, MIN_EXP)
+            if IS_FP8:
+                amax = tl.maximum(amax, a)
+        else:
+            if LOAD_STATS:
+                rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+                mean = tl.zeros_like(rstd)
+                if not IS_RMS_NORM:
+                    mean = tl.load(MU + rows, mask=rmask, other=0.0)
+            else:
+                # Pass 1: statistics over column chunks. LayerNorm merges per-chunk mean and M2
+                # (Chan et al.), which stays accurate for rows with a large mean.
+                mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+                m2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+                for c0 in range(0, N, BLOCK_N):
+                    cc = c0 + cols
+                    mask = rmask[:, None] & (cc[None, :] < N)
+                    z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
+                                HAS_RES, True, INTERPRETER)
+                    if IS_RMS_NORM:
+                        m2 += tl.sum(z * z, axis=1)
+                    else:
+                        n_a = c0 * 1.0
+                        n_b = tl.sum((cc < N).to(tl.float32), axis=0)
+                        mean_b = tl.sum(z, axis=1) / n_b
+                        zc = tl.where(mask, z - mean_b[:, None], 0.0)
+                        delta = mean_b - mean
+                        mean += delta * (n_b / (n_a + n_b))
+                        m2 += tl.sum(zc * zc, axis=1) + delta * delta * (n_a * n_b / (n_a + n_b))
+                rstd = tl.math.rsqrt(m2 / N + eps)
+                tl.store(RSTD + rows, rstd, mask=rmask)
+                if not IS_RMS_NORM:
+                    tl.store(MU + rows, mean, mask=rmask)
+            # Pass 2: normalise and write, chunk by chunk (x and residual re-read, from L2).
+            for c0 in range(0, N, BLOCK_N):
+                cc = c0 + cols
+                mask = rmask[:, None] & (cc[None, :] < N)
+                z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
+                            HAS_RES, False, INTERPRETER)
+                gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED)
+                a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, scale,
+                          fp8_max, IS_RMS_NORM, HAS_BIAS, IS_FP8, STORE_OUT, STORE_T, INTERPRETER,
+                          MANT, MIN_EXP)
+                if IS_FP8:
+                    amax = tl.maximum(amax, a)
+    if IS_FP8:
+        if PASS != 2:
+            tl.atomic_max(AMAX, amax)
+        if pid == 0:
+            tl.store(SCALE_INV, 1.0 / scale)
+            if LOAD_STATS:
+                tl.store(SCALE, scale)
+
+
+@triton.jit
+def _norm_bwd_kernel(
+    DY,  # [M, N] output gradient
+    X,  # [M, N] normalised input z (residual_out when a residual was added)
+    MU,  # [M] fp32 mean or dummy
+    RSTD,  # [M] fp32 1/sigma
+    W,  # [N] weight
+    DRES_IN,  # [M, N] gradient of residual_out, or dummy
+    DX,  # [M, N] input gradient
+    DRES,  # [M, N] the same gradient in the residual's dtype, or dummy
+    DW_PART,  # [P, N] fp32 per-program partial dW
+    DB_PART,  # [P, N] fp32 per-program partial dB, or dummy
+    stride_dy, stride_x, stride_dri, stride_dx, stride_dres,  # row strides in elements
+    M, N,
+    IS_RMS_NORM: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
+    HAS_DRES_IN: tl.constexpr,
+    HAS_DRES: tl.constexpr,
+    HAS_DB: tl.constexpr,
+    INTERPRETER: tl.constexpr,  # interpreter-only rounding workarounds (utils._cast)
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCKED: tl.constexpr,
+):
+    """dz = rstd * (dy*g - c2*xhat - c1) with per-row constants c2 = mean(dy*g*xhat) and
+    c1 = mean(dy*g) (LayerNorm only), computed once per row; dW/dB partials per program."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_N)
+    part_row = tl.cast(pid, tl.int64) * N
+    if not BLOCKED:
+        cmask = cols < N
+        g = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
+        if ZERO_CENTERED:
+            g += 1.0
+        dw = tl.zeros([BLOCK_N], dtype=tl.float32)
+        db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
+        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows64 = tl.cast(rows, tl.int64)
+        rmask = rows < M
+        rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+        mean = tl.zeros_like(rstd)
+        if not IS_RMS_NORM:
+            mean = tl.load(MU + rows, mask=rmask, other=0.0)
+        if not BLOCKED:
+            mask = rmask[:, None] & cmask[None, :]
+            dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            z = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
+            dyg = dy * g[None, :]
+            c2 = tl.sum(dyg * xhat, axis=1) / N
+            dz = dyg - xhat * c2[:, None]
+            if not IS_RMS_NORM:
+                dz -= (tl.sum(dyg, axis=1) / N)[:, None]
+            dz *= rstd[:, None]
+            if HAS_DRES_IN:
+                dz += tl.load(DRES_IN + rows64[:, None] * stride_dri + cols[None, :], mask=mask,
+                              other=0.0).to(tl.float32)
+            tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], _cast(dz, DX.dtype.element_ty, INTERPRETER), mask=mask)
+            if HAS_DRES:
+                tl.store(DRES + rows64[:, None] * stride_dres + cols[None, :], _cast(dz, DRES.dtype.element_ty, INTERPRETER),
+                         mask=mask)
+            dw += tl.sum(dy * xhat, axis=0)
+            if HAS_DB:
+                db += tl.sum(dy, axis=0)
+        else:
+            # Pass 1: the per-row constants over column chunks.
+            s2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+            s1 = tl.zeros([BLOCK_M], dtype=tl.float32)
+            for c0 in range(0, N, BLOCK_N):
+                cc = c0 + cols
+                mask = rmask[:, None] & (cc[None, :] < N)
+                dy = tl.load(DY + rows64[:, None] * stride_dy + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                z = tl.load(X + rows64[:, None] * stride_x + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                gc = tl.load(W + cc, mask=cc < N, other=0.0).to(tl.float32)
+                if ZERO_CENTERED:
+                    gc += 1.0
+                xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
+                dyg = dy * gc[None, :]
+                s2 += tl.sum(dyg * xhat, axis=1)
+                if not IS_RMS_NORM:
+                    s1 += tl.sum(dyg, axis=1)
+            c2 = s2 / N
+            c1 = s1 / N
+            # Pass 2: dz per chunk; this program's partials accumulate in its own row of DW_PART
+            # (the first row tile of the program writes, later ones add).
+            not_first = tl.full([BLOCK_N], rb, tl.int32) != pid
+            for c0 in range(0, N, BLOCK_N):
+                cc = c0 + cols
+                ccm = cc < N
+                mask = rmask[:, None] & ccm[None, :]
+                dy = tl.load(DY + rows64[:, None] * stride_dy + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                z = tl.load(X + rows64[:, None] * stride_x + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                gc = tl.load(W + cc, mask=ccm, other=0.0).to(tl.float32)
+                if ZERO_CENTERED:
+                    gc += 1.0
+                xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
+                dz = (dy * gc[None, :] - xhat * c2[:, None] - c1[:, None]) * rstd[:, None]
+                if HAS_DRES_IN:
+                    dz += tl.load(DRES_IN + rows64[:, None] * stride_dri + cc[None, :], mask=mask,
+                                  other=0.0).to(tl.float32)
+                tl.store(DX + rows64[:, None] * stride_dx + cc[None, :], _cast(dz, DX.dtype.element_ty, INTERPRETER), mask=mask)
+                if HAS_DRES:
+                    tl.store(DRES + rows64[:, None] * stride_dres + cc[None, :],
+                             _cast(dz, DRES.dtype.element_ty, INTERPRETER), mask=mask)
+                pw = tl.load(DW_PART + part_row + cc, mask=ccm & not_first, other=0.0)
+                tl.store(DW_PART + part_row + cc, pw + tl.sum(dy * xhat, axis=0), mask=ccm)
+                if HAS_DB:
+                    pb = tl.load(DB_PART + part_row + cc, mask=ccm & not_first, other=0.0)
+                    tl.store(DB_PART + part_row + cc, pb + tl.sum(dy, axis=0), mask=ccm)
+            # Each element of the partial row is read back by the thread that wrote it (same
+            # layout), but make the ordering explicit before the next row tile reads it.
+            tl.debug_barrier()
+    if not BLOCKED:
+        tl.store(DW_PART + part_row + cols, dw, mask=cmask)
+        if HAS_DB:
+            tl.store(DB_PART + part_row + cols, db, mask=cmask)
+
+
+def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax,
+               scale_inv, out_t, *, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon,
+               sm_margin, config: Optional[nc.NormConfig] = None) -> None:
+    """``norm_fwd`` with an explicit ``config`` (None: the heuristic). Used by tuning scripts."""
+    m, n = x.shape
+    fp8 = is_fp8(out.dtype)
+    if m == 0:
+        if fp8:
+            if current_scaling:
+                amax.zero_()
+                scale.fill_(1.0)
+            scale_inv.copy_(1.0 / scale)
+        return
+    store_t = out_t is not None
+    cfg = config or nc.fwd_config(n, x.dtype, store_t)
+    fp8_max, mant, min_exp = fp8_consts(out.dtype)
+    grid = (persistent_grid(triton.cdiv(m, cfg.block_m), x.device, sm_margin, cfg.programs_per_sm),)
+
+    def launch(pass_, x_in, res, res_out):
+        _norm_fwd_kernel[grid](
+            x_in, res if res is not None else x_in, weight, bias if bias is not None else weight,
+            out, res_out if res_out is not None else x_in, mu if mu is not None else rsigma, rsigma,
+            scale if fp8 else rsigma, amax if fp8 else rsigma, scale_inv if fp8 else rsigma,
+            out_t if store_t else out,
+            x_in.stride(0), res.stride(0) if res is not None else 0, out.stride(0),
+            res_out.stride(0) if res_out is not None else 0,
+            m, n, float(eps), float(fp8_max), float(amax_epsilon),
+            IS_RMS_NORM=is_rms_norm, HAS_BIAS=bias is not None, HAS_RES=res is not None,
+            ZERO_CENTERED=zero_centered_gamma, IS_FP8=fp8, STORE_T=store_t, PASS=pass_,
+            INTERPRETER=interpreter_rounding(), MANT=mant, MIN_EXP=min_exp,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked, num_warps=cfg.num_warps,
+        )
+
+    if fp8 and current_scaling:
+        amax.zero_()
+        launch(PASS_AMAX, x, residual, residual_out)
+        launch(PASS_APPLY, residual_out if residual is not None else x, None, None)
+    else:
+        launch(PASS_FULL, x, residual, residual_out)
+
+
+def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
+             out_t, *, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin):
+    """Norm forward; the contract of :func:`engine.reference.norm_fwd`."""
+    launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
+               out_t, is_rms_norm=is_rms_norm, zero_centered_gamma=zero_centered_gamma,
+               current_scaling=current_scaling, amax_epsilon=amax_epsilon, sm_margin=sm_margin)
+
+
+def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *, is_rms_norm,
+               zero_centered_gamma, sm_margin, config: Optional[nc.NormConfig] = None) -> None:
+    """``norm_bwd`` with an explicit ``config`` (None: the heuristic)."""
+    m, n = x.shape
+    if m == 0:
+        dweight.zero_()
+        if dbias is not None:
+            dbias.zero_()
+        return
+    cfg = config or nc.bwd_config(n, x.dtype)
+    p = persistent_grid(triton.cdiv(m, cfg.block_m), x.device, sm_margin, cfg.programs_per_sm)
+    dw_part = torch.empty((p, n), dtype=torch.float32, device=x.device)
+    db_part = torch.empty((p, n), dtype=torch.float32, device=x.device) if dbias is not None else dw_part
+    _norm_bwd_kernel[(p,)](
+        dy, x, mu if mu is not None else rsigma, rsigma, weight,
+        dresidual if dresidual is not None else dy, dx, dres if dres is not None else dx,
+        dw_part, db_part,
+        dy.stride(0), x.stride(0), dresidual.stride(0) if dresidual is not None else 0, dx.stride(0),
+        dres.stride(0) if dres is not None else 0, m, n,
+        IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma,
+        HAS_DRES_IN=dresidual is not None, HAS_DRES=dres is not None, HAS_DB=dbias is not None,
+        INTERPRETER=interpreter_rounding(),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked, num_warps=cfg.num_warps,
+    )
+    nc.reduce_partials(dw_part, dweight)
+    if dbias is not None:
+        nc.reduce_partials(db_part, dbias)
+
+
+def norm_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *, is_rms_norm,
+             zero_centered_gamma, sm_margin):
+    """Norm backward; the contract of :func:`engine.reference.norm_bwd`."""
+    launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, is_rms_norm=is_rms_norm,
+               zero_centered_gamma=zero_centered_gamma, sm_margin=sm_margin)

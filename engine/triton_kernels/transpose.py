@@ -1,0 +1,133 @@
+"""Tiled FP8 cast + transpose with fused amax, and the bitwise FP8 transpose, in Triton.
+
+A program owns ``BLOCK_M x BLOCK_N`` tiles (persistent loop over tiles): it reads the tile with
+coalesced row loads and writes the transposed tile with ``tl.trans`` (the compiler stages it through
+shared memory), so both sides are coalesced. The launchers implement the contracts of
+:func:`engine.reference.cast_transpose` and :func:`engine.reference.fp8_transpose`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.triton_kernels.utils import (
+    _fp8_saturate_cast,
+    _scale_from_amax,
+    fp8_consts,
+    persistent_grid,
+    interpreter_rounding,
+)
+
+TILE_M = 64
+TILE_N = 64
+PROGRAMS_PER_SM = 4
+
+
+@triton.jit
+def _cast_transpose_kernel(
+    X,  # [M, N] high-precision input, or 1-byte data for a plain transpose
+    OUT,  # [M, N] FP8 rowwise output or dummy
+    OUT_T,  # [N, M] FP8 transposed output or dummy
+    SCALE, AMAX, SCALE_INV,  # [1] fp32 FP8 metadata (dummies for a plain transpose)
+    stride_x, stride_o,  # row strides in elements
+    M, N,
+    fp8_max, amax_epsilon,
+    CAST: tl.constexpr,  # False: bitwise transpose of 1-byte data (no scaling, no amax)
+    STORE_ROW: tl.constexpr,
+    STORE_T: tl.constexpr,
+    PASS: tl.constexpr,  # 0: full, 1: amax only (current scaling), 2: quantize with scale from amax
+    INTERPRETER: tl.constexpr,
+    MANT: tl.constexpr,
+    MIN_EXP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    scale = 1.0
+    if CAST:
+        if PASS == 2:
+            scale = _scale_from_amax(tl.load(AMAX), fp8_max, amax_epsilon)
+        else:
+            scale = tl.load(SCALE)
+    amax = 0.0
+    for t in tl.range(pid, tl.cdiv(M, BLOCK_M) * tiles_n, nprog):
+        tm = t // tiles_n
+        tn = t % tiles_n
+        rows = tm * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = tn * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (rows[:, None] < M) & (cols[None, :] < N)
+        x = tl.load(X + tl.cast(rows, tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+        if CAST:
+            xf = x.to(tl.float32)
+            amax = tl.maximum(amax, tl.max(tl.max(tl.abs(xf), axis=1), axis=0))
+            q = _fp8_saturate_cast(xf * scale, fp8_max, OUT_T.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
+        else:
+            q = x
+        if PASS != 1:
+            if STORE_ROW:
+                tl.store(OUT + tl.cast(rows, tl.int64)[:, None] * stride_o + cols[None, :], q, mask=mask)
+            if STORE_T:
+                tl.store(OUT_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], tl.trans(q),
+                         mask=tl.trans(mask))
+    if CAST:
+        if PASS != 2:
+            tl.atomic_max(AMAX, amax)
+        if pid == 0:
+            tl.store(SCALE_INV, 1.0 / scale)
+            if PASS == 2:
+                tl.store(SCALE, scale)
+
+
+def _grid(m: int, n: int, device: torch.device) -> tuple:
+    tiles = triton.cdiv(m, TILE_M) * triton.cdiv(n, TILE_N)
+    return (persistent_grid(tiles, device, 0, PROGRAMS_PER_SM),)
+
+
+def cast_transpose(x, scale, amax, scale_inv, out, out_t, *, current_scaling, amax_epsilon):
+    """FP8 cast + optional transpose with fused amax; the contract of
+    :func:`engine.reference.cast_transpose`."""
+    m, n = x.shape
+    fp8_dtype = (out if out is not None else out_t).dtype
+    if m == 0:
+        if current_scaling:
+            amax.zero_()
+            scale.fill_(1.0)
+        scale_inv.copy_(1.0 / scale)
+        return
+    fp8_max, mant, min_exp = fp8_consts(fp8_dtype)
+    grid = _grid(m, n, x.device)
+    any_out = out if out is not None else out_t
+
+    def launch(pass_):
+        _cast_transpose_kernel[grid](
+            x, any_out, out_t if out_t is not None else any_out, scale, amax, scale_inv,
+            x.stride(0), out.stride(0) if out is not None else 0, m, n, float(fp8_max),
+            float(amax_epsilon), CAST=True, STORE_ROW=out is not None, STORE_T=out_t is not None,
+            PASS=pass_, INTERPRETER=interpreter_rounding(), MANT=mant, MIN_EXP=min_exp,
+            BLOCK_M=TILE_M, BLOCK_N=TILE_N, num_warps=4,
+        )
+
+    if current_scaling:
+        amax.zero_()
+        launch(1)
+        launch(2)
+    else:
+        launch(0)
+
+
+def fp8_transpose(data, out_t):
+    """Bitwise ``out_t = data.T``; the contract of :func:`engine.reference.fp8_transpose`."""
+    m, n = data.shape
+    if m == 0 or n == 0:
+        return
+    src = data.view(torch.uint8)
+    dst = out_t.view(torch.uint8)
+    _cast_transpose_kernel[_grid(m, n, data.device)](
+        src, dst, dst, src, src, src, src.stride(0), 0, m, n, 0.0, 0.0,
+        CAST=False, STORE_ROW=False, STORE_T=True, PASS=0, INTERPRETER=False, MANT=0, MIN_EXP=0,
+        BLOCK_M=TILE_M, BLOCK_N=TILE_N, num_warps=4,
+    )

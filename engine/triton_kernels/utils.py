@@ -1,0 +1,110 @@
+"""Helpers shared by the Triton kernels: device facts, dtype mapping, the FP8 cast."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from engine import backend
+from engine.fp8 import FP8_DTYPES, fp8_format
+
+#: Stand-in SM count for CPU tensors in the interpreter: small, so that persistent loops
+#: run several iterations per program even on small test shapes.
+INTERPRETER_SM_COUNT = 4
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Multiprocessor count of ``device`` (cached); the interpreter stand-in for CPU tensors."""
+    if device.type == "cuda":
+        return _cuda_sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return INTERPRETER_SM_COUNT
+
+
+def persistent_grid(work_items: int, device: torch.device, sm_margin: int, programs_per_sm: int) -> int:
+    """Programs for a persistent launch: ``(SMs - sm_margin) * programs_per_sm``, capped by the work."""
+    sms = max(1, sm_count(device) - max(0, sm_margin))
+    return max(1, min(work_items, sms * programs_per_sm))
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in FP8_DTYPES
+
+
+def fp8_consts(dtype: torch.dtype):
+    """(fp8_max, mantissa_bits, min_normal_exp) for an FP8 dtype, zeros for anything else."""
+    if not is_fp8(dtype):
+        return 0.0, 0, 0
+    f = fp8_format(dtype)
+    return f.max, f.mantissa_bits, f.min_normal_exp
+
+
+def interpreter_rounding() -> bool:
+    """True under TRITON_INTERPRET=1, whose fp32 -> bf16 and fp32 -> fp8 casts do not round to
+    nearest even (see :func:`_cast`, :func:`_fp8_saturate_cast` and tests/test_interpreter_pins.py)."""
+    return backend.settings().triton_interpret
+
+
+@triton.jit
+def _round_to_fp8_grid(v, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
+    """Round fp32 ``v`` (already clamped to the format's range) to the FP8 grid, ties to even.
+
+    The quantum is ``2**(max(exponent(v), MIN_EXP) - MANT)``; ``t + 1.5*2**23 - 1.5*2**23`` rounds
+    ``t = v / quantum`` (|t| <= 16) to an integer with the IEEE default rounding, ties to even.
+    Division and multiplication by a power of two are exact.
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    e = tl.maximum(e, MIN_EXP)
+    quantum = ((e - MANT + 127) << 23).to(tl.float32, bitcast=True)
+    t = v / quantum
+    r = (t + 12582912.0) - 12582912.0
+    return r * quantum
+
+
+@triton.jit
+def _fp8_saturate_cast(v, fp8_max, OUT_DTYPE: tl.constexpr, INTERPRETER: tl.constexpr,
+                       MANT: tl.constexpr, MIN_EXP: tl.constexpr):
+    """Saturating FP8 cast of fp32 ``v`` (already multiplied by the scale).
+
+    On the GPU the conversion is the hardware's round-to-nearest-even. Under TRITON_INTERPRET the
+    native cast loses the mantissa carry and does not round ties to even (shared/
+    TRITON_INTERPRETER.md), so ``INTERPRETER`` rounds to the grid in fp32 first; the cast of an
+    exactly representable value is then exact.
+    """
+    v = tl.minimum(tl.maximum(v, -fp8_max), fp8_max)
+    if INTERPRETER:
+        v = _round_to_fp8_grid(v, MANT, MIN_EXP)
+    return v.to(OUT_DTYPE)
+
+
+@triton.jit
+def _cast(v, DTYPE: tl.constexpr, INTERPRETER: tl.constexpr):
+    """``v.to(DTYPE)`` for a high-precision DTYPE, rounding to nearest even everywhere.
+
+    The interpreter truncates fp32 -> bf16 (tests/test_interpreter_pins.py); with ``INTERPRETER``
+    the value is first rounded to bf16's grid in integer arithmetic (add 0x7FFF plus the lowest kept
+    bit, clear the low 16 bits), after which the truncating cast is exact. NaN is kept as is.
+    """
+    if INTERPRETER:
+        if DTYPE == tl.bfloat16:
+            bits = v.to(tl.int32, bitcast=True)
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+            v = tl.where(v != v, v, bits.to(tl.float32, bitcast=True))
+    return v.to(DTYPE)
+
+
+@triton.jit
+def _scale_from_amax(amax, fp8_max, amax_epsilon):
+    """Current scaling: ``fp8_max / max(amax, eps)``, or 1 when that is 0, NaN or not finite."""
+    a = tl.maximum(amax, amax_epsilon)
+    s = fp8_max / a
+    ok = (a > 0.0) & (s < float("inf")) & (s > 0.0)
+    return tl.where(ok, s, 1.0)

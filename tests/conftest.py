@@ -1,0 +1,66 @@
+"""Shared fixtures: the device under test and a backend axis.
+
+L0 (CPU, CI): ``TRITON_INTERPRET=1`` is set for the whole run; backends are ``reference`` and
+``triton`` (the interpreter). L1 (GPU): CUDA tensors, backends ``triton`` and ``cuda``. The
+``backend`` fixture sets the family flags through ``engine.backend.reset_for_tests`` (the flags are
+frozen per process otherwise) and checks the dispatcher really selected that backend.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import engine
+from engine.backend import Backend, OpFamily
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "") == "1"
+ON_GPU = torch.cuda.is_available() and not INTERPRET
+DEVICE = torch.device("cuda") if ON_GPU else torch.device("cpu")
+BACKENDS = ["triton", "cuda"] if ON_GPU else ["reference", "triton"]
+
+_FLAGS = [
+    "ENGINE_USE_RMSNORM_TRITON",
+    "ENGINE_USE_LAYERNORM_TRITON",
+    "ENGINE_USE_CAST_TRANSPOSE_TRITON",
+]
+
+
+def backend_env(name: str, **extra: str) -> dict:
+    env = {flag: ("1" if name == "triton" else "0") for flag in _FLAGS}
+    env["TRITON_INTERPRET"] = "1" if INTERPRET else ""
+    env.update(extra)
+    return env
+
+
+def use_backend(name: str, **extra: str) -> None:
+    """Point every op family at backend ``name`` (plus extra env settings) and verify it."""
+    if name == "triton" and DEVICE.type == "cpu" and not INTERPRET:
+        pytest.skip("the Triton backend on CPU needs TRITON_INTERPRET=1 (set by ci/L0.sh)")
+    engine.backend.reset_for_tests(backend_env(name, **extra))
+    for fam in (OpFamily.RMSNORM, OpFamily.LAYERNORM, OpFamily.CAST_TRANSPOSE):
+        got = engine.backend.select_backend(fam, DEVICE)
+        assert got is Backend(name), f"{fam} selected {got}, wanted {name}"
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    use_backend(request.param)
+    yield request.param
+    engine.backend.reset_for_tests()
+
+
+@pytest.fixture
+def device():
+    return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)
+
+
+def pytest_report_header(config):
+    return f"engine tests: device={DEVICE} backends={BACKENDS} TRITON_INTERPRET={int(INTERPRET)}"

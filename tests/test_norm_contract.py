@@ -1,0 +1,204 @@
+"""The norm op contract, backend by backend, against the float64 oracle.
+
+Every output buffer is poisoned (NaN, or 0xFF bytes) before the kernel runs, so an element the
+kernel fails to write fails the comparison. Shapes are irregular on purpose (N not a multiple of 16,
+M = 1, N = 17389 past the register cap so the blocked path runs).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import engine
+from engine.backend import OpFamily
+
+from conftest import DEVICE, ON_GPU
+from reference import norm_bwd as ref_bwd
+from reference import norm_fwd as ref_fwd
+from reference import residual_sum
+from tolerances import BWD, FWD, REDUCTION, STATS, rel_err
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+
+
+def impl_for(is_rms_norm: bool):
+    return engine.backend.select(OpFamily.RMSNORM if is_rms_norm else OpFamily.LAYERNORM, DEVICE)
+
+
+def poisoned(shape, dtype):
+    t = torch.empty(shape, dtype=dtype, device=DEVICE)
+    if dtype.is_floating_point and t.element_size() > 1:
+        t.fill_(float("nan"))
+    else:
+        t.view(torch.uint8).fill_(0xFF)
+    return t
+
+
+def rows_with_stride(m, n, dtype, extra=0, scale=1.0, offset=0.0):
+    """Random [m, n] rows; with ``extra`` > 0 a view of a wider buffer (row stride n + extra)."""
+    base = torch.randn(m, n + extra, device=DEVICE) * scale + offset
+    return base.to(dtype)[:, :n]
+
+
+def run_fwd(is_rms, x, w, b, res, eps, zcg, out_dtype):
+    m, n = x.shape
+    out = poisoned((m, n), out_dtype)
+    res_out = poisoned((m, n), res.dtype) if res is not None else None
+    mu = poisoned((m,), F32) if not is_rms else None
+    rsigma = poisoned((m,), F32)
+    impl_for(is_rms).norm_fwd(
+        x, w, b, res, eps, out, res_out, mu, rsigma, None, None, None, None,
+        is_rms_norm=is_rms, zero_centered_gamma=zcg, current_scaling=False, amax_epsilon=0.0,
+        sm_margin=0)
+    return out, res_out, mu, rsigma
+
+
+def check_fwd(is_rms, m, n, x_dtype, w_dtype, out_dtype, *, zcg=False, bias=False, res_dtype=None,
+              row_extra=0, eps=1e-5):
+    x = rows_with_stride(m, n, x_dtype, row_extra)
+    w = (torch.randn(n, device=DEVICE) * 0.5 + (0.0 if zcg else 1.0)).to(w_dtype)
+    b = torch.randn(n, device=DEVICE).to(w_dtype) if bias else None
+    res = rows_with_stride(m, n, res_dtype, row_extra) if res_dtype is not None else None
+    out, res_out, mu, rsigma = run_fwd(is_rms, x, w, b, res, eps, zcg, out_dtype)
+    z = x
+    if res is not None:
+        z = residual_sum(x, res)
+        torch.testing.assert_close(res_out, z, rtol=0, atol=0)
+    ref = ref_fwd(z, w, b, eps, is_rms, zcg)
+    torch.testing.assert_close(out.double(), ref["y"], **FWD[out_dtype])
+    torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+    if not is_rms:
+        torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+    return x, w, b, z, mu, rsigma
+
+
+def run_bwd(is_rms, dy, z, mu, rsigma, w, dres_in, has_bias, zcg, dx_dtype, dres_dtype):
+    m, n = z.shape
+    dx = poisoned((m, n), dx_dtype)
+    dres = poisoned((m, n), dres_dtype) if dres_dtype is not None else None
+    dw = poisoned((n,), w.dtype)
+    db = poisoned((n,), w.dtype) if has_bias else None
+    impl_for(is_rms).norm_bwd(dy, z, mu, rsigma, w, dres_in, dx, dres, dw, db, is_rms_norm=is_rms,
+                              zero_centered_gamma=zcg, sm_margin=0)
+    return dx, dres, dw, db
+
+
+def check_bwd(is_rms, m, n, x_dtype, w_dtype, dy_dtype, *, zcg=False, bias=False, res_dtype=None,
+              row_extra=0):
+    eps = 1e-5
+    x, w, b, z, mu, rsigma = check_fwd(is_rms, m, n, x_dtype, w_dtype, dy_dtype, zcg=zcg, bias=bias,
+                                       res_dtype=res_dtype, row_extra=row_extra, eps=eps)
+    dy = rows_with_stride(m, n, dy_dtype, row_extra)
+    dres_in = rows_with_stride(m, n, res_dtype, row_extra) if res_dtype is not None else None
+    dres_dtype = res_dtype if (res_dtype is not None and res_dtype != x_dtype) else None
+    dx, dres, dw, db = run_bwd(is_rms, dy, z, mu, rsigma, w, dres_in, bias, zcg, x_dtype, dres_dtype)
+    ref = ref_bwd(dy, z, w, b, eps, is_rms, zcg, dres_in)
+    torch.testing.assert_close(dx.double(), ref["dx"], **BWD[x_dtype])
+    if dres is not None:
+        torch.testing.assert_close(dres.double(), ref["dx"], **BWD[dres_dtype])
+    assert rel_err(dw, ref["dweight"]) < REDUCTION[w_dtype], rel_err(dw, ref["dweight"])
+    if bias:
+        assert rel_err(db, ref["dbias"]) < REDUCTION[w_dtype]
+
+
+NORMS = [pytest.param(True, id="rms"), pytest.param(False, id="ln")]
+SHAPES_M = [1, 7, 199]
+SHAPES_N = [1, 17, 760, 3571, 17389]
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("m", SHAPES_M)
+@pytest.mark.parametrize("n", SHAPES_N)
+def test_shapes_fwd_bwd(backend, is_rms, m, n):
+    """Irregular shapes, bf16, both passes; LayerNorm with bias. 17389 takes the blocked path."""
+    check_bwd(is_rms, m, n, BF16, BF16, BF16, bias=not is_rms)
+
+
+DTYPE_PAIRS = [(xd, od) for xd in (F32, F16, BF16) for od in (F32, F16, BF16)]
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("x_dtype,out_dtype", DTYPE_PAIRS, ids=lambda d: str(d).replace("torch.", ""))
+@pytest.mark.parametrize("w_fp32", [False, True], ids=["w=x", "w=fp32"])
+def test_dtype_pairs(backend, is_rms, x_dtype, out_dtype, w_fp32):
+    """Every input/output dtype pair, weight in x's dtype or fp32; the backward with dy in out dtype."""
+    w_dtype = F32 if w_fp32 else x_dtype
+    check_bwd(is_rms, 7, 760, x_dtype, w_dtype, out_dtype, bias=not is_rms)
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [760, 17389])
+@pytest.mark.parametrize("res_dtype", [BF16, F32], ids=["res=bf16", "res=fp32"])
+def test_residual_zero_centered_strided(backend, is_rms, n, res_dtype):
+    """Fused residual (in x's dtype or fp32), zero-centred gamma and rows with a stride > N."""
+    check_bwd(is_rms, 9, n, BF16, F32, BF16, zcg=True, bias=not is_rms, res_dtype=res_dtype, row_extra=5)
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_widest_rows(backend, is_rms):
+    """N = 262144 (the largest hidden size the contract promises) on the blocked path."""
+    check_bwd(is_rms, 2, 262144, BF16, BF16, BF16, bias=not is_rms)
+
+
+def test_layernorm_large_mean(backend):
+    """Rows of 1e4 + unit noise in fp32: the variance must come from centred values.
+
+    The same data through E[x^2] - E[x]^2 in fp32 misses the variance by far; checked here so that
+    this test would catch that formula.
+    """
+    from tolerances import LARGE_MEAN_FP32
+
+    for n in (3571, 17389):
+        m = 4
+        x = rows_with_stride(m, n, F32, offset=1e4)
+        w = torch.randn(n, device=DEVICE)
+        out, _, mu, rsigma = run_fwd(False, x, w, None, None, 1e-5, False, F32)
+        ref = ref_fwd(x, w, None, 1e-5, False)
+        torch.testing.assert_close(out.double(), ref["y"], **LARGE_MEAN_FP32)
+        torch.testing.assert_close(rsigma.double(), ref["rsigma"], rtol=1e-3, atol=0)
+        naive_var = (x * x).mean(1) - x.mean(1) ** 2
+        naive_rsigma = torch.rsqrt(naive_var.clamp_min(0) + 1e-5).double()
+        assert not torch.allclose(naive_rsigma, ref["rsigma"], rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_zero_rows(backend, is_rms):
+    """M = 0 is a valid empty call: nothing written, dweight/dbias zero."""
+    n = 33
+    x = torch.empty(0, n, device=DEVICE, dtype=BF16)
+    w = torch.randn(n, device=DEVICE, dtype=BF16)
+    run_fwd(is_rms, x, w, None, None, 1e-5, False, BF16)
+    dx, _, dw, db = run_bwd(is_rms, x, x, None if is_rms else torch.empty(0, device=DEVICE),
+                            torch.empty(0, device=DEVICE), w, None, not is_rms, False, BF16, None)
+    assert dx.shape == (0, n) and torch.equal(dw, torch.zeros_like(dw))
+    if db is not None:
+        assert torch.equal(db, torch.zeros_like(db))
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_row_stride_zero_dy(backend, is_rms):
+    """An expanded gradient (row stride 0, as autograd hands out for a sum) is read in place."""
+    m, n = 5, 40
+    x, w, b, z, mu, rsigma = check_fwd(is_rms, m, n, F32, F32, F32)
+    dy = torch.randn(1, n, device=DEVICE).expand(m, n)
+    assert dy.stride(0) == 0
+    dx, _, dw, _ = run_bwd(is_rms, dy, z, mu, rsigma, w, None, False, False, F32, None)
+    ref = ref_bwd(dy.contiguous(), z, w, None, 1e-5, is_rms)
+    torch.testing.assert_close(dx.double(), ref["dx"], **BWD[F32])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="large shapes need the GPU")
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_gpu_large(backend, is_rms):
+    """Large shapes on the GPU: M*N > 2**31 elements needs 64-bit offsets; a big register-path case."""
+    check_bwd(is_rms, 65536, 4096, BF16, BF16, BF16, bias=not is_rms)
+    m, n = 131072 + 3, 16384  # 2**31 + 49152 elements
+    x = torch.randn(m, n, device=DEVICE, dtype=BF16)
+    w = torch.randn(n, device=DEVICE, dtype=BF16)
+    out, _, mu, rsigma = run_fwd(is_rms, x, w, None, None, 1e-5, False, BF16)
+    tail = slice(m - 70, m)
+    ref = ref_fwd(x[tail], w, None, 1e-5, is_rms)
+    torch.testing.assert_close(out[tail].double(), ref["y"], **FWD[BF16])
+    torch.testing.assert_close(rsigma[tail].double(), ref["rsigma"], **STATS)
+    assert not torch.isnan(out).any()
