@@ -128,6 +128,7 @@ def _read_settings(env: Mapping[str, str]) -> Settings:
 
 _lock = threading.Lock()
 _settings: Optional[Settings] = None
+_env_override: Optional[Mapping[str, str]] = None  # set by reset_for_tests
 _selected: Dict[tuple, Backend] = {}
 
 
@@ -137,7 +138,7 @@ def settings() -> Settings:
     if _settings is None:
         with _lock:
             if _settings is None:
-                s = _read_settings(os.environ)
+                s = _read_settings(os.environ if _env_override is None else _env_override)
                 _log.debug("engine settings: %s", s)
                 _settings = s
     return _settings
@@ -248,9 +249,10 @@ def describe() -> Dict[str, Dict[str, str]]:
 def reset_for_tests(env: Optional[Mapping[str, str]] = None) -> None:
     """Forget the frozen settings and selections (tests only).
 
-    With ``env`` the settings are taken from that mapping instead of ``os.environ``.
+    With ``env`` the settings are read (at next use) from that mapping instead of ``os.environ``.
     """
-    global _settings
+    global _settings, _env_override
     with _lock:
         _selected.clear()
-        _settings = None if env is None else _read_settings(env)
+        _settings = None
+        _env_override = None if env is None else dict(env)

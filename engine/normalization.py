@@ -57,10 +57,11 @@ class _NormFunction(torch.autograd.Function):
         ctx.save_for_backward(z, weight, mu, rsigma)
         ctx.cfg = (bias is not None, is_rms_norm, zero_centered_gamma, x.dtype,
                    None if residual is None else residual.dtype, sm_margin, out.dtype)
-        return out, res_out
+        # One output without a residual, two with: a None output would trip torch.compile.
+        return out if res_out is None else (out, res_out)
 
     @staticmethod
-    def backward(ctx, dout, dres_out):
+    def backward(ctx, dout, dres_out=None):
         z, weight, mu, rsigma = ctx.saved_tensors
         has_bias, is_rms_norm, zcg, x_dtype, res_dtype, sm_margin, out_dtype = ctx.cfg
         m, n = z.shape
@@ -103,8 +104,9 @@ def _norm(
             f"quantizer"
         )
     if _needs_grad(x, weight, bias, residual):
-        out, res_out = _NormFunction.apply(x2, w, b, r2, float(eps), is_rms_norm, zero_centered_gamma,
-                                           out_dtype, sm_margin)
+        res = _NormFunction.apply(x2, w, b, r2, float(eps), is_rms_norm, zero_centered_gamma, out_dtype,
+                                  sm_margin)
+        out, res_out = (res, None) if residual is None else res
     else:
         out, res_out, _, _ = ops.run_norm_fwd(x2, w, b, r2, float(eps), is_rms_norm,
                                               zero_centered_gamma, out_dtype, sm_margin)

@@ -57,16 +57,17 @@ def _round_to_fp8_grid(v, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
     """Round fp32 ``v`` (already clamped to the format's range) to the FP8 grid, ties to even.
 
     The quantum is ``2**(max(exponent(v), MIN_EXP) - MANT)``; ``t + 1.5*2**23 - 1.5*2**23`` rounds
-    ``t = v / quantum`` (|t| <= 16) to an integer with the IEEE default rounding, ties to even.
+    ``t = |v| / quantum`` (<= 16) to an integer with the IEEE default rounding, ties to even; the sign
+    is put back after, so that tiny negatives give -0 as the hardware cast does.
     Division and multiplication by a power of two are exact.
     """
     bits = v.to(tl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127
     e = tl.maximum(e, MIN_EXP)
     quantum = ((e - MANT + 127) << 23).to(tl.float32, bitcast=True)
-    t = v / quantum
-    r = (t + 12582912.0) - 12582912.0
-    return r * quantum
+    t = tl.abs(v) / quantum
+    r = ((t + 12582912.0) - 12582912.0) * quantum
+    return tl.where(bits < 0, -r, r)  # keep the sign, of zero too
 
 
 @triton.jit

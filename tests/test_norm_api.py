@@ -1,0 +1,269 @@
+"""Public API: functionals, modules, autograd, residual, state_dict, errors, torch.compile, CUDA graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import engine
+from engine.backend import OpFamily
+
+from conftest import DEVICE, ON_GPU
+from reference import norm_fwd as ref_fwd
+from reference import residual_sum
+from tolerances import BWD, FWD, REDUCTION, rel_err
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+NORMS = [pytest.param(True, id="rms"), pytest.param(False, id="ln")]
+
+
+def call(is_rms, x, w, b=None, eps=1e-5, **kw):
+    if is_rms:
+        return engine.rmsnorm(x, w, eps, **kw)
+    return engine.layernorm(x, w, b, eps, **kw)
+
+
+def oracle_grads(is_rms, x, w, b, r, dy, dres, eps, zcg):
+    """float64 autograd through ``norm(x + r)`` (residual_out rounded as stored)."""
+    x64 = x.double().detach().requires_grad_(True)
+    w64 = w.double().detach().requires_grad_(True)
+    b64 = None if b is None else b.double().detach().requires_grad_(True)
+    r64 = None if r is None else r.double().detach().requires_grad_(True)
+    z = x64 if r is None else x64 + r64
+    n = w.numel()
+    y = ref_fwd(z.reshape(-1, n), w64.reshape(n), None if b64 is None else b64.reshape(n), eps,
+                is_rms, zcg)["y"].reshape(x.shape)
+    loss = (y * dy.double()).sum()
+    if r is not None:
+        loss = loss + (z * dres.double()).sum()
+    loss.backward()
+    return x64.grad, w64.grad, None if b64 is None else b64.grad, None if r64 is None else r64.grad
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_autograd_3d(backend, is_rms, residual):
+    """fwd + bwd through the functional on [B, S, H] inputs vs float64 autograd."""
+    b_, s, n = 3, 5, 96
+    eps = 1e-5
+    x = torch.randn(b_, s, n, device=DEVICE, dtype=BF16, requires_grad=True)
+    w = (torch.rand(n, device=DEVICE) + 0.5).requires_grad_(True)
+    b = None if is_rms else torch.randn(n, device=DEVICE, requires_grad=True)
+    r = torch.randn(b_, s, n, device=DEVICE, dtype=F32, requires_grad=True) if residual else None
+    res = call(is_rms, x, w, b, eps, residual=r)
+    y, res_out = (res if residual else (res, None))
+    assert y.shape == x.shape and y.dtype == BF16
+    dy = torch.randn_like(y)
+    dres = torch.randn_like(res_out) if residual else None
+    torch.autograd.backward([y, res_out] if residual else [y], [dy, dres] if residual else [dy])
+    gx, gw, gb, gr = oracle_grads(is_rms, x.detach(), w.detach(), None if b is None else b.detach(),
+                                  None if r is None else r.detach(), dy, dres, eps, False)
+    z = x.detach() if r is None else residual_sum(x.detach(), r.detach())
+    y_ref = ref_fwd(z.reshape(-1, n), w.detach(), None if b is None else b.detach(), eps, is_rms)["y"]
+    torch.testing.assert_close(y.double().reshape(-1, n), y_ref, **FWD[BF16])
+    torch.testing.assert_close(x.grad.double(), gx, **BWD[BF16])
+    assert rel_err(w.grad, gw) < REDUCTION[F32]
+    if b is not None:
+        assert rel_err(b.grad, gb) < REDUCTION[F32]
+    if residual:
+        assert res_out.dtype == F32
+        torch.testing.assert_close(res_out, z, rtol=0, atol=0)
+        torch.testing.assert_close(r.grad.double(), gr, **BWD[F32])
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_only_residual_out_used(backend, is_rms):
+    """A graph that uses residual_out but not the norm output still gets the right gradient."""
+    n = 64
+    x = torch.randn(4, n, device=DEVICE, requires_grad=True)
+    r = torch.randn(4, n, device=DEVICE, requires_grad=True)
+    w = torch.ones(n, device=DEVICE, requires_grad=True)
+    _, res_out = call(is_rms, x, w, residual=r)
+    res_out.sum().backward()
+    torch.testing.assert_close(x.grad, torch.ones_like(x))
+    torch.testing.assert_close(r.grad, torch.ones_like(r))
+
+
+def test_out_dtype_bf16_in_fp32_out(backend):
+    x = torch.randn(6, 130, device=DEVICE, dtype=BF16)
+    w = torch.randn(130, device=DEVICE, dtype=BF16)
+    y = engine.rmsnorm(x, w, 1e-6, out_dtype=F32)
+    assert y.dtype == F32
+    torch.testing.assert_close(y.double(), ref_fwd(x, w, None, 1e-6, True)["y"], **FWD[F32])
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_dgamma_bitwise_deterministic(backend, is_rms):
+    """Two identical backward runs give bitwise identical dweight (and dbias): no float atomics."""
+    n = 1000
+    x = torch.randn(333, n, device=DEVICE, dtype=BF16)
+    w = torch.randn(n, device=DEVICE, requires_grad=True)
+    b = None if is_rms else torch.randn(n, device=DEVICE, requires_grad=True)
+    dy = torch.randn(333, n, device=DEVICE, dtype=BF16)
+    grads = []
+    for _ in range(2):
+        w.grad = None
+        if b is not None:
+            b.grad = None
+        call(is_rms, x, w, b).backward(dy)
+        grads.append((w.grad.clone(), None if b is None else b.grad.clone()))
+    assert torch.equal(grads[0][0], grads[1][0])
+    if b is not None:
+        assert torch.equal(grads[0][1], grads[1][1])
+
+
+def test_modules_match_torch_state_dict(backend):
+    """engine.RMSNorm / LayerNorm load torch.nn weights (and back) and compute the same thing."""
+    n = 48
+    x = torch.randn(2, 7, n, device=DEVICE)
+    t_rms = torch.nn.RMSNorm(n, eps=1e-6, device=DEVICE)
+    t_ln = torch.nn.LayerNorm(n, eps=1e-5, device=DEVICE)
+    with torch.no_grad():
+        for p in list(t_rms.parameters()) + list(t_ln.parameters()):
+            p.copy_(torch.randn_like(p))
+    e_rms = engine.RMSNorm(n, eps=1e-6, device=DEVICE)
+    e_ln = engine.LayerNorm(n, eps=1e-5, device=DEVICE)
+    e_rms.load_state_dict(t_rms.state_dict())
+    e_ln.load_state_dict(t_ln.state_dict())
+    torch.testing.assert_close(e_rms(x), t_rms(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(e_ln(x), t_ln(x), rtol=1e-5, atol=1e-5)
+    back_rms = torch.nn.RMSNorm(n, device=DEVICE)
+    back_rms.load_state_dict(e_rms.state_dict())
+    assert torch.equal(back_rms.weight, t_rms.weight)
+    no_bias = engine.LayerNorm(n, bias=False, device=DEVICE)
+    assert set(no_bias.state_dict()) == set(torch.nn.LayerNorm(n, bias=False).state_dict())
+
+
+def test_module_init_and_zero_centered(backend):
+    m = engine.RMSNorm(32, zero_centered_gamma=True, device=DEVICE)
+    assert torch.equal(m.weight, torch.zeros(32, device=DEVICE))
+    ln = engine.LayerNorm((4, 8), device=DEVICE)
+    assert torch.equal(ln.weight, torch.ones(4, 8, device=DEVICE)) and torch.equal(ln.bias, torch.zeros(4, 8, device=DEVICE))
+    x = torch.randn(3, 4, 8, device=DEVICE)
+    ref = torch.nn.functional.layer_norm(x, (4, 8), eps=1e-5)
+    torch.testing.assert_close(ln(x), ref, rtol=1e-5, atol=1e-5)
+    y = m(x.reshape(3, 32))
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x.reshape(3, 32), (32,), eps=1e-6),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _bad_calls():
+    x = torch.randn(4, 16)
+    w = torch.ones(16)
+    return [
+        ("weight length", lambda: engine.rmsnorm(x, torch.ones(15)), ValueError, "normalised shape"),
+        ("integer input", lambda: engine.rmsnorm(x.to(torch.int32), w), ValueError, "float32"),
+        ("fp8 input", lambda: engine.layernorm(x.to(torch.float8_e4m3fn), w), ValueError, "float32"),
+        ("N = 0", lambda: engine.rmsnorm(torch.randn(4, 0), torch.ones(0)), ValueError, "at least one"),
+        ("last dim strided", lambda: engine.rmsnorm(torch.randn(16, 4).t(), w), ValueError, "unit stride"),
+        ("not viewable", lambda: engine.rmsnorm(torch.randn(3, 4, 16).transpose(0, 1), w), ValueError,
+         "cannot be viewed"),
+        ("weight dtype", lambda: engine.rmsnorm(x.to(BF16), w.half()), ValueError, "weight must be"),
+        ("bias shape", lambda: engine.layernorm(x, w, torch.ones(3)), ValueError, "bias"),
+        ("residual shape", lambda: engine.rmsnorm(x, w, residual=torch.randn(4, 8)), ValueError, "residual"),
+        ("residual dtype", lambda: engine.rmsnorm(x, w, residual=x.half()), ValueError, "residual"),
+        ("out dtype", lambda: engine.rmsnorm(x, w, out_dtype=torch.int8), ValueError, "out_dtype"),
+        ("eps", lambda: engine.rmsnorm(x, w, -1.0), ValueError, "eps"),
+        ("sm_margin", lambda: engine.rmsnorm(x, w, sm_margin=-2), ValueError, "sm_margin"),
+        ("not a tensor", lambda: engine.rmsnorm([1.0, 2.0], w), TypeError, "torch.Tensor"),
+    ]
+
+
+@pytest.mark.parametrize("case", _bad_calls(), ids=lambda c: c[0])
+def test_bad_input_raises(backend, case):
+    _, fn, exc, match = case
+    with pytest.raises(exc, match=match):
+        fn()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="needs a GPU")
+def test_cpu_cuda_mix_raises(backend):
+    with pytest.raises(ValueError, match="device"):
+        engine.rmsnorm(torch.randn(4, 16, device="cuda"), torch.ones(16))
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.norm1 = engine.RMSNorm(n)
+        self.lin = torch.nn.Linear(n, n)
+        self.norm2 = engine.LayerNorm(n)
+
+    def forward(self, x):
+        h, res = self.norm1(self.lin(x), residual=x)
+        return self.norm2(h + res)
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_torch_compile_fullgraph(backend, is_rms):
+    """torch.compile(fullgraph=True) of a module using engine norms: no graph breaks, same values,
+    same gradients. On CPU it uses the aot_eager backend (it traces through the custom ops' fake
+    implementations like inductor does, without a C++ build); on the GPU, inductor."""
+    torch._dynamo.reset()
+    n = 64
+    model = _Block(n).to(DEVICE)
+    x = torch.randn(4, 6, n, device=DEVICE, requires_grad=True)
+    compiled = torch.compile(model, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
+    y_c = compiled(x)
+    y_e = model(x)
+    torch.testing.assert_close(y_c, y_e, rtol=1e-5, atol=1e-5)
+    g = torch.randn_like(y_c)
+    (gx_c,) = torch.autograd.grad(y_c, x, g)
+    (gx_e,) = torch.autograd.grad(y_e, x, g)
+    torch.testing.assert_close(gx_c, gx_e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_cuda_graph_capture(backend, is_rms):
+    """Forward and backward captured in a CUDA graph replay to the eager values."""
+    n = 1024
+    norm = (engine.RMSNorm(n) if is_rms else engine.LayerNorm(n)).to(DEVICE)
+    x = torch.randn(64, n, device=DEVICE, requires_grad=True)
+    dy = torch.randn(64, n, device=DEVICE)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm up (Triton compile, allocator) outside the capture
+            x.grad = None
+            norm(x).backward(dy)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    x.grad = None
+    norm.weight.grad = None
+    with torch.cuda.graph(g):
+        y = norm(x)
+        y.backward(dy)
+    x_new = torch.randn_like(x)
+    with torch.no_grad():
+        x.copy_(x_new)
+    g.replay()
+    torch.cuda.synchronize()
+    ref_y = norm(x_new)
+    torch.testing.assert_close(y, ref_y)
+    x2 = x_new.clone().requires_grad_(True)
+    norm(x2).backward(dy)
+    torch.testing.assert_close(x.grad, x2.grad)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="compares the two GPU backends")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [4096, 17389])
+def test_triton_cuda_agree(is_rms, n):
+    """Both GPU backends on the same inputs: outputs within one bf16 ulp, stats within fp32 noise."""
+    from conftest import use_backend
+
+    x = torch.randn(257, n, device=DEVICE, dtype=BF16)
+    w = torch.randn(n, device=DEVICE, dtype=BF16)
+    dy = torch.randn(257, n, device=DEVICE, dtype=BF16)
+    results = {}
+    for name in ("triton", "cuda"):
+        use_backend(name)
+        xg = x.clone().requires_grad_(True)
+        wg = w.clone().requires_grad_(True)
+        y = call(is_rms, xg, wg)
+        y.backward(dy)
+        results[name] = (y, xg.grad, wg.grad)
+    engine.backend.reset_for_tests()
+    for a, b in zip(results["triton"], results["cuda"]):
+        torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -7, atol=1e-2)
