@@ -133,10 +133,12 @@ __device__ __forceinline__ uint32_t float2_to_word<__nv_bfloat16>(float a, float
 /* ---- FP8 scaling helpers -------------------------------------------------------------------- */
 
 /* Current-scaling scale: fp8_max / max(amax, eps), or 1 when that is not a positive finite number
- * (amax NaN stays NaN through the clamp, as torch.clamp does, and then yields 1). */
+ * (amax NaN stays NaN through the clamp, as torch.clamp does, and then yields 1). One correctly
+ * rounded fp32 division (nvcc's default -prec-div=true), as the Triton kernels and
+ * engine.reference.compute_scale do. */
 __host__ __device__ __forceinline__ float compute_scale(float amax, float fp8_max, float amax_eps) {
-  float a = (amax < amax_eps) ? amax_eps : amax;
-  float s = fp8_max / a;
+  const float a = (amax < amax_eps) ? amax_eps : amax;
+  const float s = fp8_max / a;
   bool ok = (a > 0.0f) && (s > 0.0f) && (s <= 3.402823466e38f); /* false for NaN / inf */
   return ok ? s : 1.0f;
 }

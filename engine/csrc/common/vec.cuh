@@ -15,6 +15,8 @@
 
 #include <stdint.h>
 
+#include <type_traits>
+
 #include "common/dtype.cuh"
 
 namespace engine {
@@ -98,6 +100,39 @@ __device__ __forceinline__ void store_vec(T* p, const float (&f)[N]) {
 #pragma unroll
     for (int i = 0; i < N / 2; ++i) w[i] = float2_to_word<T>(f[2 * i], f[2 * i + 1]);
     store_words<2 * N>(p, w);
+  }
+}
+
+/* Packed register storage of N elements of T (16-bit values two to a word): halves the registers
+ * a row keeps live for 16-bit data. pack_to rounds to T; unpack_at(j) needs a compile-time j
+ * (inside unrolled loops) so that the words stay in registers. */
+template <typename T, int N>
+struct PackedWords {
+  static constexpr int kWords = N * (int)sizeof(T) / 4;
+  static_assert(N * sizeof(T) % 4 == 0, "packed storage needs whole 32-bit words");
+};
+
+template <typename T, int N>
+__device__ __forceinline__ void pack_to(const float (&f)[N], uint32_t (&w)[PackedWords<T, N>::kWords]) {
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) w[i] = __float_as_uint(f[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) w[i] = float2_to_word<T>(f[2 * i], f[2 * i + 1]);
+  }
+}
+
+template <typename T, int N>
+__device__ __forceinline__ float unpack_at(const uint32_t (&w)[PackedWords<T, N>::kWords], int j) {
+  if constexpr (sizeof(T) == 4) {
+    return __uint_as_float(w[j]);
+  } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    const uint32_t v = w[j >> 1];
+    return __uint_as_float((j & 1) ? (v & 0xffff0000u) : (v << 16));
+  } else {
+    const uint32_t v = w[j >> 1];
+    return __half2float(__ushort_as_half((unsigned short)((j & 1) ? (v >> 16) : (v & 0xffffu))));
   }
 }
 

@@ -40,7 +40,7 @@ constexpr int bwd_vec() {
 }
 
 template <typename Z, typename DY, int VEC, int NV>
-__global__ void __launch_bounds__(kMaxRowThreads)
+__global__ void __launch_bounds__(kMaxRowThreads, 1)
     norm_bwd_reg_kernel(const BwdArgs a) {
   __shared__ float red_buf[2 * 32 * 2];
   extern __shared__ __align__(16) float part[]; /* [rows_per_iter][ws_pitch] when > 1 group */
@@ -184,7 +184,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 }
 
 template <typename Z, typename DY, int VEC, int NVB>
-__global__ void __launch_bounds__(kMaxRowThreads)
+__global__ void __launch_bounds__(kMaxRowThreads, 1)
     norm_bwd_blocked_kernel(const BwdArgs a) {
   __shared__ float red_buf[2 * 32 * 2];
   const int nt = blockDim.x;

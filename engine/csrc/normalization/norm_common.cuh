@@ -94,11 +94,12 @@ struct LaunchCtx {
   int sm_count;
   int sm_margin;
   int max_smem_optin;
+  int smem_per_sm;
   cudaStream_t stream;
 };
 
-/* Register-path limits (see the launchers): the forward keeps 4 vectors of 16 bytes of x per
- * thread, the backward 16 elements; both at most 512 threads per row. */
+/* Register-path limits (see the launchers): the forward keeps up to 4 vectors of 16 bytes of x
+ * per thread, the backward 16 elements; both at most 512 threads per row. */
 constexpr int kMaxRowThreads = 512;
 constexpr int kFwdNV = 4;
 constexpr int kBwdElems = 16;

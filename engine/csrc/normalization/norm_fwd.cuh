@@ -2,8 +2,12 @@
  * Norm forward kernels (RMSNorm and LayerNorm in one code path: is_rms is a uniform run-time flag;
  * RMSNorm is LayerNorm with mean 0 and no mean reduction) and their launcher template.
  *
- * Register path (norm_fwd_reg_kernel), rows of up to kMaxRowThreads * kFwdNV 16-byte vectors
- * (16K elements for 16-bit x, 8K for fp32) whose operands allow 16-byte vector access:
+ * Register path (norm_fwd_reg_kernel), rows of up to kMaxRowThreads * NV 16-byte vectors of x
+ * (NV = 4: 16K elements for 16-bit x, 8K for fp32 x; NV = 2 for 16-bit x with an fp32 residual:
+ * 8K) whose operands allow 16-byte vector access:
+ *   - z stays in registers between the statistics and the epilogue, packed as R values (16-bit
+ *     values two to a register), so that 4 vectors plus float gamma / beta fit in 128 registers
+ *     at 512 threads (__launch_bounds__(512, 1); ptxas reports no spills);
  *   - a CTA holds rows_per_iter row groups of tpr threads; thread t of a group owns vectors
  *     t, t + tpr, t + 2 tpr, t + 3 tpr of the row (coalesced across the group);
  *   - persistent: grid ~ SMs * occupancy, each CTA loops over blocks of rows with a loop count
@@ -68,10 +72,18 @@ __device__ __forceinline__ float fwd_fp8_scale(const FwdArgs& a) {
   return scale;
 }
 
+/* Vectors of 16 bytes of x per thread on the register path: 4, or 2 when the residual is wider
+ * than x (fp32 residual stream with 16-bit x) to stay within 128 registers at 512 threads. */
+template <typename X, typename R>
+constexpr int fwd_reg_nv() {
+  return sizeof(R) > sizeof(X) ? kFwdNV / 2 : kFwdNV;
+}
+
 template <typename X, typename R, typename O, int NV>
-__global__ void __launch_bounds__(kMaxRowThreads)
+__global__ void __launch_bounds__(kMaxRowThreads, 1)
     norm_fwd_reg_kernel(const FwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
+  constexpr int ZW = PackedWords<R, VEC>::kWords; /* z is kept as R values (exact: R holds x) */
   constexpr bool kFp8 = is_fp8_v<O>;
   __shared__ float red_buf[2 * 32];
   __shared__ int amax_buf[32];
@@ -121,17 +133,44 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     for (int sub = group; sub < rpb; sub += G) { /* rpb / G iterations for every group */
       const int64_t row = row0 + sub;
       const bool ok = row < a.rows;
-      float z[NV][VEC];
+      const int64_t r = ok ? row : 0;
+      uint32_t zw[NV][ZW]; /* z of this thread's slots, masked slots hold 0 */
       float mean = 0.0f;
       float rs = 0.0f;
-      const X* xrow = static_cast<const X*>(a.x) + (ok ? row : 0) * a.x_stride;
+      const X* xrow = static_cast<const X*>(a.x) + r * a.x_stride;
+      if (!has_res) { /* z = x: keep the loaded words (R == X here, see dispatch) */
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        if (ok && valid[i]) {
-          load_vec<X, VEC>(xrow + col[i], z[i]);
-        } else {
+        for (int i = 0; i < NV; ++i) {
+          if (ok && valid[i]) {
+            if constexpr (std::is_same<X, R>::value) {
+              load_words<VEC * sizeof(X)>(xrow + col[i], zw[i]);
+            } else {
+              float xv[VEC];
+              load_vec<X, VEC>(xrow + col[i], xv);
+              pack_to<R, VEC>(xv, zw[i]); /* exact: R holds every X value */
+            }
+          } else {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) z[i][j] = 0.0f;
+            for (int k = 0; k < ZW; ++k) zw[i][k] = 0u;
+          }
+        }
+      } else { /* never in kApply */
+        const R* rrow = static_cast<const R*>(a.residual) + r * a.res_stride;
+        R* orow = static_cast<R*>(a.residual_out) + r * a.res_out_stride;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          if (ok && valid[i]) {
+            float xv[VEC], rv[VEC];
+            load_vec<X, VEC>(xrow + col[i], xv);
+            load_vec<R, VEC>(rrow + col[i], rv);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) xv[j] += rv[j];
+            pack_to<R, VEC>(xv, zw[i]); /* rounds to R: the stored value is normalised */
+            store_words<VEC * sizeof(R)>(orow + col[i], zw[i]);
+          } else {
+#pragma unroll
+            for (int k = 0; k < ZW; ++k) zw[i][k] = 0u;
+          }
         }
       }
       if (mode == kApply) {
@@ -140,26 +179,12 @@ __global__ void __launch_bounds__(kMaxRowThreads)
           mean = is_rms ? 0.0f : a.mu[row];
         }
       } else {
-        if (has_res) {
-          const R* rrow = static_cast<const R*>(a.residual) + (ok ? row : 0) * a.res_stride;
-          R* orow = static_cast<R*>(a.residual_out) + (ok ? row : 0) * a.res_out_stride;
-#pragma unroll
-          for (int i = 0; i < NV; ++i) {
-            if (ok && valid[i]) {
-              float r[VEC];
-              load_vec<R, VEC>(rrow + col[i], r);
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) z[i][j] = round_to<R>(z[i][j] + r[j]);
-              store_vec<R, VEC>(orow + col[i], z[i]);
-            }
-          }
-        }
         if (!is_rms) {
           float s[1] = {0.0f};
 #pragma unroll
           for (int i = 0; i < NV; ++i) {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) s[0] += z[i][j]; /* masked slots hold 0 */
+            for (int j = 0; j < VEC; ++j) s[0] += unpack_at<R, VEC>(zw[i], j); /* masked: 0 */
           }
           red(s, tpr);
           mean = s[0] * a.inv_n;
@@ -170,7 +195,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
           if (valid[i]) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-              const float d = z[i][j] - mean;
+              const float d = unpack_at<R, VEC>(zw[i], j) - mean;
               q[0] = fmaf(d, d, q[0]);
             }
           }
@@ -189,7 +214,9 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         if (ok && valid[i]) {
           float y[VEC];
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) y[j] = norm_y(z[i][j], mean, rs, g[i][j], b[i][j], has_bias);
+          for (int j = 0; j < VEC; ++j) {
+            y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), mean, rs, g[i][j], b[i][j], has_bias);
+          }
           if constexpr (kFp8) {
             if (mode != kApply) {
 #pragma unroll
@@ -228,7 +255,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 }
 
 template <typename X, typename R, typename O, int VEC, int NVB>
-__global__ void __launch_bounds__(kMaxRowThreads)
+__global__ void __launch_bounds__(kMaxRowThreads, 1)
     norm_fwd_blocked_kernel(const FwdArgs a) {
   constexpr bool kFp8 = is_fp8_v<O>;
   constexpr int OVEC = VEC; /* output elements per access */
@@ -421,8 +448,9 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
                    vec_ok(a.residual_out, a.res_out_stride, rows, sizeof(R), VEC) &&
                    (a.mode == kStats || vec_ok(a.out, a.out_stride, rows, sizeof(O), VEC)) &&
                    vec_ok(a.weight, 0, 1, wsz, VEC) && vec_ok(a.bias, 0, 1, wsz, VEC);
+  constexpr int NV = fwd_reg_nv<X, R>();
   const int nvec = cols / VEC;
-  const int tpr_raw = (nvec + kFwdNV - 1) / kFwdNV;
+  const int tpr_raw = (nvec + NV - 1) / NV;
   const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
 
   if (vec && tpr <= kMaxRowThreads) {
@@ -440,7 +468,10 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
       const int64_t budget = (int64_t)ctx.max_smem_optin - 1024; /* static smem of the kernel */
       const int pitch = (int)round_up(cols, 16) + 16;
       int T = G > 32 ? G : 32;
-      if ((int64_t)T * pitch > budget) T = G > 16 ? G : 16;
+      /* Prefer two resident CTAs per SM over full-sector runs. */
+      if ((int64_t)T * pitch > budget || 2 * ((int64_t)T * pitch + 1024) > ctx.smem_per_sm) {
+        T = G > 16 ? G : 16;
+      }
       if ((int64_t)T * pitch <= budget) {
         a.tile_rows = T;
         a.tile_pitch = pitch;
@@ -450,12 +481,12 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
       }
     }
     if (!*transposed) a.out_t = nullptr;
-    const void* fn = reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, kFwdNV>);
+    const void* fn = reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, NV>);
     int per_sm = 1;
     ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
     const int rpb = a.tile_rows > 0 ? a.tile_rows : G;
     const int64_t grid = persistent_grid(ceil_div(rows, rpb), ctx.sm_count, ctx.sm_margin, per_sm);
-    norm_fwd_reg_kernel<X, R, O, kFwdNV><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+    norm_fwd_reg_kernel<X, R, O, NV><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
     ENGINE_CHECK_LAUNCH("norm_fwd_reg_kernel");
     return ENGINE_SUCCESS;
   }

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: run the named stages in order, each under its own time limit, and
+# leave logs and results under $OUT (at most 8 files come back from the device tool).
+#
+#   bash ci/gpu_session.sh build L1 smoke        # correctness
+#   bash ci/gpu_session.sh build bench tune      # performance
+#   bash ci/gpu_session.sh build L2              # sweeps + compute-sanitizer
+#
+# Stages: build (setup.py build_ext --inplace), L1 (pytest on CUDA tensors, both backends),
+# smoke (ci/cuda_smoke.py), bench (benchmarks/run.py), benchfull, tune (benchmarks/tune.py),
+# L2 (slow sweep + compute-sanitizer). Optional inputs carried from an earlier call: .carry/_C*.so
+# (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/gpu}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR="$PWD/.triton_cache" MAX_JOBS=${MAX_JOBS:-16}
+unset TRITON_INTERPRET
+T0=$(date +%s)
+log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+if ls .carry/_C*.so >/dev/null 2>&1; then cp .carry/_C*.so engine/ && touch engine/_C*.so; fi
+if [ -f .carry/triton_cache.tgz ]; then tar xzf .carry/triton_cache.tgz; fi
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'triton', triton.__version__); p=torch.cuda.get_device_properties(0); print(p.name, p.multi_processor_count, 'SMs', getattr(p, 'L2_cache_size', '?'), 'L2')"
+} > "$OUT/session.log" 2>&1
+cat "$OUT/session.log"
+
+for stage in "$@"; do
+  log "== stage $stage =="
+  case "$stage" in
+    build) timeout 420 bash ci/build_ext.sh "$OUT" 2>&1 | tee -a "$OUT/session.log" ;;
+    L1) timeout "${L1_LIMIT:-330}" python3 -m pytest -q -p no:cacheprovider -m "not slow" -n 8 --maxfail=60 \
+          -rfE tests > "$OUT/L1.log" 2>&1; log "L1 exit $?"; tail -40 "$OUT/L1.log" ;;
+    smoke) timeout "${SMOKE_LIMIT:-150}" python3 ci/cuda_smoke.py --quick > "$OUT/smoke.log" 2>&1;
+          log "smoke exit $?"; tail -25 "$OUT/smoke.log" ;;
+    bench) timeout "${BENCH_LIMIT:-300}" python3 benchmarks/run.py --suite all --quick --out "$OUT/bench.json" \
+          --time-limit-s $(( ${BENCH_LIMIT:-300} - 40 )) > "$OUT/bench.log" 2>&1; log "bench exit $?"; tail -60 "$OUT/bench.log" ;;
+    benchfull) timeout "${BENCH_LIMIT:-540}" python3 benchmarks/run.py --suite all --out "$OUT/bench.json" \
+          --time-limit-s $(( ${BENCH_LIMIT:-540} - 40 )) > "$OUT/bench.log" 2>&1; log "bench exit $?"; tail -70 "$OUT/bench.log" ;;
+    tune) timeout "${TUNE_LIMIT:-240}" python3 benchmarks/tune.py --out "$OUT/tune.json" \
+          --max-seconds $(( ${TUNE_LIMIT:-240} - 30 )) ${TUNE_ARGS:-} > "$OUT/tune.log" 2>&1; log "tune exit $?"; tail -40 "$OUT/tune.log" ;;
+    L2) timeout "${L2_LIMIT:-400}" bash ci/L2.sh > "$OUT/L2.log" 2>&1; log "L2 exit $?"; tail -30 "$OUT/L2.log" ;;
+    *) log "unknown stage $stage" ;;
+  esac
+done
+
+# Hand the build and the Triton cache back for the next call (a fresh machine starts bare).
+cp engine/_C*.so "$OUT/" 2>/dev/null || true
+if [ -d .triton_cache ]; then
+  tar czf "$OUT/triton_cache.tgz" .triton_cache 2>/dev/null
+  [ "$(stat -c %s "$OUT/triton_cache.tgz")" -gt 15000000 ] && rm -f "$OUT/triton_cache.tgz"
+fi
+log "done"

@@ -1,0 +1,395 @@
+// PyTorch binding of the engine C API (engine/csrc/include/engine/*.h). This file only adapts:
+// it checks tensors (device, dtype, shape, unit last-dim stride), takes the current stream under a
+// device guard, reads the SM count (cached per device), allocates the backward workspace from the
+// caching allocator (no cudaMalloc, no sync: CUDA-graph capturable), releases the GIL around the
+// call, and turns a failing engine_status into a Python RuntimeError carrying engine_last_error().
+// Every function mirrors the op contract of engine/reference.py (outputs passed in, returns None);
+// engine/cuda_backend.py adds the keyword-only Python signature on top.
+
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/extension.h>
+
+#include <atomic>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "engine/common.h"
+#include "engine/normalization.h"
+#include "engine/transpose.h"
+
+namespace {
+
+using at::Tensor;
+using OptTensor = std::optional<Tensor>;
+
+bool is_fp8(at::ScalarType t) {
+  return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2;
+}
+
+bool is_high_precision(at::ScalarType t) {
+  return t == at::kFloat || t == at::kHalf || t == at::kBFloat16;
+}
+
+engine_dtype to_engine(at::ScalarType t, const char* name) {
+  switch (t) {
+    case at::kFloat: return ENGINE_DTYPE_FLOAT32;
+    case at::kHalf: return ENGINE_DTYPE_FLOAT16;
+    case at::kBFloat16: return ENGINE_DTYPE_BFLOAT16;
+    case at::kFloat8_e4m3fn: return ENGINE_DTYPE_FLOAT8_E4M3;
+    case at::kFloat8_e5m2: return ENGINE_DTYPE_FLOAT8_E5M2;
+    default: break;
+  }
+  TORCH_CHECK(false, "engine: ", name, " has unsupported dtype ", t,
+              " (expected float32, float16, bfloat16, float8_e4m3fn or float8_e5m2)");
+  return ENGINE_DTYPE_FLOAT32;
+}
+
+// Multiprocessor count of a device, read once.
+int sm_count(int device) {
+  static std::atomic<int> cache[128];
+  TORCH_CHECK(device >= 0 && device < 128, "engine: device index ", device, " out of range");
+  int v = cache[device].load(std::memory_order_relaxed);
+  if (v > 0) return v;
+  int n = 0;
+  const cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+  TORCH_CHECK(err == cudaSuccess && n > 0, "engine: cannot read the multiprocessor count of device ",
+              device, ": ", cudaGetErrorString(err));
+  cache[device].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+void check_on(const Tensor& t, const char* name, const at::Device& dev) {
+  TORCH_CHECK(t.is_cuda(), "engine: ", name, " must be a CUDA tensor, got a tensor on ", t.device(),
+              " (the CUDA backend runs on CUDA tensors only)");
+  TORCH_CHECK(t.device() == dev, "engine: ", name, " is on ", t.device(), " but x is on ", dev,
+              "; put all tensors on one device");
+}
+
+// A [rows, cols] operand with unit stride in the last dim.
+void check_2d(const Tensor& t, const char* name, const at::Device& dev, int64_t rows, int64_t cols) {
+  check_on(t, name, dev);
+  TORCH_CHECK(t.dim() == 2, "engine: ", name, " must be 2-D [rows, cols], got shape ", t.sizes());
+  TORCH_CHECK(t.size(0) == rows && t.size(1) == cols, "engine: ", name, " must have shape [", rows,
+              ", ", cols, "], got ", t.sizes());
+  TORCH_CHECK(cols <= 1 || t.stride(1) == 1, "engine: ", name,
+              " must have unit stride in its last dim, got strides ", t.strides(),
+              "; call .contiguous() first");
+  TORCH_CHECK(rows <= 1 || t.stride(0) >= cols, "engine: ", name, " has row stride ", t.stride(0),
+              " < cols ", cols, "; rows must not overlap");
+}
+
+int64_t row_stride(const Tensor& t) {
+  return t.size(0) <= 1 ? t.size(1) : t.stride(0);
+}
+
+// A contiguous 1-D [n] tensor.
+void check_1d(const Tensor& t, const char* name, const at::Device& dev, int64_t n) {
+  check_on(t, name, dev);
+  TORCH_CHECK(t.dim() == 1 && t.size(0) == n, "engine: ", name, " must have shape [", n, "], got ",
+              t.sizes());
+  TORCH_CHECK(t.is_contiguous(), "engine: ", name, " must be contiguous");
+}
+
+void check_stats(const Tensor& t, const char* name, const at::Device& dev, int64_t rows) {
+  check_1d(t, name, dev, rows);
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "engine: ", name, " must be float32, got ",
+              t.scalar_type());
+}
+
+float* meta_ptr(const OptTensor& t, const char* name, const at::Device& dev) {
+  TORCH_CHECK(t.has_value(), "engine: FP8 output needs ", name, " (a float32 tensor of one element)");
+  check_on(*t, name, dev);
+  TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1, "engine: ", name,
+              " must be a float32 tensor of one element, got ", t->scalar_type(), " ", t->sizes());
+  return t->data_ptr<float>();
+}
+
+[[noreturn]] void raise_engine(engine_status st, const char* what) {
+  throw std::runtime_error(std::string("engine: ") + what + " failed (" + engine_status_string(st) +
+                           "): " + engine_last_error());
+}
+
+void norm_fwd(const Tensor& x, const Tensor& weight, const OptTensor& bias, const OptTensor& residual,
+              double eps, const Tensor& out, const OptTensor& residual_out, const OptTensor& mu,
+              const Tensor& rsigma, const OptTensor& scale, const OptTensor& amax,
+              const OptTensor& scale_inv, const OptTensor& out_t, bool is_rms_norm,
+              bool zero_centered_gamma, bool current_scaling, double amax_epsilon,
+              int64_t sm_margin) {
+  TORCH_CHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
+  const at::Device dev = x.device();
+  TORCH_CHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
+  const int64_t rows = x.size(0), cols = x.size(1);
+  TORCH_CHECK(cols >= 1, "engine: x must have at least one column");
+  check_2d(x, "x", dev, rows, cols);
+  TORCH_CHECK(is_high_precision(x.scalar_type()), "engine: x must be float32, float16 or bfloat16, got ",
+              x.scalar_type());
+  check_1d(weight, "weight", dev, cols);
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat,
+              "engine: weight must be float32 or x's dtype (", x.scalar_type(), "), got ",
+              weight.scalar_type());
+  if (bias) {
+    check_1d(*bias, "bias", dev, cols);
+    TORCH_CHECK(bias->scalar_type() == weight.scalar_type(), "engine: bias dtype ",
+                bias->scalar_type(), " must match weight's (", weight.scalar_type(), ")");
+  }
+  check_2d(out, "out", dev, rows, cols);
+  TORCH_CHECK(residual.has_value() == residual_out.has_value(),
+              "engine: residual and residual_out must be given together");
+  if (residual) {
+    check_2d(*residual, "residual", dev, rows, cols);
+    check_2d(*residual_out, "residual_out", dev, rows, cols);
+    TORCH_CHECK(residual->scalar_type() == x.scalar_type() || residual->scalar_type() == at::kFloat,
+                "engine: residual must be float32 or x's dtype (", x.scalar_type(), "), got ",
+                residual->scalar_type());
+    TORCH_CHECK(residual_out->scalar_type() == residual->scalar_type(), "engine: residual_out dtype ",
+                residual_out->scalar_type(), " must match residual's (", residual->scalar_type(), ")");
+  }
+  if (!is_rms_norm) {
+    TORCH_CHECK(mu.has_value(), "engine: LayerNorm needs mu (float32 [rows])");
+    check_stats(*mu, "mu", dev, rows);
+  }
+  check_stats(rsigma, "rsigma", dev, rows);
+  const bool fp8 = is_fp8(out.scalar_type());
+  TORCH_CHECK(fp8 || is_high_precision(out.scalar_type()), "engine: out has unsupported dtype ",
+              out.scalar_type());
+  TORCH_CHECK(sm_margin >= 0, "engine: sm_margin must be >= 0, got ", sm_margin);
+
+  engine_norm_fwd_params p{};
+  p.rows = rows;
+  p.cols = cols;
+  p.x = x.data_ptr();
+  p.x_dtype = to_engine(x.scalar_type(), "x");
+  p.x_row_stride = row_stride(x);
+  p.residual = residual ? residual->data_ptr() : nullptr;
+  p.residual_dtype = residual ? to_engine(residual->scalar_type(), "residual") : p.x_dtype;
+  p.residual_row_stride = residual ? row_stride(*residual) : cols;
+  p.weight = weight.data_ptr();
+  p.weight_dtype = to_engine(weight.scalar_type(), "weight");
+  p.bias = bias ? bias->data_ptr() : nullptr;
+  p.out = out.data_ptr();
+  p.out_dtype = to_engine(out.scalar_type(), "out");
+  p.out_row_stride = row_stride(out);
+  p.residual_out = residual_out ? residual_out->data_ptr() : nullptr;
+  p.residual_out_row_stride = residual_out ? row_stride(*residual_out) : cols;
+  p.mu = is_rms_norm ? nullptr : mu->data_ptr<float>();
+  p.rsigma = rsigma.data_ptr<float>();
+  if (fp8) {
+    p.scale = meta_ptr(scale, "scale", dev);
+    p.amax = meta_ptr(amax, "amax", dev);
+    p.scale_inv = meta_ptr(scale_inv, "scale_inv", dev);
+    if (out_t) {
+      check_on(*out_t, "out_t", dev);
+      TORCH_CHECK(out_t->scalar_type() == out.scalar_type(), "engine: out_t dtype ",
+                  out_t->scalar_type(), " must match out's (", out.scalar_type(), ")");
+      TORCH_CHECK(out_t->dim() == 2 && out_t->size(0) == cols && out_t->size(1) == rows &&
+                      out_t->is_contiguous(),
+                  "engine: out_t must be a contiguous [", cols, ", ", rows, "] tensor, got ",
+                  out_t->sizes(), " with strides ", out_t->strides());
+      p.out_t = out_t->data_ptr();
+    }
+  } else {
+    TORCH_CHECK(!out_t.has_value(), "engine: out_t is only supported for FP8 outputs");
+  }
+  p.eps = static_cast<float>(eps);
+  p.amax_epsilon = static_cast<float>(amax_epsilon);
+  p.is_rms_norm = is_rms_norm ? 1 : 0;
+  p.zero_centered_gamma = zero_centered_gamma ? 1 : 0;
+  p.current_scaling = current_scaling ? 1 : 0;
+
+  const c10::cuda::CUDAGuard guard(dev);
+  const int sms = sm_count(dev.index());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
+  const engine_status st = engine_norm_fwd(&p, sms, static_cast<int>(sm_margin), stream);
+  if (st != ENGINE_SUCCESS) raise_engine(st, "norm_fwd");
+}
+
+void norm_bwd(const Tensor& dy, const Tensor& x, const OptTensor& mu, const Tensor& rsigma,
+              const Tensor& weight, const OptTensor& dresidual, const Tensor& dx, const OptTensor& dres,
+              const Tensor& dweight, const OptTensor& dbias, bool is_rms_norm,
+              bool zero_centered_gamma, int64_t sm_margin) {
+  TORCH_CHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
+  const at::Device dev = x.device();
+  TORCH_CHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
+  const int64_t rows = x.size(0), cols = x.size(1);
+  TORCH_CHECK(cols >= 1, "engine: x must have at least one column");
+  check_2d(x, "x", dev, rows, cols);
+  check_2d(dy, "dy", dev, rows, cols);
+  check_2d(dx, "dx", dev, rows, cols);
+  TORCH_CHECK(is_high_precision(x.scalar_type()) && is_high_precision(dy.scalar_type()) &&
+                  is_high_precision(dx.scalar_type()),
+              "engine: x, dy and dx must be float32, float16 or bfloat16, got ", x.scalar_type(), ", ",
+              dy.scalar_type(), ", ", dx.scalar_type());
+  if (!is_rms_norm) {
+    TORCH_CHECK(mu.has_value(), "engine: LayerNorm backward needs mu (float32 [rows])");
+    check_stats(*mu, "mu", dev, rows);
+  }
+  check_stats(rsigma, "rsigma", dev, rows);
+  check_1d(weight, "weight", dev, cols);
+  check_1d(dweight, "dweight", dev, cols);
+  TORCH_CHECK(is_high_precision(weight.scalar_type()), "engine: weight must be float32, float16 or "
+              "bfloat16, got ", weight.scalar_type());
+  TORCH_CHECK(dweight.scalar_type() == weight.scalar_type(), "engine: dweight dtype ",
+              dweight.scalar_type(), " must match weight's (", weight.scalar_type(), ")");
+  if (dbias) {
+    check_1d(*dbias, "dbias", dev, cols);
+    TORCH_CHECK(dbias->scalar_type() == weight.scalar_type(), "engine: dbias dtype ",
+                dbias->scalar_type(), " must match weight's (", weight.scalar_type(), ")");
+  }
+  at::ScalarType dres_type = x.scalar_type();
+  if (dresidual) {
+    check_2d(*dresidual, "dresidual", dev, rows, cols);
+    dres_type = dresidual->scalar_type();
+  }
+  if (dres) {
+    check_2d(*dres, "dres", dev, rows, cols);
+    TORCH_CHECK(!dresidual || dres->scalar_type() == dresidual->scalar_type(), "engine: dres dtype ",
+                dres->scalar_type(), " must match dresidual's (", dresidual->scalar_type(), ")");
+    dres_type = dres->scalar_type();
+  }
+  TORCH_CHECK(is_high_precision(dres_type), "engine: dresidual / dres must be float32, float16 or "
+              "bfloat16, got ", dres_type);
+  TORCH_CHECK(sm_margin >= 0, "engine: sm_margin must be >= 0, got ", sm_margin);
+
+  engine_norm_bwd_params p{};
+  p.rows = rows;
+  p.cols = cols;
+  p.dy = dy.data_ptr();
+  p.dy_dtype = to_engine(dy.scalar_type(), "dy");
+  p.dy_row_stride = row_stride(dy);
+  p.x = x.data_ptr();
+  p.x_dtype = to_engine(x.scalar_type(), "x");
+  p.x_row_stride = row_stride(x);
+  p.mu = is_rms_norm ? nullptr : mu->data_ptr<float>();
+  p.rsigma = rsigma.data_ptr<float>();
+  p.weight = weight.data_ptr();
+  p.weight_dtype = to_engine(weight.scalar_type(), "weight");
+  p.dresidual = dresidual ? dresidual->data_ptr() : nullptr;
+  p.dresidual_row_stride = dresidual ? row_stride(*dresidual) : cols;
+  p.dx = dx.data_ptr();
+  p.dx_dtype = to_engine(dx.scalar_type(), "dx");
+  p.dx_row_stride = row_stride(dx);
+  p.dres = dres ? dres->data_ptr() : nullptr;
+  p.dres_dtype = to_engine(dres_type, "dres");
+  p.dres_row_stride = dres ? row_stride(*dres) : cols;
+  p.dweight = dweight.data_ptr();
+  p.dbias = dbias ? dbias->data_ptr() : nullptr;
+  p.is_rms_norm = is_rms_norm ? 1 : 0;
+  p.zero_centered_gamma = zero_centered_gamma ? 1 : 0;
+
+  const c10::cuda::CUDAGuard guard(dev);
+  const int sms = sm_count(dev.index());
+  const int margin = static_cast<int>(sm_margin);
+  const size_t ws_bytes =
+      engine_norm_bwd_workspace_bytes(rows, cols, dbias ? 1 : 0, sms, margin);
+  // Caching-allocator workspace: stream-ordered, no sync, capturable in a CUDA graph.
+  Tensor ws;
+  void* ws_ptr = nullptr;
+  if (ws_bytes > 0) {
+    ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
+    ws_ptr = ws.data_ptr();
+  }
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
+  const engine_status st = engine_norm_bwd(&p, sms, margin, ws_ptr, ws_bytes, stream);
+  if (st != ENGINE_SUCCESS) raise_engine(st, "norm_bwd");
+}
+
+void cast_transpose(const Tensor& x, const Tensor& scale, const Tensor& amax, const Tensor& scale_inv,
+                    const OptTensor& out, const OptTensor& out_t, bool current_scaling,
+                    double amax_epsilon) {
+  TORCH_CHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
+  const at::Device dev = x.device();
+  TORCH_CHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
+  const int64_t rows = x.size(0), cols = x.size(1);
+  check_2d(x, "x", dev, rows, cols);
+  TORCH_CHECK(is_high_precision(x.scalar_type()), "engine: x must be float32, float16 or bfloat16, got ",
+              x.scalar_type());
+  TORCH_CHECK(out.has_value() || out_t.has_value(), "engine: cast_transpose needs out, out_t or both");
+  at::ScalarType fp8_type = out ? out->scalar_type() : out_t->scalar_type();
+  TORCH_CHECK(is_fp8(fp8_type), "engine: cast_transpose outputs must be float8_e4m3fn or "
+              "float8_e5m2, got ", fp8_type);
+  engine_cast_transpose_params p{};
+  if (out) {
+    check_2d(*out, "out", dev, rows, cols);
+    p.out = out->data_ptr();
+    p.out_row_stride = row_stride(*out);
+  }
+  if (out_t) {
+    check_on(*out_t, "out_t", dev);
+    TORCH_CHECK(out_t->scalar_type() == fp8_type, "engine: out_t dtype ", out_t->scalar_type(),
+                " must match out's (", fp8_type, ")");
+    TORCH_CHECK(out_t->dim() == 2 && out_t->size(0) == cols && out_t->size(1) == rows &&
+                    out_t->is_contiguous(),
+                "engine: out_t must be a contiguous [", cols, ", ", rows, "] tensor, got ",
+                out_t->sizes(), " with strides ", out_t->strides());
+    p.out_t = out_t->data_ptr();
+  }
+  const OptTensor s(scale), a(amax), si(scale_inv);
+  p.scale = meta_ptr(s, "scale", dev);
+  p.amax = meta_ptr(a, "amax", dev);
+  p.scale_inv = meta_ptr(si, "scale_inv", dev);
+  // An empty input still does the scale bookkeeping: rows = 0 is the C API's no-data case.
+  p.rows = cols == 0 ? 0 : rows;
+  p.cols = cols == 0 ? 1 : cols;
+  p.x = x.data_ptr();
+  p.x_dtype = to_engine(x.scalar_type(), "x");
+  p.x_row_stride = rows <= 1 ? p.cols : x.stride(0);
+  p.out_dtype = to_engine(fp8_type, "out");
+  p.amax_epsilon = static_cast<float>(amax_epsilon);
+  p.current_scaling = current_scaling ? 1 : 0;
+
+  const c10::cuda::CUDAGuard guard(dev);
+  const int sms = sm_count(dev.index());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
+  const engine_status st = engine_cast_transpose(&p, sms, stream);
+  if (st != ENGINE_SUCCESS) raise_engine(st, "cast_transpose");
+}
+
+void fp8_transpose(const Tensor& data, const Tensor& out_t) {
+  TORCH_CHECK(data.is_cuda(), "engine: data must be a CUDA tensor, got a tensor on ", data.device());
+  const at::Device dev = data.device();
+  TORCH_CHECK(data.dim() == 2, "engine: data must be 2-D [rows, cols], got shape ", data.sizes());
+  const int64_t rows = data.size(0), cols = data.size(1);
+  check_2d(data, "data", dev, rows, cols);
+  TORCH_CHECK(data.element_size() == 1, "engine: fp8_transpose needs a 1-byte dtype, got ",
+              data.scalar_type());
+  check_on(out_t, "out_t", dev);
+  TORCH_CHECK(out_t.scalar_type() == data.scalar_type(), "engine: out_t dtype ", out_t.scalar_type(),
+              " must match data's (", data.scalar_type(), ")");
+  TORCH_CHECK(out_t.dim() == 2 && out_t.size(0) == cols && out_t.size(1) == rows &&
+                  out_t.is_contiguous(),
+              "engine: out_t must be a contiguous [", cols, ", ", rows, "] tensor, got ",
+              out_t.sizes(), " with strides ", out_t.strides());
+  if (rows == 0 || cols == 0) return;
+  const c10::cuda::CUDAGuard guard(dev);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
+  const engine_status st =
+      engine_fp8_transpose(data.data_ptr(), rows, cols, row_stride(data), out_t.data_ptr(), stream);
+  if (st != ENGINE_SUCCESS) raise_engine(st, "fp8_transpose");
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "engine CUDA kernels (norms with FP8 epilogue, cast-transpose); see engine/cuda_backend.py";
+  namespace py = pybind11;
+  using guard = py::call_guard<py::gil_scoped_release>;
+  m.def("norm_fwd", &norm_fwd, "RMSNorm / LayerNorm forward (engine/reference.py:norm_fwd)",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("eps"),
+        py::arg("out"), py::arg("residual_out"), py::arg("mu"), py::arg("rsigma"), py::arg("scale"),
+        py::arg("amax"), py::arg("scale_inv"), py::arg("out_t"), py::arg("is_rms_norm"),
+        py::arg("zero_centered_gamma"), py::arg("current_scaling"), py::arg("amax_epsilon"),
+        py::arg("sm_margin"), guard());
+  m.def("norm_bwd", &norm_bwd, "RMSNorm / LayerNorm backward (engine/reference.py:norm_bwd)",
+        py::arg("dy"), py::arg("x"), py::arg("mu"), py::arg("rsigma"), py::arg("weight"),
+        py::arg("dresidual"), py::arg("dx"), py::arg("dres"), py::arg("dweight"), py::arg("dbias"),
+        py::arg("is_rms_norm"), py::arg("zero_centered_gamma"), py::arg("sm_margin"), guard());
+  m.def("cast_transpose", &cast_transpose,
+        "FP8 cast with fused amax and optional transpose (engine/reference.py:cast_transpose)",
+        py::arg("x"), py::arg("scale"), py::arg("amax"), py::arg("scale_inv"), py::arg("out"),
+        py::arg("out_t"), py::arg("current_scaling"), py::arg("amax_epsilon"), guard());
+  m.def("fp8_transpose", &fp8_transpose, "Tiled byte transpose (engine/reference.py:fp8_transpose)",
+        py::arg("data"), py::arg("out_t"), guard());
+}

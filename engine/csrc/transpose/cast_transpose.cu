@@ -1,0 +1,324 @@
+/*
+ * engine_cast_transpose (FP8 cast with fused amax, rowwise and / or transposed output) and
+ * engine_fp8_transpose (bitwise tiled byte transpose), see engine/transpose.h.
+ *
+ * Both work on 64 x 128 tiles (rows x cols) with 256-thread CTAs in a persistent loop over tiles:
+ *   - loads: each thread loads (64 * 128 / VEC) / 256 vectors of 16 bytes (VEC = 16 / sizeof(x));
+ *     a warp covers whole 128-element tile rows, coalesced; VEC = 1 is the fallback for unaligned
+ *     pointers / strides or cols % VEC != 0;
+ *   - rowwise FP8 goes straight to global memory (VEC bytes per thread, coalesced);
+ *   - the FP8 tile is staged in shared memory (row pitch 144 bytes) and written transposed with
+ *     16-byte stores (common/tile.cuh): a 64-byte contiguous run per output row and tile;
+ *   - amax: per-thread max of |x| bits, one atomicMax per CTA.
+ * Scaling modes as in the norms: delayed (kFull: read scale, max-update amax), current scaling
+ * (cudaMemsetAsync(amax); kStats: amax only; kApply: scale from amax, written by CTA 0 with
+ * scale_inv, then cast). scale_inv = 1 / scale is written by exactly one thread.
+ */
+#include "common/common.cuh"
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+#include "common/tile.cuh"
+#include "common/vec.cuh"
+#include "engine/transpose.h"
+
+namespace engine {
+namespace transpose {
+namespace {
+
+constexpr int kTileR = 64;
+constexpr int kTileC = 128;
+constexpr int kPitch = kTileC + 16;
+constexpr int kThreads = 256;
+
+enum CastMode : int { kFull = 0, kStats = 1, kApply = 2 };
+
+struct CastArgs {
+  int64_t rows;
+  int64_t cols;
+  const void* x;
+  int64_t x_stride;
+  uint8_t* out; /* NULL: no rowwise output */
+  int64_t out_stride;
+  uint8_t* out_t; /* NULL: no transposed output */
+  float* scale;
+  float* amax;
+  float* scale_inv;
+  float amax_eps;
+  float fp8_max;
+  int e5m2;
+  int mode;
+  int t_vec16;
+};
+
+template <typename X, int VEC>
+__global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs a) {
+  constexpr int VPR = kTileC / VEC;              /* vectors per tile row */
+  constexpr int NL = kTileR * VPR / kThreads;    /* vectors per thread per tile */
+  static_assert(kTileR * VPR % kThreads == 0, "tile must split evenly over the CTA");
+  __shared__ __align__(16) uint8_t tile[kTileR * kPitch];
+  __shared__ int amax_buf[32];
+
+  const int mode = a.mode;
+  float scale = 1.0f;
+  if (mode == kApply) {
+    scale = compute_scale(*a.amax, a.fp8_max, a.amax_eps);
+  } else if (mode == kFull) {
+    scale = *a.scale;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (mode == kApply) {
+      *a.scale = scale;
+      *a.scale_inv = 1.0f / scale;
+    } else if (mode == kFull) {
+      *a.scale_inv = 1.0f / scale;
+    }
+  }
+  const bool e5m2 = a.e5m2 != 0;
+  const bool has_out = a.out != nullptr && mode != kStats;
+  const bool has_t = a.out_t != nullptr && mode != kStats;
+  int amax_bits = 0;
+
+  const int64_t tiles_c = (a.cols + kTileC - 1) / kTileC;
+  const int64_t ntiles = ((a.rows + kTileR - 1) / kTileR) * tiles_c;
+  for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const int64_t tr = t / tiles_c;
+    const int64_t r0 = tr * kTileR;
+    const int64_t c0 = (t - tr * tiles_c) * kTileC;
+    /* Batches of LB vectors: all of a batch's loads are in flight before the first use. */
+    constexpr int LB = NL < 8 ? NL : 8;
+#pragma unroll 1
+    for (int l0 = 0; l0 < NL; l0 += LB) {
+      float v[LB][VEC];
+      bool ok[LB];
+#pragma unroll
+      for (int l = 0; l < LB; ++l) {
+        const int idx = threadIdx.x + (l0 + l) * kThreads;
+        const int r = idx / VPR;
+        const int cv = idx - r * VPR;
+        const int64_t row = r0 + r;
+        const int64_t col = c0 + cv * VEC;
+        ok[l] = row < a.rows && col < a.cols; /* VEC divides cols on the vector path */
+        if (ok[l]) {
+          load_vec<X, VEC>(static_cast<const X*>(a.x) + row * a.x_stride + col, v[l]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) v[l][j] = 0.0f;
+        }
+      }
+#pragma unroll
+      for (int l = 0; l < LB; ++l) {
+        if (mode != kApply) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) amax_bits = max(amax_bits, abs_bits(v[l][j]));
+        }
+        if (ok[l] && (has_out || has_t)) {
+          const int idx = threadIdx.x + (l0 + l) * kThreads;
+          const int r = idx / VPR;
+          const int cv = idx - r * VPR;
+          if constexpr (VEC % 4 == 0) {
+            float y[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) y[j] = v[l][j] * scale;
+            uint32_t w[VEC / 4];
+            pack_fp8<VEC>(y, e5m2, w);
+            if (has_out) store_words<VEC>(a.out + (r0 + r) * a.out_stride + c0 + cv * VEC, w);
+            if (has_t) store_words<VEC>(tile + r * kPitch + cv * VEC, w);
+          } else {
+            const uint8_t q = fp8_from_float(v[l][0] * scale, e5m2);
+            if (has_out) a.out[(r0 + r) * a.out_stride + c0 + cv] = q;
+            if (has_t) tile[r * kPitch + cv] = q;
+          }
+        }
+      }
+    }
+    if (has_t) { /* uniform */
+      __syncthreads();
+      const int64_t rl = a.rows - r0, cl = a.cols - c0;
+      store_tile_transposed(tile, kPitch, rl < kTileR ? (int)rl : kTileR, cl < kTileC ? (int)cl : kTileC,
+                            a.out_t, a.rows, r0, c0, a.t_vec16 != 0, threadIdx.x, kThreads);
+      __syncthreads();
+    }
+  }
+  if (mode != kApply) block_amax_atomic(amax_bits, a.amax, amax_buf);
+}
+
+/* Bitwise transpose of 1-byte elements, VEC = 16 (16-byte loads) or 1. */
+template <int VEC>
+__global__ void __launch_bounds__(kThreads)
+    byte_transpose_kernel(const uint8_t* in, int64_t rows, int64_t cols, int64_t in_stride,
+                          uint8_t* out_t, int t_vec16) {
+  constexpr int VPR = kTileC / VEC;
+  constexpr int NL = kTileR * VPR / kThreads;
+  __shared__ __align__(16) uint8_t tile[kTileR * kPitch];
+  const int64_t tiles_c = (cols + kTileC - 1) / kTileC;
+  const int64_t ntiles = ((rows + kTileR - 1) / kTileR) * tiles_c;
+  for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
+    const int64_t tr = t / tiles_c;
+    const int64_t r0 = tr * kTileR;
+    const int64_t c0 = (t - tr * tiles_c) * kTileC;
+    if constexpr (VEC == 16) {
+      uint4 v[NL];
+#pragma unroll
+      for (int l = 0; l < NL; ++l) {
+        const int idx = threadIdx.x + l * kThreads;
+        const int r = idx / VPR;
+        const int cv = idx - r * VPR;
+        if (r0 + r < rows && c0 + cv * 16 < cols) {
+          v[l] = *reinterpret_cast<const uint4*>(in + (r0 + r) * in_stride + c0 + cv * 16);
+        } else {
+          v[l] = make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int l = 0; l < NL; ++l) {
+        const int idx = threadIdx.x + l * kThreads;
+        const int r = idx / VPR;
+        const int cv = idx - r * VPR;
+        *reinterpret_cast<uint4*>(tile + r * kPitch + cv * 16) = v[l];
+      }
+    } else {
+      uint8_t v[NL];
+#pragma unroll
+      for (int l = 0; l < NL; ++l) {
+        const int idx = threadIdx.x + l * kThreads;
+        const int r = idx / VPR;
+        const int cv = idx - r * VPR;
+        v[l] = (r0 + r < rows && c0 + cv < cols) ? in[(r0 + r) * in_stride + c0 + cv] : (uint8_t)0;
+      }
+#pragma unroll
+      for (int l = 0; l < NL; ++l) {
+        const int idx = threadIdx.x + l * kThreads;
+        const int r = idx / VPR;
+        const int cv = idx - r * VPR;
+        tile[r * kPitch + cv] = v[l];
+      }
+    }
+    __syncthreads();
+    const int64_t rl = rows - r0, cl = cols - c0;
+    store_tile_transposed(tile, kPitch, rl < kTileR ? (int)rl : kTileR, cl < kTileC ? (int)cl : kTileC,
+                          out_t, rows, r0, c0, t_vec16 != 0, threadIdx.x, kThreads);
+    __syncthreads();
+  }
+}
+
+template <typename X>
+engine_status launch_cast(const CastArgs& a, int sm_count, cudaStream_t stream) {
+  constexpr int VEC = 16 / sizeof(X);
+  const bool vec = (a.cols % VEC == 0) && vec_ok(a.x, a.x_stride, a.rows, sizeof(X), VEC) &&
+                   vec_ok(a.out, a.out_stride, a.rows, 1, VEC);
+  const int64_t ntiles = ceil_div(a.rows, kTileR) * ceil_div(a.cols, kTileC);
+  const void* fn = vec ? reinterpret_cast<const void*>(&cast_transpose_kernel<X, VEC>)
+                       : reinterpret_cast<const void*>(&cast_transpose_kernel<X, 1>);
+  int per_sm = 1;
+  ENGINE_TRY(blocks_per_sm(fn, kThreads, 0, &per_sm));
+  const unsigned grid = (unsigned)persistent_grid(ntiles, sm_count, 0, per_sm);
+  if (vec) {
+    cast_transpose_kernel<X, VEC><<<grid, kThreads, 0, stream>>>(a);
+  } else {
+    cast_transpose_kernel<X, 1><<<grid, kThreads, 0, stream>>>(a);
+  }
+  ENGINE_CHECK_LAUNCH("cast_transpose_kernel");
+  return ENGINE_SUCCESS;
+}
+
+engine_status dispatch_cast(engine_dtype xt, const CastArgs& a, int sm_count, cudaStream_t stream) {
+  switch (xt) {
+    case ENGINE_DTYPE_FLOAT32: return launch_cast<float>(a, sm_count, stream);
+    case ENGINE_DTYPE_FLOAT16: return launch_cast<__half>(a, sm_count, stream);
+    case ENGINE_DTYPE_BFLOAT16: return launch_cast<__nv_bfloat16>(a, sm_count, stream);
+    default: break;
+  }
+  return set_error(ENGINE_ERROR_INVALID_ARGUMENT,
+                   "engine_cast_transpose: x must be float32, float16 or bfloat16, got %s",
+                   dtype_name(xt));
+}
+
+}  // namespace
+}  // namespace transpose
+}  // namespace engine
+
+using namespace engine;
+using namespace engine::transpose;
+
+extern "C" engine_status engine_cast_transpose(const engine_cast_transpose_params* p, int sm_count,
+                                               cudaStream_t stream) {
+  clear_error();
+  static const char* fn = "engine_cast_transpose";
+  ENGINE_CHECK_ARG(p != nullptr, "%s: params is NULL", fn);
+  const int64_t rows = p->rows, cols = p->cols;
+  ENGINE_CHECK_ARG(rows >= 0, "%s: rows must be >= 0, got %lld", fn, (long long)rows);
+  ENGINE_CHECK_ARG(cols >= 1, "%s: cols must be >= 1, got %lld", fn, (long long)cols);
+  ENGINE_CHECK_ARG(sm_count >= 1, "%s: sm_count must be >= 1, got %d", fn, sm_count);
+  ENGINE_CHECK_ARG(is_high_precision(p->x_dtype), "%s: x must be float32, float16 or bfloat16, got %s",
+                   fn, dtype_name(p->x_dtype));
+  ENGINE_CHECK_ARG(is_fp8_dtype(p->out_dtype), "%s: out_dtype must be e4m3 or e5m2, got %d", fn,
+                   (int)p->out_dtype);
+  ENGINE_CHECK_ARG(p->out != nullptr || p->out_t != nullptr, "%s: out and out_t are both NULL", fn);
+  ENGINE_CHECK_ARG(p->scale != nullptr && p->amax != nullptr && p->scale_inv != nullptr,
+                   "%s: scale, amax and scale_inv are required", fn);
+  ENGINE_CHECK_ARG(rows == 0 || p->x != nullptr, "%s: x is NULL", fn);
+  ENGINE_CHECK_ARG(rows <= 1 || p->x_row_stride >= cols, "%s: x row stride %lld < cols %lld", fn,
+                   (long long)p->x_row_stride, (long long)cols);
+  ENGINE_CHECK_ARG(rows <= 1 || p->out == nullptr || p->out_row_stride >= cols,
+                   "%s: out row stride %lld < cols %lld", fn, (long long)p->out_row_stride,
+                   (long long)cols);
+
+  CastArgs a{};
+  a.rows = rows;
+  a.cols = cols;
+  a.x = p->x;
+  a.x_stride = p->x_row_stride;
+  a.out = static_cast<uint8_t*>(p->out);
+  a.out_stride = p->out_row_stride;
+  a.out_t = static_cast<uint8_t*>(p->out_t);
+  a.scale = p->scale;
+  a.amax = p->amax;
+  a.scale_inv = p->scale_inv;
+  a.amax_eps = p->amax_epsilon;
+  a.fp8_max = fp8_max_of(p->out_dtype);
+  a.e5m2 = p->out_dtype == ENGINE_DTYPE_FLOAT8_E5M2 ? 1 : 0;
+  a.t_vec16 = (p->out_t != nullptr && ptr_aligned(p->out_t, 16) && rows % 16 == 0) ? 1 : 0;
+
+  if (p->current_scaling) {
+    ENGINE_CHECK_CUDA(cudaMemsetAsync(p->amax, 0, sizeof(float), stream));
+    CastArgs s = a;
+    s.mode = kStats;
+    ENGINE_TRY(dispatch_cast(p->x_dtype, s, sm_count, stream));
+    a.mode = kApply;
+  } else {
+    a.mode = kFull;
+  }
+  return dispatch_cast(p->x_dtype, a, sm_count, stream);
+}
+
+extern "C" engine_status engine_fp8_transpose(const void* in, int64_t rows, int64_t cols,
+                                              int64_t in_row_stride, void* out_t,
+                                              cudaStream_t stream) {
+  clear_error();
+  static const char* fn = "engine_fp8_transpose";
+  ENGINE_CHECK_ARG(rows >= 0 && cols >= 0, "%s: rows and cols must be >= 0, got %lld x %lld", fn,
+                   (long long)rows, (long long)cols);
+  if (rows == 0 || cols == 0) return ENGINE_SUCCESS;
+  ENGINE_CHECK_ARG(in != nullptr && out_t != nullptr, "%s: in and out_t are required", fn);
+  ENGINE_CHECK_ARG(rows <= 1 || in_row_stride >= cols, "%s: row stride %lld < cols %lld", fn,
+                   (long long)in_row_stride, (long long)cols);
+  DeviceInfo info;
+  ENGINE_TRY(current_device_info(&info));
+  const bool vec = (cols % 16 == 0) && vec_ok(in, in_row_stride, rows, 1, 16);
+  const int t_vec16 = (ptr_aligned(out_t, 16) && rows % 16 == 0) ? 1 : 0;
+  const int64_t ntiles = ceil_div(rows, kTileR) * ceil_div(cols, kTileC);
+  const void* fn_ptr = vec ? reinterpret_cast<const void*>(&byte_transpose_kernel<16>)
+                           : reinterpret_cast<const void*>(&byte_transpose_kernel<1>);
+  int per_sm = 1;
+  ENGINE_TRY(blocks_per_sm(fn_ptr, kThreads, 0, &per_sm));
+  const unsigned grid = (unsigned)persistent_grid(ntiles, info.sm_count, 0, per_sm);
+  const uint8_t* src = static_cast<const uint8_t*>(in);
+  uint8_t* dst = static_cast<uint8_t*>(out_t);
+  if (vec) {
+    byte_transpose_kernel<16><<<grid, kThreads, 0, stream>>>(src, rows, cols, in_row_stride, dst, t_vec16);
+  } else {
+    byte_transpose_kernel<1><<<grid, kThreads, 0, stream>>>(src, rows, cols, in_row_stride, dst, t_vec16);
+  }
+  ENGINE_CHECK_LAUNCH("byte_transpose_kernel");
+  return ENGINE_SUCCESS;
+}

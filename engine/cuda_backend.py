@@ -1,0 +1,215 @@
+"""CUDA C++ backend: the op contracts of :mod:`engine.reference`, run by the compiled extension.
+
+Each contract function has exactly the signature of its reference twin and is a thin call into
+``engine._C`` (built from ``engine/csrc``): the extension checks the tensors, releases the GIL and
+launches on the current stream. There is deliberately no per-call Python work beyond one device
+check (host overhead is part of the small-shape budget).
+
+The extension is the prebuilt ``engine._C`` when setup.py built it; otherwise it is compiled on
+first use with ``torch.utils.cpp_extension.load`` (sources and flags from :mod:`engine._build`,
+architectures from ``ENGINE_CUDA_ARCHS`` via :func:`engine.backend.settings`, cached in torch's
+extension directory, ``TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``).
+:func:`ensure_available` raises :class:`engine.backend.BackendUnavailableError` saying how to fix
+it when that cannot work (torch without CUDA, no visible GPU, no nvcc, a failed build).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Optional
+
+import torch
+
+from engine.backend import BackendUnavailableError, settings
+
+Tensor = torch.Tensor
+
+__all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose"]
+
+_log = logging.getLogger("engine.cuda_backend")
+_lock = threading.Lock()
+_ext = None  # the loaded extension module
+_failure: Optional[BackendUnavailableError] = None  # a failed load/build, re-raised (not retried)
+_JIT_NAME = "engine_C"
+
+
+def _repo_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _jit_build():
+    from torch.utils import cpp_extension
+
+    from engine import _build
+
+    cuda_home = cpp_extension.CUDA_HOME
+    nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home else None
+    if nvcc is None or not os.path.exists(nvcc):
+        raise BackendUnavailableError(
+            "engine: the CUDA extension is not built and cannot be compiled: nvcc was not found "
+            f"(CUDA_HOME={cuda_home!r}). Install the CUDA toolkit matching torch's CUDA "
+            f"{torch.version.cuda} and set CUDA_HOME (or put nvcc on PATH), or install a build of "
+            "engine that includes the extension (pip install . on a machine with nvcc). To use "
+            "the Triton kernels instead, set ENGINE_USE_RMSNORM_TRITON=1 / "
+            "ENGINE_USE_LAYERNORM_TRITON=1 / ENGINE_USE_CAST_TRANSPOSE_TRITON=1."
+        )
+    root = _repo_root()
+    archs = settings().cuda_archs
+    msg = "engine: compiling the CUDA extension on first use (a few minutes)..."
+    _log.warning(msg)
+    try:
+        return cpp_extension.load(
+            name=_JIT_NAME,
+            sources=_build.sources(root),
+            extra_include_paths=_build.include_dirs(root),
+            extra_cflags=_build.cxx_flags(),
+            extra_cuda_cflags=_build.nvcc_flags(archs),
+            verbose=False,
+        )
+    except Exception as e:  # compiler errors, linker errors, bad ENGINE_CUDA_ARCHS
+        raise BackendUnavailableError(
+            f"engine: compiling the CUDA extension failed ({type(e).__name__}: {e}). Check that "
+            f"nvcc ({nvcc}) matches torch's CUDA {torch.version.cuda} and that ENGINE_CUDA_ARCHS "
+            f"({archs or 'unset: 9.0'}) names your GPU's architecture; or select the Triton "
+            "backend with ENGINE_USE_*_TRITON=1."
+        ) from e
+
+
+def ensure_available() -> None:
+    """Load (or JIT-build) the extension; raise :class:`BackendUnavailableError` with a fix if not.
+
+    Idempotent and thread-safe; after the first success it costs one global lookup.
+    """
+    global _ext, _failure
+    if _ext is not None:
+        return
+    with _lock:
+        if _ext is not None:
+            return
+        if _failure is not None:  # a build takes minutes: fail fast with the first error
+            raise _failure
+        try:
+            _ext = _load()
+        except BackendUnavailableError as e:
+            _failure = e
+            raise
+
+
+def _load():
+    """The extension module: prebuilt engine._C, else a JIT build; raises BackendUnavailableError."""
+    if torch.version.cuda is None:
+        raise BackendUnavailableError(
+            f"engine: the CUDA backend needs a CUDA build of PyTorch, this one is "
+            f"{torch.__version__} without CUDA. Install a CUDA build of torch, or use CPU "
+            "tensors (reference backend)."
+        )
+    if not torch.cuda.is_available():
+        raise BackendUnavailableError(
+            "engine: the CUDA backend needs a visible GPU, torch.cuda.is_available() is False. "
+            "Check the driver and CUDA_VISIBLE_DEVICES, or use CPU tensors."
+        )
+    try:
+        from engine import _C as ext  # prebuilt by setup.py
+    except ImportError as e:
+        if not isinstance(e, ModuleNotFoundError):
+            _log.warning("engine: the prebuilt extension engine._C does not load (%s); "
+                         "building it instead", e)
+        ext = _jit_build()
+    return ext
+
+
+def _ext_or_load():
+    if _ext is None:
+        ensure_available()
+    return _ext
+
+
+def _not_cuda(fn: str, name: str, t) -> None:
+    where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
+    raise ValueError(
+        f"engine.cuda_backend.{fn}: {name} must be a CUDA tensor, got {where}; the CUDA backend "
+        "runs on CUDA tensors only (CPU tensors use engine.reference)"
+    )
+
+
+def norm_fwd(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    residual: Optional[Tensor],
+    eps: float,
+    out: Tensor,
+    residual_out: Optional[Tensor],
+    mu: Optional[Tensor],
+    rsigma: Tensor,
+    scale: Optional[Tensor],
+    amax: Optional[Tensor],
+    scale_inv: Optional[Tensor],
+    out_t: Optional[Tensor],
+    *,
+    is_rms_norm: bool,
+    zero_centered_gamma: bool,
+    current_scaling: bool,
+    amax_epsilon: float,
+    sm_margin: int,
+) -> None:
+    """Norm forward; see :func:`engine.reference.norm_fwd` for the contract."""
+    if not getattr(x, "is_cuda", False):
+        _not_cuda("norm_fwd", "x", x)
+    (_ext or _ext_or_load()).norm_fwd(
+        x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
+        out_t, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin,
+    )
+
+
+def norm_bwd(
+    dy: Tensor,
+    x: Tensor,
+    mu: Optional[Tensor],
+    rsigma: Tensor,
+    weight: Tensor,
+    dresidual: Optional[Tensor],
+    dx: Tensor,
+    dres: Optional[Tensor],
+    dweight: Tensor,
+    dbias: Optional[Tensor],
+    *,
+    is_rms_norm: bool,
+    zero_centered_gamma: bool,
+    sm_margin: int,
+) -> None:
+    """Norm backward; see :func:`engine.reference.norm_bwd` for the contract."""
+    if not getattr(x, "is_cuda", False):
+        _not_cuda("norm_bwd", "x", x)
+    (_ext or _ext_or_load()).norm_bwd(
+        dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, is_rms_norm,
+        zero_centered_gamma, sm_margin,
+    )
+
+
+def cast_transpose(
+    x: Tensor,
+    scale: Tensor,
+    amax: Tensor,
+    scale_inv: Tensor,
+    out: Optional[Tensor],
+    out_t: Optional[Tensor],
+    *,
+    current_scaling: bool,
+    amax_epsilon: float,
+) -> None:
+    """FP8 cast with fused amax and optional transpose; see :func:`engine.reference.cast_transpose`."""
+    if not getattr(x, "is_cuda", False):
+        _not_cuda("cast_transpose", "x", x)
+    (_ext or _ext_or_load()).cast_transpose(
+        x, scale, amax, scale_inv, out, out_t, current_scaling, amax_epsilon
+    )
+
+
+def fp8_transpose(data: Tensor, out_t: Tensor) -> None:
+    """Bitwise tiled transpose of 1-byte data; see :func:`engine.reference.fp8_transpose`."""
+    if not getattr(data, "is_cuda", False):
+        _not_cuda("fp8_transpose", "data", data)
+    (_ext or _ext_or_load()).fp8_transpose(data, out_t)
