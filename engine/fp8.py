@@ -279,7 +279,7 @@ class DelayedScaling:
         if hist is None:
             raise ValueError("update() needs a quantizer made by DelayedScaling.make_quantizer")
         amax = hist.max() if self.amax_compute_algo == "max" else hist[0]
-        new = (quantizer.fp8_max / amax) / (2.0**self.margin)
+        new = torch.full_like(amax, quantizer.fp8_max) / amax / (2.0**self.margin)
         ok = (amax > 0) & torch.isfinite(amax)
         quantizer.scale.copy_(torch.where(ok, new, quantizer.scale[0]).reshape(1))
         hist.copy_(torch.roll(hist, -1, 0))

@@ -45,9 +45,13 @@ __all__ = ["norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose", "compute_s
 
 
 def compute_scale(amax: Tensor, fp8_max: float, amax_epsilon: float) -> Tensor:
-    """Current-scaling scale from an fp32 amax: ``fp8_max / max(amax, eps)``, 1 if not usable."""
+    """Current-scaling scale from an fp32 amax: ``fp8_max / max(amax, eps)``, 1 if not usable.
+
+    One IEEE fp32 division, as the kernels do (torch evaluates ``float / tensor`` as
+    ``tensor.reciprocal() * float``, two roundings, so the numerator is made a tensor).
+    """
     a = torch.clamp(amax.float(), min=amax_epsilon)
-    scale = fp8_max / a
+    scale = torch.full_like(a, fp8_max) / a
     ok = (a > 0) & torch.isfinite(scale) & (scale > 0)
     return torch.where(ok, scale, torch.ones_like(scale))
 

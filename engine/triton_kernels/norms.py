@@ -15,8 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.reference import compute_scale
 from engine.triton_kernels import norms_common as nc
 from engine.triton_kernels.utils import (
+    _abs_max_bits,
     _cast,
     _fp8_saturate_cast,
     _scale_from_amax,
@@ -67,7 +69,8 @@ def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, sc
           IS_RMS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, IS_FP8: tl.constexpr,
           STORE_OUT: tl.constexpr, STORE_T: tl.constexpr, INTERPRETER: tl.constexpr,
           MANT: tl.constexpr, MIN_EXP: tl.constexpr):
-    """Normalise a tile, write it (high precision or FP8, optionally transposed), return its amax."""
+    """Normalise a tile, write it (high precision or FP8, optionally transposed); return its amax
+    (FP8 only) as int32 bits (see utils._abs_max_bits)."""
     if IS_RMS_NORM:
         xhat = z * rstd[:, None]
     else:
@@ -75,9 +78,9 @@ def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, sc
     y = xhat * g[None, :]
     if HAS_BIAS:
         y += b[None, :]
-    amax = 0.0
+    amax = 0
     if IS_FP8:
-        amax = tl.max(tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1), axis=0)
+        amax = _abs_max_bits(y, mask)
         if STORE_OUT:
             q = _fp8_saturate_cast(y * scale, fp8_max, Y.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
             tl.store(Y + rows64[:, None] * stride_y + cols[None, :], q, mask=mask)
@@ -139,7 +142,7 @@ def _norm_fwd_kernel(
             scale = tl.load(SCALE)
     if not BLOCKED:
         g, b = _load_gamma_beta(W, B, cols, N, HAS_BIAS, ZERO_CENTERED)
-    amax = 0.0
+    amax = 0  # running max |y| as int32 bits of a non-negative float
     for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         rows64 = tl.cast(rows, tl.int64)
@@ -212,7 +215,7 @@ def _norm_fwd_kernel(
                     amax = tl.maximum(amax, a)
     if IS_FP8:
         if PASS != 2:
-            tl.atomic_max(AMAX, amax)
+            tl.atomic_max(AMAX.to(tl.pointer_type(tl.int32)), amax)  # bits: NaN-propagating
         if pid == 0:
             tl.store(SCALE_INV, 1.0 / scale)
             if LOAD_STATS:
@@ -345,16 +348,16 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
     """``norm_fwd`` with an explicit ``config`` (None: the heuristic). Used by tuning scripts."""
     m, n = x.shape
     fp8 = is_fp8(out.dtype)
+    fp8_max, mant, min_exp = fp8_consts(out.dtype)
     if m == 0:
         if fp8:
             if current_scaling:
                 amax.zero_()
-                scale.fill_(1.0)
+                scale.copy_(compute_scale(amax, fp8_max, amax_epsilon))
             scale_inv.copy_(1.0 / scale)
         return
     store_t = out_t is not None
     cfg = config or nc.fwd_config(n, x.dtype, store_t)
-    fp8_max, mant, min_exp = fp8_consts(out.dtype)
     grid = (persistent_grid(triton.cdiv(m, cfg.block_m), x.device, sm_margin, cfg.programs_per_sm),)
 
     def launch(pass_, x_in, res, res_out):
@@ -370,6 +373,7 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
             ZERO_CENTERED=zero_centered_gamma, IS_FP8=fp8, STORE_T=store_t, PASS=pass_,
             INTERPRETER=interpreter_rounding(), MANT=mant, MIN_EXP=min_exp,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
         )
 
     if fp8 and current_scaling:
@@ -411,6 +415,7 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
         HAS_DRES_IN=dresidual is not None, HAS_DRES=dres is not None, HAS_DB=dbias is not None,
         INTERPRETER=interpreter_rounding(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
     nc.reduce_partials(dw_part, dweight)
     if dbias is not None:

@@ -31,7 +31,8 @@ class NormConfig:
 
     block_m: rows per tile; block_n: columns per tile (>= N unless ``blocked``);
     blocked: two passes over column chunks per row tile; num_warps; programs_per_sm: persistent
-    programs per multiprocessor.
+    programs per multiprocessor; num_stages: software-pipelining depth Triton may apply to the
+    persistent row loop.
     """
 
     block_m: int
@@ -39,6 +40,7 @@ class NormConfig:
     blocked: bool
     num_warps: int
     programs_per_sm: int
+    num_stages: int = 3
 
 
 def _warps_for(tile_elems: int, elems_per_thread: int) -> int:

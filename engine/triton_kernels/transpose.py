@@ -12,7 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.fp8 import fp8_format
+from engine.reference import compute_scale
 from engine.triton_kernels.utils import (
+    _abs_max_bits,
     _fp8_saturate_cast,
     _scale_from_amax,
     fp8_consts,
@@ -53,7 +56,7 @@ def _cast_transpose_kernel(
             scale = _scale_from_amax(tl.load(AMAX), fp8_max, amax_epsilon)
         else:
             scale = tl.load(SCALE)
-    amax = 0.0
+    amax = 0  # running max |x| as int32 bits (utils._abs_max_bits)
     for t in tl.range(pid, tl.cdiv(M, BLOCK_M) * tiles_n, nprog):
         tm = t // tiles_n
         tn = t % tiles_n
@@ -63,7 +66,7 @@ def _cast_transpose_kernel(
         x = tl.load(X + tl.cast(rows, tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
         if CAST:
             xf = x.to(tl.float32)
-            amax = tl.maximum(amax, tl.max(tl.max(tl.abs(xf), axis=1), axis=0))
+            amax = tl.maximum(amax, _abs_max_bits(xf, mask))
             q = _fp8_saturate_cast(xf * scale, fp8_max, OUT_T.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
         else:
             q = x
@@ -75,7 +78,7 @@ def _cast_transpose_kernel(
                          mask=tl.trans(mask))
     if CAST:
         if PASS != 2:
-            tl.atomic_max(AMAX, amax)
+            tl.atomic_max(AMAX.to(tl.pointer_type(tl.int32)), amax)  # bits: NaN-propagating
         if pid == 0:
             tl.store(SCALE_INV, 1.0 / scale)
             if PASS == 2:
@@ -95,7 +98,7 @@ def cast_transpose(x, scale, amax, scale_inv, out, out_t, *, current_scaling, am
     if m == 0:
         if current_scaling:
             amax.zero_()
-            scale.fill_(1.0)
+            scale.copy_(compute_scale(amax, fp8_format(fp8_dtype).max, amax_epsilon))
         scale_inv.copy_(1.0 / scale)
         return
     fp8_max, mant, min_exp = fp8_consts(fp8_dtype)

@@ -109,3 +109,15 @@ def _scale_from_amax(amax, fp8_max, amax_epsilon):
     s = fp8_max / a
     ok = (a > 0.0) & (s < float("inf")) & (s > 0.0)
     return tl.where(ok, s, 1.0)
+
+
+@triton.jit
+def _abs_max_bits(v, mask):
+    """max |v| over a 2-D tile as int32 bits of a non-negative float (0 where masked).
+
+    Integer order equals float order for non-negative floats, and a NaN (sign cleared) sorts above
+    +inf, so a NaN reaches amax as it does in the reference and CUDA backends (a float max would
+    drop it).
+    """
+    bits = tl.where(mask, tl.abs(v), 0.0).to(tl.int32, bitcast=True)
+    return tl.max(tl.max(bits, axis=1), axis=0)
