@@ -15,11 +15,11 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
 fi
 python -m pip install -q --upgrade pip setuptools wheel
 # torch==2.13.0 is the CPU build on CI machines (a bare `torch` would pull a multi-GB CUDA build).
-python -m pip install -q "torch==2.13.0" triton pytest pytest-benchmark tabulate
+python -m pip install -q "torch==2.13.0" triton pytest pytest-benchmark pytest-xdist tabulate
 python -m pip install -q --no-build-isolation --no-deps -e .
 
 echo "== L0: nvcc compile check of engine/csrc =="
 bash ci/compile_csrc.sh
 
 echo "== L0: pytest (reference backend + Triton interpreter) =="
-TRITON_INTERPRET=1 python -m pytest -q -p no:cacheprovider tests "$@"
+TRITON_INTERPRET=1 python -m pytest -q -p no:cacheprovider -n auto tests "$@"

@@ -8,4 +8,4 @@ OUT=${OUT:-build/ci}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 bash ci/build_ext.sh "$OUT"
-python -m pytest -q -p no:cacheprovider -m "not slow" tests "$@" 2>&1 | tee "$OUT/L1.log"
+python -m pytest -q -p no:cacheprovider -m "not slow" -n 8 tests "$@" 2>&1 | tee "$OUT/L1.log"

@@ -24,6 +24,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
+python3 -c "import setuptools" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fallback/*.whl
 if ls .carry/_C*.so >/dev/null 2>&1; then cp .carry/_C*.so engine/ && touch engine/_C*.so; fi
 if [ -f .carry/triton_cache.tgz ]; then tar xzf .carry/triton_cache.tgz; fi
 
@@ -36,7 +37,8 @@ cat "$OUT/session.log"
 for stage in "$@"; do
   log "== stage $stage =="
   case "$stage" in
-    build) timeout 420 bash ci/build_ext.sh "$OUT" 2>&1 | tee -a "$OUT/session.log" ;;
+    build) timeout "${BUILD_LIMIT:-300}" bash ci/build_ext.sh "$OUT" 2>&1 | tee -a "$OUT/session.log"
+          cp engine/_C*.so "$OUT/" 2>/dev/null || true ;;
     L1) timeout "${L1_LIMIT:-330}" python3 -m pytest -q -p no:cacheprovider -m "not slow" -n 8 --maxfail=60 \
           -rfE tests > "$OUT/L1.log" 2>&1; log "L1 exit $?"; tail -40 "$OUT/L1.log" ;;
     smoke) timeout "${SMOKE_LIMIT:-150}" python3 ci/cuda_smoke.py --quick > "$OUT/smoke.log" 2>&1;
@@ -52,8 +54,8 @@ for stage in "$@"; do
   esac
 done
 
-# Hand the build and the Triton cache back for the next call (a fresh machine starts bare).
-cp engine/_C*.so "$OUT/" 2>/dev/null || true
+# Hand the Triton cache back for the next call (a fresh machine starts bare; the build is copied
+# right after the build stage).
 if [ -d .triton_cache ]; then
   tar czf "$OUT/triton_cache.tgz" .triton_cache 2>/dev/null
   [ "$(stat -c %s "$OUT/triton_cache.tgz")" -gt 15000000 ] && rm -f "$OUT/triton_cache.tgz"

@@ -28,15 +28,10 @@ Tensor = torch.Tensor
 HIGH_PRECISION = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def family(is_rms_norm: bool) -> OpFamily:
-    return OpFamily.RMSNORM if is_rms_norm else OpFamily.LAYERNORM
-
-
-def _check_tensor(name: str, t, device: torch.device) -> None:
+def _bad_tensor(name: str, t, device: torch.device):
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device} but x is on {device}; move them to one device")
+        return TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return ValueError(f"{name} is on {t.device} but x is on {device}; move them to one device")
 
 
 def as_rows(t: Tensor, n: int, name: str) -> Tensor:
@@ -46,6 +41,8 @@ def as_rows(t: Tensor, n: int, name: str) -> Tensor:
             f"{name} must have unit stride in its last dimension (got strides {tuple(t.stride())}); "
             f"call .contiguous() first"
         )
+    if t.dim() == 2:
+        return t
     try:
         return t.view(-1, n)
     except RuntimeError:
@@ -67,52 +64,73 @@ def check_norm_inputs(
 
     The normalised dims are ``weight.shape``, which ``x`` must end in; ``N`` is their product.
     Raises ``TypeError`` / ``ValueError`` naming the fix for anything the kernels do not accept,
-    identically for every backend.
+    identically for every backend. Written for a short host path (it runs on every call).
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype not in HIGH_PRECISION:
         raise ValueError(f"x must be float32, float16 or bfloat16, got {x.dtype}")
-    _check_tensor("weight", weight, x.device)
-    nshape = tuple(weight.shape)
-    n = weight.numel()
-    if weight.dim() < 1 or n < 1:
-        raise ValueError(f"weight must have at least one element per normalised row, got shape {nshape}")
-    if x.dim() < weight.dim() or tuple(x.shape[x.dim() - weight.dim():]) != nshape:
-        raise ValueError(
-            f"x of shape {tuple(x.shape)} does not end in the normalised shape {nshape} (weight's shape)"
-        )
-    if weight.dtype not in (x.dtype, torch.float32):
-        raise ValueError(f"weight must be float32 or x's dtype ({x.dtype}), got {weight.dtype}")
+    dev = x.device
+    if not isinstance(weight, torch.Tensor) or weight.device != dev:
+        raise _bad_tensor("weight", weight, dev)
+    wdim = weight.dim()
+    if wdim == 1:
+        n = weight.shape[0]
+        if n < 1:
+            raise ValueError("weight must have at least one element per normalised row, got shape (0,)")
+        if x.dim() < 1 or x.shape[-1] != n:
+            raise ValueError(
+                f"x of shape {tuple(x.shape)} does not end in the normalised shape ({n},) (weight's shape)"
+            )
+    else:
+        nshape = tuple(weight.shape)
+        n = weight.numel()
+        if wdim < 1 or n < 1:
+            raise ValueError(f"weight must have at least one element per normalised row, got shape {nshape}")
+        if x.dim() < wdim or tuple(x.shape[x.dim() - wdim:]) != nshape:
+            raise ValueError(
+                f"x of shape {tuple(x.shape)} does not end in the normalised shape {nshape} (weight's shape)"
+            )
+    wdt = weight.dtype
+    if wdt is not x.dtype and wdt is not torch.float32:
+        raise ValueError(f"weight must be float32 or x's dtype ({x.dtype}), got {wdt}")
     if not weight.is_contiguous():
         raise ValueError("weight must be contiguous")
+    w = weight if wdim == 1 else weight.view(n)
     b = None
     if bias is not None:
-        _check_tensor("bias", bias, x.device)
-        if tuple(bias.shape) != nshape or bias.dtype != weight.dtype or not bias.is_contiguous():
+        if not isinstance(bias, torch.Tensor) or bias.device != dev:
+            raise _bad_tensor("bias", bias, dev)
+        if bias.shape != weight.shape or bias.dtype is not wdt or not bias.is_contiguous():
             raise ValueError(
-                f"bias must be contiguous, of weight's shape {nshape} and dtype {weight.dtype}; got "
+                f"bias must be contiguous, of weight's shape {tuple(weight.shape)} and dtype {wdt}; got "
                 f"{tuple(bias.shape)} {bias.dtype}"
             )
-        b = bias.view(n)
-    if isinstance(eps, bool) or not (isinstance(eps, (float, int)) and eps >= 0):
+        b = bias if wdim == 1 else bias.view(n)
+    if eps.__class__ is not float and (isinstance(eps, bool) or not isinstance(eps, int)):
         raise ValueError(f"eps must be a float >= 0, got {eps!r}")
-    if isinstance(sm_margin, bool) or not (isinstance(sm_margin, int) and sm_margin >= 0):
+    if not eps >= 0:
+        raise ValueError(f"eps must be a float >= 0, got {eps!r}")
+    if sm_margin.__class__ is not int or sm_margin < 0:
         raise ValueError(f"sm_margin must be an int >= 0, got {sm_margin!r}")
     x2 = as_rows(x, n, "x")
     r2 = None
     if residual is not None:
-        _check_tensor("residual", residual, x.device)
+        if not isinstance(residual, torch.Tensor) or residual.device != dev:
+            raise _bad_tensor("residual", residual, dev)
         if residual.shape != x.shape:
             raise ValueError(f"residual shape {tuple(residual.shape)} != x shape {tuple(x.shape)}")
-        if residual.dtype not in (x.dtype, torch.float32):
+        if residual.dtype is not x.dtype and residual.dtype is not torch.float32:
             raise ValueError(f"residual must be float32 or x's dtype ({x.dtype}), got {residual.dtype}")
         r2 = as_rows(residual, n, "residual")
-    return x2, weight.view(n), b, r2
+    return x2, w, b, r2
+
+
+_FAMILY = {True: OpFamily.RMSNORM, False: OpFamily.LAYERNORM}
 
 
 def _impl(is_rms_norm: bool, device: torch.device):
-    return backend.select(family(is_rms_norm), device)
+    return backend.select(_FAMILY[is_rms_norm], device)
 
 
 def _stats(m: int, is_rms_norm: bool, device) -> Tuple[Optional[Tensor], Tensor]:

@@ -218,9 +218,21 @@ def implementation(backend: Backend) -> ModuleType:
     return cuda_backend
 
 
+_modules: Dict[tuple, ModuleType] = {}
+
+
 def select(family: OpFamily, device: torch.device) -> ModuleType:
-    """The one dispatch point: the module implementing ``family``'s op contract on ``device``."""
-    return implementation(select_backend(family, device))
+    """The one dispatch point: the module implementing ``family``'s op contract on ``device``.
+
+    Memoised per (family, device type): after the first call it is one dict lookup (this sits on
+    the per-call path of every op).
+    """
+    key = (family, device.type)
+    mod = _modules.get(key)
+    if mod is None:
+        mod = implementation(select_backend(family, device))
+        _modules[key] = mod
+    return mod
 
 
 def describe() -> Dict[str, Dict[str, str]]:
@@ -254,5 +266,6 @@ def reset_for_tests(env: Optional[Mapping[str, str]] = None) -> None:
     global _settings, _env_override
     with _lock:
         _selected.clear()
+        _modules.clear()
         _settings = None
         _env_override = None if env is None else dict(env)

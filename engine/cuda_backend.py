@@ -126,6 +126,11 @@ def _ext_or_load():
     return _ext
 
 
+def _raise(msg: str) -> None:
+    """The binding returns "" on success, else the message of a bad argument or a CUDA failure."""
+    raise RuntimeError(msg)
+
+
 def _not_cuda(fn: str, name: str, t) -> None:
     where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
     raise ValueError(
@@ -158,10 +163,12 @@ def norm_fwd(
     """Norm forward; see :func:`engine.reference.norm_fwd` for the contract."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_fwd", "x", x)
-    (_ext or _ext_or_load()).norm_fwd(
+    err = (_ext or _ext_or_load()).norm_fwd(
         x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
         out_t, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin,
     )
+    if err:
+        _raise(err)
 
 
 def norm_bwd(
@@ -183,10 +190,12 @@ def norm_bwd(
     """Norm backward; see :func:`engine.reference.norm_bwd` for the contract."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_bwd", "x", x)
-    (_ext or _ext_or_load()).norm_bwd(
+    err = (_ext or _ext_or_load()).norm_bwd(
         dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, is_rms_norm,
         zero_centered_gamma, sm_margin,
     )
+    if err:
+        _raise(err)
 
 
 def cast_transpose(
@@ -203,13 +212,17 @@ def cast_transpose(
     """FP8 cast with fused amax and optional transpose; see :func:`engine.reference.cast_transpose`."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("cast_transpose", "x", x)
-    (_ext or _ext_or_load()).cast_transpose(
+    err = (_ext or _ext_or_load()).cast_transpose(
         x, scale, amax, scale_inv, out, out_t, current_scaling, amax_epsilon
     )
+    if err:
+        _raise(err)
 
 
 def fp8_transpose(data: Tensor, out_t: Tensor) -> None:
     """Bitwise tiled transpose of 1-byte data; see :func:`engine.reference.fp8_transpose`."""
     if not getattr(data, "is_cuda", False):
         _not_cuda("fp8_transpose", "data", data)
-    (_ext or _ext_or_load()).fp8_transpose(data, out_t)
+    err = (_ext or _ext_or_load()).fp8_transpose(data, out_t)
+    if err:
+        _raise(err)

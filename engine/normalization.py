@@ -77,8 +77,11 @@ class _NormFunction(torch.autograd.Function):
         return dx, dw, db, dresidual, None, None, None, None, None
 
 
-def _needs_grad(*tensors: Optional[Tensor]) -> bool:
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def _needs_grad(x: Tensor, weight: Tensor, bias: Optional[Tensor], residual: Optional[Tensor]) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    return (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+            or (residual is not None and residual.requires_grad))
 
 
 def _norm(
@@ -110,10 +113,11 @@ def _norm(
     else:
         out, res_out, _, _ = ops.run_norm_fwd(x2, w, b, r2, float(eps), is_rms_norm,
                                               zero_centered_gamma, out_dtype, sm_margin)
-    out = out.view(x.shape)
-    if residual is None:
-        return out
-    return out, res_out.view(x.shape)
+    if x.dim() != 2:
+        out = out.view(x.shape)
+        if residual is not None:
+            res_out = res_out.view(x.shape)
+    return out if residual is None else (out, res_out)
 
 
 def _norm_fp8(x, x2, w, b, r2, residual, weight, bias, eps, is_rms_norm, zero_centered_gamma,

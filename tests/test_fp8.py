@@ -127,7 +127,7 @@ def test_rows_of_zeros(backend, is_rms):
 
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("external", ["0", "1"], ids=["in-kernel", "external"])
-@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("m,n", SHAPES + [(40, 4096)])  # 4096: a 32-row tile needs > 48 KB of smem
 @pytest.mark.parametrize("current", [False, True], ids=["delayed", "current"])
 def test_transposed_bitwise(backend, is_rms, external, m, n, current):
     """transpose_data equals data.T bitwise, on both transpose paths and both scalings."""
@@ -146,7 +146,7 @@ def test_transposed_bitwise(backend, is_rms, external, m, n, current):
         assert torch.equal(t.data.view(torch.uint8), t2.data.view(torch.uint8))
     else:
         steps = fp8_steps(t.data, t2.data)
-        assert steps.max().item() <= 1 and (steps > 0).float().mean().item() < 1e-3
+        assert steps.max().item() <= 1 and (steps > 0).sum().item() <= 2 + 1e-3 * steps.numel()
 
 
 @pytest.mark.parametrize("is_rms", NORMS)

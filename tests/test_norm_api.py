@@ -267,3 +267,22 @@ def test_triton_cuda_agree(is_rms, n):
     engine.backend.reset_for_tests()
     for a, b in zip(results["triton"], results["cuda"]):
         torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -7, atol=1e-2)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the CUDA backend needs a GPU")
+def test_cuda_backend_errors_are_exceptions():
+    """Bad arguments reaching the compiled binding raise RuntimeError (forward and backward alike)."""
+    from engine import cuda_backend
+
+    x = torch.randn(4, 64, device=DEVICE, dtype=BF16)
+    w = torch.ones(64, device=DEVICE, dtype=BF16)
+    rs = torch.ones(4, device=DEVICE)
+    with pytest.raises(RuntimeError, match="dweight"):
+        cuda_backend.norm_bwd(x, x, None, rs, w, None, torch.empty_like(x),
+                              None, torch.empty(64, device=DEVICE, dtype=F16), None,
+                              is_rms_norm=True, zero_centered_gamma=False, sm_margin=0)
+    with pytest.raises(RuntimeError, match="output"):
+        cuda_backend.norm_fwd(x, w, None, None, 1e-5, torch.empty(64, device=DEVICE, dtype=BF16).expand(4, 64),
+                              None, None, rs, None, None, None, None, is_rms_norm=True,
+                              zero_centered_gamma=False, current_scaling=False, amax_epsilon=0.0,
+                              sm_margin=0)

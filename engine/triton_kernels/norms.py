@@ -20,6 +20,7 @@ from engine.triton_kernels import norms_common as nc
 from engine.triton_kernels.utils import (
     _abs_max_bits,
     _cast,
+    _div_rn,
     _fp8_saturate_cast,
     _scale_from_amax,
     fp8_consts,
@@ -65,7 +66,7 @@ def _load_gamma_beta(W, B, cols, N, HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.co
 
 
 @triton.jit
-def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, scale, fp8_max,
+def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N, scale, fp8_max,
           IS_RMS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, IS_FP8: tl.constexpr,
           STORE_OUT: tl.constexpr, STORE_T: tl.constexpr, INTERPRETER: tl.constexpr,
           MANT: tl.constexpr, MIN_EXP: tl.constexpr):
@@ -86,8 +87,12 @@ def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, sc
             tl.store(Y + rows64[:, None] * stride_y + cols[None, :], q, mask=mask)
             if STORE_T:
                 # [BLOCK_N, BLOCK_M] tile of the [N, M] output: BLOCK_M contiguous bytes per column.
+                # The transposed mask is built directly: a tl.trans of the boolean mask (i1
+                # through shared memory) dropped stores on the GPU (triton 3.6; 40x4096 case in
+                # tests/test_fp8.py::test_transposed_bitwise).
+                mask_t = (cols[:, None] < N) & (rows[None, :] < M)
                 tl.store(Y_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], tl.trans(q),
-                         mask=tl.trans(mask))
+                         mask=mask_t)
     elif STORE_OUT:
         tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _cast(y, Y.dtype.element_ty, INTERPRETER),
                  mask=mask)
@@ -167,7 +172,7 @@ def _norm_fwd_kernel(
                     tl.store(MU + rows, mean, mask=rmask)
                 rstd = tl.math.rsqrt(var + eps)
                 tl.store(RSTD + rows, rstd, mask=rmask)
-            a = _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, scale, fp8_max,
+            a = _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N, scale, fp8_max,
                       IS_RMS_NORM, HAS_BIAS, IS_FP8, STORE_OUT, STORE_T, INTERPRETER, MANT, MIN_EXP)
             if IS_FP8:
                 amax = tl.maximum(amax, a)
@@ -208,7 +213,7 @@ def _norm_fwd_kernel(
                 z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
                             HAS_RES, False, INTERPRETER)
                 gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED)
-                a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, scale,
+                a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, N, scale,
                           fp8_max, IS_RMS_NORM, HAS_BIAS, IS_FP8, STORE_OUT, STORE_T, INTERPRETER,
                           MANT, MIN_EXP)
                 if IS_FP8:
@@ -217,7 +222,7 @@ def _norm_fwd_kernel(
         if PASS != 2:
             tl.atomic_max(AMAX.to(tl.pointer_type(tl.int32)), amax)  # bits: NaN-propagating
         if pid == 0:
-            tl.store(SCALE_INV, 1.0 / scale)
+            tl.store(SCALE_INV, _div_rn(1.0, scale))
             if LOAD_STATS:
                 tl.store(SCALE, scale)
 

@@ -1,12 +1,13 @@
 """Launch configuration of the norm kernels and the deterministic reduction of dW/dB partials.
 
 Configs are frozen dataclasses from a heuristic on (N, dtype) -- never on M, so a compiled kernel
-serves every batch size. ``ENGINE_TRITON_AUTOTUNE=1`` swaps the heuristic for a measured choice among
-a few candidates, cached on (N, dtypes, flags).
+serves every batch size. The heuristic is a table measured on an H200 with benchmarks/tune.py
+(``ENGINE_TRITON_AUTOTUNE`` is reserved: configs are heuristic today).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -15,10 +16,12 @@ import triton.language as tl
 
 from engine.triton_kernels.utils import _cast, interpreter_rounding
 
-#: Widest row (in elements) held in registers; wider rows take the blocked two-pass path.
-MAX_FUSED_N = 16384
+#: Widest row (in elements) the forward holds in registers; wider rows take the blocked path.
+MAX_FUSED_N = 32768
+#: Widest row the backward holds in registers (it keeps dy, x and the dW/dB partials live).
+MAX_FUSED_N_BWD = 16384
 #: Column chunk of the blocked path.
-BLOCKED_CHUNK_N = 4096
+BLOCKED_CHUNK_N = 8192
 #: Rows per program tile for the in-kernel FP8 transpose: a transposed store writes this many
 #: contiguous bytes per column (32 B = one DRAM sector).
 TRANSPOSE_BLOCK_M = 32
@@ -43,35 +46,52 @@ class NormConfig:
     num_stages: int = 3
 
 
-def _warps_for(tile_elems: int, elems_per_thread: int) -> int:
-    w = tile_elems // (32 * elems_per_thread)
-    return int(min(16, max(4, triton.next_power_of_2(max(1, w)))))
+# Measured on an H200 (benchmarks/tune.py, bf16, M*N = 64M; benchmarks/results/ and NOTES.md):
+# the fastest (block_m, num_warps, programs_per_sm) per power-of-two row width. The forward wants
+# tiles of 8K-32K elements at ~32 elements per thread and 8 programs per SM (more loads in flight
+# across programs); the backward wants few programs (its dW/dB partials cost 2 * P * N * 4 bytes)
+# and small tiles. num_stages made no difference (< 0.5 %) and stays at Triton's default.
+_FWD_TABLE = {1024: (8, 8, 8), 2048: (16, 32, 2), 4096: (4, 16, 8), 8192: (2, 8, 8),
+              16384: (2, 32, 8), 32768: (1, 32, 2)}
+_FWD_BLOCKED = (1, 32, 8)  # 64K and wider: chunks of BLOCKED_CHUNK_N
+_BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 1),
+              16384: (1, 16, 1)}
+_BWD_BLOCKED = (2, 32, 1)
 
 
+def _small_rows(p2: int, table: dict) -> tuple:
+    """Rows narrower than the table: keep the widest row's tile size (in elements) and warps."""
+    bm, w, p = table[1024]
+    return min(64, bm * 1024 // p2), w, p
+
+
+@functools.lru_cache(maxsize=None)
 def fwd_config(n: int, dtype: torch.dtype, transpose: bool) -> NormConfig:
-    """Forward config for rows of ``n`` elements of ``dtype``.
+    """Forward config for rows of ``n`` elements of ``dtype`` (from the measured table above).
 
     ``transpose``: the FP8 transposed copy is written by the norm kernel, so a tile is
     ``TRANSPOSE_BLOCK_M`` rows by column chunks (the row tile's statistics come first).
     """
     if transpose:
         bn = min(TRANSPOSE_BLOCK_N, triton.next_power_of_2(n))
-        return NormConfig(TRANSPOSE_BLOCK_M, bn, n > bn, 4, 2)
+        return NormConfig(TRANSPOSE_BLOCK_M, bn, n > bn, 4, 4)
     p2 = triton.next_power_of_2(n)
-    if p2 <= MAX_FUSED_N:
-        # Tiles of about 8K elements: several rows per tile when rows are short.
-        bm = max(1, min(16, 8192 // p2))
-        return NormConfig(bm, p2, False, _warps_for(bm * p2, 16), 2)
-    return NormConfig(1, BLOCKED_CHUNK_N, True, _warps_for(BLOCKED_CHUNK_N, 8), 2)
+    if p2 > MAX_FUSED_N:
+        bm, w, p = _FWD_BLOCKED
+        return NormConfig(bm, BLOCKED_CHUNK_N, True, w, p)
+    bm, w, p = _FWD_TABLE[p2] if p2 >= 1024 else _small_rows(p2, _FWD_TABLE)
+    return NormConfig(bm, p2, False, w, p)
 
 
+@functools.lru_cache(maxsize=None)
 def bwd_config(n: int, dtype: torch.dtype) -> NormConfig:
-    """Backward config: like the forward, with smaller tiles (it keeps dy, x and dW partials live)."""
+    """Backward config (from the measured table above)."""
     p2 = triton.next_power_of_2(n)
-    if p2 <= MAX_FUSED_N:
-        bm = max(1, min(16, 4096 // p2))
-        return NormConfig(bm, p2, False, _warps_for(bm * p2, 8), 2)
-    return NormConfig(1, BLOCKED_CHUNK_N, True, _warps_for(BLOCKED_CHUNK_N, 8), 1)
+    if p2 > MAX_FUSED_N_BWD:
+        bm, w, p = _BWD_BLOCKED
+        return NormConfig(bm, BLOCKED_CHUNK_N, True, w, p)
+    bm, w, p = _BWD_TABLE[p2] if p2 >= 1024 else _small_rows(p2, _BWD_TABLE)
+    return NormConfig(bm, p2, False, w, p)
 
 
 @triton.jit

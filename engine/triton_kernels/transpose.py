@@ -16,6 +16,7 @@ from engine.fp8 import fp8_format
 from engine.reference import compute_scale
 from engine.triton_kernels.utils import (
     _abs_max_bits,
+    _div_rn,
     _fp8_saturate_cast,
     _scale_from_amax,
     fp8_consts,
@@ -74,13 +75,14 @@ def _cast_transpose_kernel(
             if STORE_ROW:
                 tl.store(OUT + tl.cast(rows, tl.int64)[:, None] * stride_o + cols[None, :], q, mask=mask)
             if STORE_T:
+                mask_t = (cols[:, None] < N) & (rows[None, :] < M)  # not tl.trans(mask): see norms._emit
                 tl.store(OUT_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], tl.trans(q),
-                         mask=tl.trans(mask))
+                         mask=mask_t)
     if CAST:
         if PASS != 2:
             tl.atomic_max(AMAX.to(tl.pointer_type(tl.int32)), amax)  # bits: NaN-propagating
         if pid == 0:
-            tl.store(SCALE_INV, 1.0 / scale)
+            tl.store(SCALE_INV, _div_rn(1.0, scale))
             if PASS == 2:
                 tl.store(SCALE, scale)
 

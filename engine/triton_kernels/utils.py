@@ -103,10 +103,17 @@ def _cast(v, DTYPE: tl.constexpr, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
+def _div_rn(a, b):
+    """Correctly rounded fp32 ``a / b`` (Triton's ``/`` is an approximate division on the GPU);
+    scale and scale_inv must match the other backends bit for bit."""
+    return tl.math.div_rn(a + tl.zeros_like(b), b)
+
+
+@triton.jit
 def _scale_from_amax(amax, fp8_max, amax_epsilon):
     """Current scaling: ``fp8_max / max(amax, eps)``, or 1 when that is 0, NaN or not finite."""
     a = tl.maximum(amax, amax_epsilon)
-    s = fp8_max / a
+    s = _div_rn(fp8_max, a)
     ok = (a > 0.0) & (s < float("inf")) & (s > 0.0)
     return tl.where(ok, s, 1.0)
 

@@ -119,8 +119,19 @@ engine_status blocks_per_sm(const void* func, int block, size_t dyn_smem, int* o
                          "kernel needs %zu bytes of shared memory, the device allows %d", dyn_smem,
                          info.max_smem_per_block_optin);
       }
+      /* The opt-in limit covers static + dynamic shared memory: raise the dynamic part to what
+       * the static part leaves (asking for the whole opt-in limit is an invalid argument). */
+      cudaFuncAttributes attr;
+      ENGINE_CHECK_CUDA(cudaFuncGetAttributes(&attr, func));
+      const size_t dyn_max = (size_t)info.max_smem_per_block_optin - attr.sharedSizeBytes;
+      if (dyn_smem > dyn_max) {
+        return set_error(ENGINE_ERROR_INVALID_ARGUMENT,
+                         "kernel needs %zu bytes of dynamic shared memory, the device leaves %zu "
+                         "beside its %zu static bytes",
+                         dyn_smem, dyn_max, (size_t)attr.sharedSizeBytes);
+      }
       ENGINE_CHECK_CUDA(cudaFuncSetAttribute(func, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             info.max_smem_per_block_optin));
+                                             (int)dyn_max));
       std::lock_guard<std::mutex> lock(g_occ_mutex);
       g_smem_raised.emplace_back(dev, func);
     }

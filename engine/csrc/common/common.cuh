@@ -94,13 +94,17 @@ inline int pow2_ceil(int v) {
     if (!(cond)) return ::engine::set_error(ENGINE_ERROR_INVALID_ARGUMENT, __VA_ARGS__); \
   } while (0)
 
-/* Evaluate a CUDA runtime call; on failure return ENGINE_ERROR_CUDA naming the call. */
+/* Evaluate a CUDA runtime call; on failure return ENGINE_ERROR_CUDA naming the call. The
+ * thread's CUDA error state is cleared (cudaGetLastError) so that a non-sticky failure reported
+ * here is not reported again by the framework's next, unrelated launch check. */
 #define ENGINE_CHECK_CUDA(expr)                                                                 \
   do {                                                                                          \
     cudaError_t engine_err_ = (expr);                                                           \
-    if (engine_err_ != cudaSuccess)                                                             \
+    if (engine_err_ != cudaSuccess) {                                                           \
+      (void)cudaGetLastError();                                                                 \
       return ::engine::set_error(ENGINE_ERROR_CUDA, "%s failed: %s (%s:%d)", #expr,            \
                                  cudaGetErrorString(engine_err_), __FILE__, __LINE__);          \
+    }                                                                                           \
   } while (0)
 
 /* After a <<<>>> launch: return ENGINE_ERROR_CUDA if the launch was rejected. */

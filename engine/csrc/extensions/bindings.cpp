@@ -2,7 +2,10 @@
 // it checks tensors (device, dtype, shape, unit last-dim stride), takes the current stream under a
 // device guard, reads the SM count (cached per device), allocates the backward workspace from the
 // caching allocator (no cudaMalloc, no sync: CUDA-graph capturable), releases the GIL around the
-// call, and turns a failing engine_status into a Python RuntimeError carrying engine_last_error().
+// call, and reports every failure -- a bad argument or a failing engine_status with
+// engine_last_error() -- as a returned message ("" on success) that engine/cuda_backend.py raises as
+// a Python exception. No C++ exception crosses this boundary (on the GPU machine an exception thrown
+// out of a binding under pytest-xdist crashed the process; see tests/test_norm_api.py).
 // Every function mirrors the op contract of engine/reference.py (outputs passed in, returns None);
 // engine/cuda_backend.py adds the keyword-only Python signature on top.
 
@@ -23,6 +26,17 @@
 namespace {
 
 using at::Tensor;
+using Msg = std::string;  // "" = success, else the error message
+
+#define BCHECK(cond, ...)                                   \
+  do {                                                      \
+    if (!(cond)) return c10::str(__VA_ARGS__);              \
+  } while (0)
+#define BTRY(expr)                                          \
+  do {                                                      \
+    Msg bind_err_ = (expr);                                 \
+    if (!bind_err_.empty()) return bind_err_;               \
+  } while (0)
 using OptTensor = std::optional<Tensor>;
 
 bool is_fp8(at::ScalarType t) {
@@ -42,43 +56,47 @@ engine_dtype to_engine(at::ScalarType t, const char* name) {
     case at::kFloat8_e5m2: return ENGINE_DTYPE_FLOAT8_E5M2;
     default: break;
   }
-  TORCH_CHECK(false, "engine: ", name, " has unsupported dtype ", t,
-              " (expected float32, float16, bfloat16, float8_e4m3fn or float8_e5m2)");
+  (void)name;  // unreachable: every caller checks the dtype first
   return ENGINE_DTYPE_FLOAT32;
 }
 
 // Multiprocessor count of a device, read once.
 int sm_count(int device) {
   static std::atomic<int> cache[128];
-  TORCH_CHECK(device >= 0 && device < 128, "engine: device index ", device, " out of range");
+  if (device < 0 || device >= 128) return 0;
   int v = cache[device].load(std::memory_order_relaxed);
   if (v > 0) return v;
   int n = 0;
-  const cudaError_t err = cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
-  TORCH_CHECK(err == cudaSuccess && n > 0, "engine: cannot read the multiprocessor count of device ",
-              device, ": ", cudaGetErrorString(err));
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n < 1) {
+    (void)cudaGetLastError();
+    return 0;  // callers report it
+  }
   cache[device].store(n, std::memory_order_relaxed);
   return n;
 }
 
-void check_on(const Tensor& t, const char* name, const at::Device& dev) {
-  TORCH_CHECK(t.is_cuda(), "engine: ", name, " must be a CUDA tensor, got a tensor on ", t.device(),
+Msg check_on(const Tensor& t, const char* name, const at::Device& dev) {
+  BCHECK(t.is_cuda(), "engine: ", name, " must be a CUDA tensor, got a tensor on ", t.device(),
               " (the CUDA backend runs on CUDA tensors only)");
-  TORCH_CHECK(t.device() == dev, "engine: ", name, " is on ", t.device(), " but x is on ", dev,
+  BCHECK(t.device() == dev, "engine: ", name, " is on ", t.device(), " but x is on ", dev,
               "; put all tensors on one device");
+  return {};
 }
 
-// A [rows, cols] operand with unit stride in the last dim.
-void check_2d(const Tensor& t, const char* name, const at::Device& dev, int64_t rows, int64_t cols) {
-  check_on(t, name, dev);
-  TORCH_CHECK(t.dim() == 2, "engine: ", name, " must be 2-D [rows, cols], got shape ", t.sizes());
-  TORCH_CHECK(t.size(0) == rows && t.size(1) == cols, "engine: ", name, " must have shape [", rows,
+// A [rows, cols] operand with unit stride in the last dim. Inputs may have any row stride (0 for an
+// expanded tensor); outputs must not overlap (row stride >= cols).
+Msg check_2d(const Tensor& t, const char* name, const at::Device& dev, int64_t rows, int64_t cols,
+              bool output) {
+  BTRY(check_on(t, name, dev));
+  BCHECK(t.dim() == 2, "engine: ", name, " must be 2-D [rows, cols], got shape ", t.sizes());
+  BCHECK(t.size(0) == rows && t.size(1) == cols, "engine: ", name, " must have shape [", rows,
               ", ", cols, "], got ", t.sizes());
-  TORCH_CHECK(cols <= 1 || t.stride(1) == 1, "engine: ", name,
+  BCHECK(cols <= 1 || t.stride(1) == 1, "engine: ", name,
               " must have unit stride in its last dim, got strides ", t.strides(),
               "; call .contiguous() first");
-  TORCH_CHECK(rows <= 1 || t.stride(0) >= cols, "engine: ", name, " has row stride ", t.stride(0),
-              " < cols ", cols, "; rows must not overlap");
+  BCHECK(!output || rows <= 1 || t.stride(0) >= cols, "engine: output ", name,
+              " has row stride ", t.stride(0), " < cols ", cols, "; output rows must not overlap");
+  return {};
 }
 
 int64_t row_stride(const Tensor& t) {
@@ -86,76 +104,78 @@ int64_t row_stride(const Tensor& t) {
 }
 
 // A contiguous 1-D [n] tensor.
-void check_1d(const Tensor& t, const char* name, const at::Device& dev, int64_t n) {
-  check_on(t, name, dev);
-  TORCH_CHECK(t.dim() == 1 && t.size(0) == n, "engine: ", name, " must have shape [", n, "], got ",
+Msg check_1d(const Tensor& t, const char* name, const at::Device& dev, int64_t n) {
+  BTRY(check_on(t, name, dev));
+  BCHECK(t.dim() == 1 && t.size(0) == n, "engine: ", name, " must have shape [", n, "], got ",
               t.sizes());
-  TORCH_CHECK(t.is_contiguous(), "engine: ", name, " must be contiguous");
+  BCHECK(t.is_contiguous(), "engine: ", name, " must be contiguous");
+  return {};
 }
 
-void check_stats(const Tensor& t, const char* name, const at::Device& dev, int64_t rows) {
-  check_1d(t, name, dev, rows);
-  TORCH_CHECK(t.scalar_type() == at::kFloat, "engine: ", name, " must be float32, got ",
+Msg check_stats(const Tensor& t, const char* name, const at::Device& dev, int64_t rows) {
+  BTRY(check_1d(t, name, dev, rows));
+  BCHECK(t.scalar_type() == at::kFloat, "engine: ", name, " must be float32, got ",
               t.scalar_type());
+  return {};
 }
 
-float* meta_ptr(const OptTensor& t, const char* name, const at::Device& dev) {
-  TORCH_CHECK(t.has_value(), "engine: FP8 output needs ", name, " (a float32 tensor of one element)");
-  check_on(*t, name, dev);
-  TORCH_CHECK(t->scalar_type() == at::kFloat && t->numel() == 1, "engine: ", name,
-              " must be a float32 tensor of one element, got ", t->scalar_type(), " ", t->sizes());
-  return t->data_ptr<float>();
+Msg check_meta(const OptTensor& t, const char* name, const at::Device& dev) {
+  BCHECK(t.has_value(), "engine: FP8 output needs ", name, " (a float32 tensor of one element)");
+  BTRY(check_on(*t, name, dev));
+  BCHECK(t->scalar_type() == at::kFloat && t->numel() == 1, "engine: ", name,
+         " must be a float32 tensor of one element, got ", t->scalar_type(), " ", t->sizes());
+  return {};
 }
 
-[[noreturn]] void raise_engine(engine_status st, const char* what) {
-  throw std::runtime_error(std::string("engine: ") + what + " failed (" + engine_status_string(st) +
-                           "): " + engine_last_error());
+Msg engine_failure(engine_status st, const char* what) {
+  return std::string("engine: ") + what + " failed (" + engine_status_string(st) + "): " +
+         engine_last_error();
 }
 
-void norm_fwd(const Tensor& x, const Tensor& weight, const OptTensor& bias, const OptTensor& residual,
+Msg norm_fwd(const Tensor& x, const Tensor& weight, const OptTensor& bias, const OptTensor& residual,
               double eps, const Tensor& out, const OptTensor& residual_out, const OptTensor& mu,
               const Tensor& rsigma, const OptTensor& scale, const OptTensor& amax,
               const OptTensor& scale_inv, const OptTensor& out_t, bool is_rms_norm,
               bool zero_centered_gamma, bool current_scaling, double amax_epsilon,
               int64_t sm_margin) {
-  TORCH_CHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
+  BCHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
   const at::Device dev = x.device();
-  TORCH_CHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
+  BCHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
   const int64_t rows = x.size(0), cols = x.size(1);
-  TORCH_CHECK(cols >= 1, "engine: x must have at least one column");
-  check_2d(x, "x", dev, rows, cols);
-  TORCH_CHECK(is_high_precision(x.scalar_type()), "engine: x must be float32, float16 or bfloat16, got ",
+  BCHECK(cols >= 1, "engine: x must have at least one column");
+  BTRY(check_2d(x, "x", dev, rows, cols, false));
+  BCHECK(is_high_precision(x.scalar_type()), "engine: x must be float32, float16 or bfloat16, got ",
               x.scalar_type());
-  check_1d(weight, "weight", dev, cols);
-  TORCH_CHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat,
+  BTRY(check_1d(weight, "weight", dev, cols));
+  BCHECK(weight.scalar_type() == x.scalar_type() || weight.scalar_type() == at::kFloat,
               "engine: weight must be float32 or x's dtype (", x.scalar_type(), "), got ",
               weight.scalar_type());
   if (bias) {
-    check_1d(*bias, "bias", dev, cols);
-    TORCH_CHECK(bias->scalar_type() == weight.scalar_type(), "engine: bias dtype ",
+    BTRY(check_1d(*bias, "bias", dev, cols));
+    BCHECK(bias->scalar_type() == weight.scalar_type(), "engine: bias dtype ",
                 bias->scalar_type(), " must match weight's (", weight.scalar_type(), ")");
   }
-  check_2d(out, "out", dev, rows, cols);
-  TORCH_CHECK(residual.has_value() == residual_out.has_value(),
+  BTRY(check_2d(out, "out", dev, rows, cols, true));
+  BCHECK(residual.has_value() == residual_out.has_value(),
               "engine: residual and residual_out must be given together");
   if (residual) {
-    check_2d(*residual, "residual", dev, rows, cols);
-    check_2d(*residual_out, "residual_out", dev, rows, cols);
-    TORCH_CHECK(residual->scalar_type() == x.scalar_type() || residual->scalar_type() == at::kFloat,
+    BTRY(check_2d(*residual, "residual", dev, rows, cols, false));
+    BTRY(check_2d(*residual_out, "residual_out", dev, rows, cols, true));
+    BCHECK(residual->scalar_type() == x.scalar_type() || residual->scalar_type() == at::kFloat,
                 "engine: residual must be float32 or x's dtype (", x.scalar_type(), "), got ",
                 residual->scalar_type());
-    TORCH_CHECK(residual_out->scalar_type() == residual->scalar_type(), "engine: residual_out dtype ",
+    BCHECK(residual_out->scalar_type() == residual->scalar_type(), "engine: residual_out dtype ",
                 residual_out->scalar_type(), " must match residual's (", residual->scalar_type(), ")");
   }
   if (!is_rms_norm) {
-    TORCH_CHECK(mu.has_value(), "engine: LayerNorm needs mu (float32 [rows])");
-    check_stats(*mu, "mu", dev, rows);
+    BCHECK(mu.has_value(), "engine: LayerNorm needs mu (float32 [rows])");
+    BTRY(check_stats(*mu, "mu", dev, rows));
   }
-  check_stats(rsigma, "rsigma", dev, rows);
+  BTRY(check_stats(rsigma, "rsigma", dev, rows));
   const bool fp8 = is_fp8(out.scalar_type());
-  TORCH_CHECK(fp8 || is_high_precision(out.scalar_type()), "engine: out has unsupported dtype ",
+  BCHECK(fp8 || is_high_precision(out.scalar_type()), "engine: out has unsupported dtype ",
               out.scalar_type());
-  TORCH_CHECK(sm_margin >= 0, "engine: sm_margin must be >= 0, got ", sm_margin);
+  BCHECK(sm_margin >= 0, "engine: sm_margin must be >= 0, got ", sm_margin);
 
   engine_norm_fwd_params p{};
   p.rows = rows;
@@ -177,21 +197,24 @@ void norm_fwd(const Tensor& x, const Tensor& weight, const OptTensor& bias, cons
   p.mu = is_rms_norm ? nullptr : mu->data_ptr<float>();
   p.rsigma = rsigma.data_ptr<float>();
   if (fp8) {
-    p.scale = meta_ptr(scale, "scale", dev);
-    p.amax = meta_ptr(amax, "amax", dev);
-    p.scale_inv = meta_ptr(scale_inv, "scale_inv", dev);
+    BTRY(check_meta(scale, "scale", dev));
+    BTRY(check_meta(amax, "amax", dev));
+    BTRY(check_meta(scale_inv, "scale_inv", dev));
+    p.scale = scale->data_ptr<float>();
+    p.amax = amax->data_ptr<float>();
+    p.scale_inv = scale_inv->data_ptr<float>();
     if (out_t) {
-      check_on(*out_t, "out_t", dev);
-      TORCH_CHECK(out_t->scalar_type() == out.scalar_type(), "engine: out_t dtype ",
+      BTRY(check_on(*out_t, "out_t", dev));
+      BCHECK(out_t->scalar_type() == out.scalar_type(), "engine: out_t dtype ",
                   out_t->scalar_type(), " must match out's (", out.scalar_type(), ")");
-      TORCH_CHECK(out_t->dim() == 2 && out_t->size(0) == cols && out_t->size(1) == rows &&
+      BCHECK(out_t->dim() == 2 && out_t->size(0) == cols && out_t->size(1) == rows &&
                       out_t->is_contiguous(),
                   "engine: out_t must be a contiguous [", cols, ", ", rows, "] tensor, got ",
                   out_t->sizes(), " with strides ", out_t->strides());
       p.out_t = out_t->data_ptr();
     }
   } else {
-    TORCH_CHECK(!out_t.has_value(), "engine: out_t is only supported for FP8 outputs");
+    BCHECK(!out_t.has_value(), "engine: out_t is only supported for FP8 outputs");
   }
   p.eps = static_cast<float>(eps);
   p.amax_epsilon = static_cast<float>(amax_epsilon);
@@ -201,57 +224,59 @@ void norm_fwd(const Tensor& x, const Tensor& weight, const OptTensor& bias, cons
 
   const c10::cuda::CUDAGuard guard(dev);
   const int sms = sm_count(dev.index());
+  BCHECK(sms > 0, "engine: cannot read the multiprocessor count of device ", dev.index());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
   const engine_status st = engine_norm_fwd(&p, sms, static_cast<int>(sm_margin), stream);
-  if (st != ENGINE_SUCCESS) raise_engine(st, "norm_fwd");
+  if (st != ENGINE_SUCCESS) return engine_failure(st, "norm_fwd");
+  return {};
 }
 
-void norm_bwd(const Tensor& dy, const Tensor& x, const OptTensor& mu, const Tensor& rsigma,
+Msg norm_bwd(const Tensor& dy, const Tensor& x, const OptTensor& mu, const Tensor& rsigma,
               const Tensor& weight, const OptTensor& dresidual, const Tensor& dx, const OptTensor& dres,
               const Tensor& dweight, const OptTensor& dbias, bool is_rms_norm,
               bool zero_centered_gamma, int64_t sm_margin) {
-  TORCH_CHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
+  BCHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
   const at::Device dev = x.device();
-  TORCH_CHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
+  BCHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
   const int64_t rows = x.size(0), cols = x.size(1);
-  TORCH_CHECK(cols >= 1, "engine: x must have at least one column");
-  check_2d(x, "x", dev, rows, cols);
-  check_2d(dy, "dy", dev, rows, cols);
-  check_2d(dx, "dx", dev, rows, cols);
-  TORCH_CHECK(is_high_precision(x.scalar_type()) && is_high_precision(dy.scalar_type()) &&
+  BCHECK(cols >= 1, "engine: x must have at least one column");
+  BTRY(check_2d(x, "x", dev, rows, cols, false));
+  BTRY(check_2d(dy, "dy", dev, rows, cols, false));
+  BTRY(check_2d(dx, "dx", dev, rows, cols, true));
+  BCHECK(is_high_precision(x.scalar_type()) && is_high_precision(dy.scalar_type()) &&
                   is_high_precision(dx.scalar_type()),
               "engine: x, dy and dx must be float32, float16 or bfloat16, got ", x.scalar_type(), ", ",
               dy.scalar_type(), ", ", dx.scalar_type());
   if (!is_rms_norm) {
-    TORCH_CHECK(mu.has_value(), "engine: LayerNorm backward needs mu (float32 [rows])");
-    check_stats(*mu, "mu", dev, rows);
+    BCHECK(mu.has_value(), "engine: LayerNorm backward needs mu (float32 [rows])");
+    BTRY(check_stats(*mu, "mu", dev, rows));
   }
-  check_stats(rsigma, "rsigma", dev, rows);
-  check_1d(weight, "weight", dev, cols);
-  check_1d(dweight, "dweight", dev, cols);
-  TORCH_CHECK(is_high_precision(weight.scalar_type()), "engine: weight must be float32, float16 or "
+  BTRY(check_stats(rsigma, "rsigma", dev, rows));
+  BTRY(check_1d(weight, "weight", dev, cols));
+  BTRY(check_1d(dweight, "dweight", dev, cols));
+  BCHECK(is_high_precision(weight.scalar_type()), "engine: weight must be float32, float16 or "
               "bfloat16, got ", weight.scalar_type());
-  TORCH_CHECK(dweight.scalar_type() == weight.scalar_type(), "engine: dweight dtype ",
+  BCHECK(dweight.scalar_type() == weight.scalar_type(), "engine: dweight dtype ",
               dweight.scalar_type(), " must match weight's (", weight.scalar_type(), ")");
   if (dbias) {
-    check_1d(*dbias, "dbias", dev, cols);
-    TORCH_CHECK(dbias->scalar_type() == weight.scalar_type(), "engine: dbias dtype ",
+    BTRY(check_1d(*dbias, "dbias", dev, cols));
+    BCHECK(dbias->scalar_type() == weight.scalar_type(), "engine: dbias dtype ",
                 dbias->scalar_type(), " must match weight's (", weight.scalar_type(), ")");
   }
   at::ScalarType dres_type = x.scalar_type();
   if (dresidual) {
-    check_2d(*dresidual, "dresidual", dev, rows, cols);
+    BTRY(check_2d(*dresidual, "dresidual", dev, rows, cols, false));
     dres_type = dresidual->scalar_type();
   }
   if (dres) {
-    check_2d(*dres, "dres", dev, rows, cols);
-    TORCH_CHECK(!dresidual || dres->scalar_type() == dresidual->scalar_type(), "engine: dres dtype ",
+    BTRY(check_2d(*dres, "dres", dev, rows, cols, true));
+    BCHECK(!dresidual || dres->scalar_type() == dresidual->scalar_type(), "engine: dres dtype ",
                 dres->scalar_type(), " must match dresidual's (", dresidual->scalar_type(), ")");
     dres_type = dres->scalar_type();
   }
-  TORCH_CHECK(is_high_precision(dres_type), "engine: dresidual / dres must be float32, float16 or "
+  BCHECK(is_high_precision(dres_type), "engine: dresidual / dres must be float32, float16 or "
               "bfloat16, got ", dres_type);
-  TORCH_CHECK(sm_margin >= 0, "engine: sm_margin must be >= 0, got ", sm_margin);
+  BCHECK(sm_margin >= 0, "engine: sm_margin must be >= 0, got ", sm_margin);
 
   engine_norm_bwd_params p{};
   p.rows = rows;
@@ -281,6 +306,7 @@ void norm_bwd(const Tensor& dy, const Tensor& x, const OptTensor& mu, const Tens
 
   const c10::cuda::CUDAGuard guard(dev);
   const int sms = sm_count(dev.index());
+  BCHECK(sms > 0, "engine: cannot read the multiprocessor count of device ", dev.index());
   const int margin = static_cast<int>(sm_margin);
   const size_t ws_bytes =
       engine_norm_bwd_workspace_bytes(rows, cols, dbias ? 1 : 0, sms, margin);
@@ -288,48 +314,56 @@ void norm_bwd(const Tensor& dy, const Tensor& x, const OptTensor& mu, const Tens
   Tensor ws;
   void* ws_ptr = nullptr;
   if (ws_bytes > 0) {
-    ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
+    try {  // the caching allocator may throw (out of memory): report, do not propagate
+      ws = at::empty({static_cast<int64_t>(ws_bytes)}, x.options().dtype(at::kByte));
+    } catch (const std::exception& e) {
+      return std::string("engine: norm_bwd could not allocate its workspace: ") + e.what();
+    }
     ws_ptr = ws.data_ptr();
   }
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
   const engine_status st = engine_norm_bwd(&p, sms, margin, ws_ptr, ws_bytes, stream);
-  if (st != ENGINE_SUCCESS) raise_engine(st, "norm_bwd");
+  if (st != ENGINE_SUCCESS) return engine_failure(st, "norm_bwd");
+  return {};
 }
 
-void cast_transpose(const Tensor& x, const Tensor& scale, const Tensor& amax, const Tensor& scale_inv,
+Msg cast_transpose(const Tensor& x, const Tensor& scale, const Tensor& amax, const Tensor& scale_inv,
                     const OptTensor& out, const OptTensor& out_t, bool current_scaling,
                     double amax_epsilon) {
-  TORCH_CHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
+  BCHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
   const at::Device dev = x.device();
-  TORCH_CHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
+  BCHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
   const int64_t rows = x.size(0), cols = x.size(1);
-  check_2d(x, "x", dev, rows, cols);
-  TORCH_CHECK(is_high_precision(x.scalar_type()), "engine: x must be float32, float16 or bfloat16, got ",
+  BTRY(check_2d(x, "x", dev, rows, cols, false));
+  BCHECK(is_high_precision(x.scalar_type()), "engine: x must be float32, float16 or bfloat16, got ",
               x.scalar_type());
-  TORCH_CHECK(out.has_value() || out_t.has_value(), "engine: cast_transpose needs out, out_t or both");
+  BCHECK(out.has_value() || out_t.has_value(), "engine: cast_transpose needs out, out_t or both");
   at::ScalarType fp8_type = out ? out->scalar_type() : out_t->scalar_type();
-  TORCH_CHECK(is_fp8(fp8_type), "engine: cast_transpose outputs must be float8_e4m3fn or "
+  BCHECK(is_fp8(fp8_type), "engine: cast_transpose outputs must be float8_e4m3fn or "
               "float8_e5m2, got ", fp8_type);
   engine_cast_transpose_params p{};
   if (out) {
-    check_2d(*out, "out", dev, rows, cols);
+    BTRY(check_2d(*out, "out", dev, rows, cols, true));
     p.out = out->data_ptr();
     p.out_row_stride = row_stride(*out);
   }
   if (out_t) {
-    check_on(*out_t, "out_t", dev);
-    TORCH_CHECK(out_t->scalar_type() == fp8_type, "engine: out_t dtype ", out_t->scalar_type(),
+    BTRY(check_on(*out_t, "out_t", dev));
+    BCHECK(out_t->scalar_type() == fp8_type, "engine: out_t dtype ", out_t->scalar_type(),
                 " must match out's (", fp8_type, ")");
-    TORCH_CHECK(out_t->dim() == 2 && out_t->size(0) == cols && out_t->size(1) == rows &&
+    BCHECK(out_t->dim() == 2 && out_t->size(0) == cols && out_t->size(1) == rows &&
                     out_t->is_contiguous(),
                 "engine: out_t must be a contiguous [", cols, ", ", rows, "] tensor, got ",
                 out_t->sizes(), " with strides ", out_t->strides());
     p.out_t = out_t->data_ptr();
   }
   const OptTensor s(scale), a(amax), si(scale_inv);
-  p.scale = meta_ptr(s, "scale", dev);
-  p.amax = meta_ptr(a, "amax", dev);
-  p.scale_inv = meta_ptr(si, "scale_inv", dev);
+  BTRY(check_meta(s, "scale", dev));
+  BTRY(check_meta(a, "amax", dev));
+  BTRY(check_meta(si, "scale_inv", dev));
+  p.scale = scale.data_ptr<float>();
+  p.amax = amax.data_ptr<float>();
+  p.scale_inv = scale_inv.data_ptr<float>();
   // An empty input still does the scale bookkeeping: rows = 0 is the C API's no-data case.
   p.rows = cols == 0 ? 0 : rows;
   p.cols = cols == 0 ? 1 : cols;
@@ -342,32 +376,35 @@ void cast_transpose(const Tensor& x, const Tensor& scale, const Tensor& amax, co
 
   const c10::cuda::CUDAGuard guard(dev);
   const int sms = sm_count(dev.index());
+  BCHECK(sms > 0, "engine: cannot read the multiprocessor count of device ", dev.index());
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
   const engine_status st = engine_cast_transpose(&p, sms, stream);
-  if (st != ENGINE_SUCCESS) raise_engine(st, "cast_transpose");
+  if (st != ENGINE_SUCCESS) return engine_failure(st, "cast_transpose");
+  return {};
 }
 
-void fp8_transpose(const Tensor& data, const Tensor& out_t) {
-  TORCH_CHECK(data.is_cuda(), "engine: data must be a CUDA tensor, got a tensor on ", data.device());
+Msg fp8_transpose(const Tensor& data, const Tensor& out_t) {
+  BCHECK(data.is_cuda(), "engine: data must be a CUDA tensor, got a tensor on ", data.device());
   const at::Device dev = data.device();
-  TORCH_CHECK(data.dim() == 2, "engine: data must be 2-D [rows, cols], got shape ", data.sizes());
+  BCHECK(data.dim() == 2, "engine: data must be 2-D [rows, cols], got shape ", data.sizes());
   const int64_t rows = data.size(0), cols = data.size(1);
-  check_2d(data, "data", dev, rows, cols);
-  TORCH_CHECK(data.element_size() == 1, "engine: fp8_transpose needs a 1-byte dtype, got ",
+  BTRY(check_2d(data, "data", dev, rows, cols, false));
+  BCHECK(data.element_size() == 1, "engine: fp8_transpose needs a 1-byte dtype, got ",
               data.scalar_type());
-  check_on(out_t, "out_t", dev);
-  TORCH_CHECK(out_t.scalar_type() == data.scalar_type(), "engine: out_t dtype ", out_t.scalar_type(),
+  BTRY(check_on(out_t, "out_t", dev));
+  BCHECK(out_t.scalar_type() == data.scalar_type(), "engine: out_t dtype ", out_t.scalar_type(),
               " must match data's (", data.scalar_type(), ")");
-  TORCH_CHECK(out_t.dim() == 2 && out_t.size(0) == cols && out_t.size(1) == rows &&
+  BCHECK(out_t.dim() == 2 && out_t.size(0) == cols && out_t.size(1) == rows &&
                   out_t.is_contiguous(),
               "engine: out_t must be a contiguous [", cols, ", ", rows, "] tensor, got ",
               out_t.sizes(), " with strides ", out_t.strides());
-  if (rows == 0 || cols == 0) return;
+  if (rows == 0 || cols == 0) return {};
   const c10::cuda::CUDAGuard guard(dev);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
   const engine_status st =
       engine_fp8_transpose(data.data_ptr(), rows, cols, row_stride(data), out_t.data_ptr(), stream);
-  if (st != ENGINE_SUCCESS) raise_engine(st, "fp8_transpose");
+  if (st != ENGINE_SUCCESS) return engine_failure(st, "fp8_transpose");
+  return {};
 }
 
 }  // namespace

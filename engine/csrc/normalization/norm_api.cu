@@ -56,11 +56,14 @@ engine_status bwd_dispatch(engine_dtype xt, engine_dtype dyt, BwdArgs& a, const 
                    dtype_name(xt));
 }
 
+/* Outputs must not overlap (row stride >= cols); inputs may use any row stride >= 0 (0: every row
+ * reads the same data, as for an expanded gradient). */
 engine_status check_stride(const char* fn, const char* name, int64_t stride, int64_t rows,
-                           int64_t cols) {
-  ENGINE_CHECK_ARG(rows <= 1 || stride >= cols,
-                   "%s: %s row stride %lld is smaller than cols %lld", fn, name, (long long)stride,
-                   (long long)cols);
+                           int64_t cols, bool output) {
+  ENGINE_CHECK_ARG(stride >= 0, "%s: %s row stride %lld is negative", fn, name, (long long)stride);
+  ENGINE_CHECK_ARG(!output || rows <= 1 || stride >= cols,
+                   "%s: output %s row stride %lld is smaller than cols %lld", fn, name,
+                   (long long)stride, (long long)cols);
   return ENGINE_SUCCESS;
 }
 
@@ -139,11 +142,11 @@ extern "C" engine_status engine_norm_fwd(const engine_norm_fwd_params* p, int sm
     ENGINE_CHECK_ARG(!has_res || p->residual_out != nullptr,
                      "%s: residual_out is required when residual is given", fn);
   }
-  ENGINE_TRY(check_stride(fn, "x", p->x_row_stride, rows, cols));
-  ENGINE_TRY(check_stride(fn, "out", p->out_row_stride, rows, cols));
+  ENGINE_TRY(check_stride(fn, "x", p->x_row_stride, rows, cols, false));
+  ENGINE_TRY(check_stride(fn, "out", p->out_row_stride, rows, cols, true));
   if (has_res) {
-    ENGINE_TRY(check_stride(fn, "residual", p->residual_row_stride, rows, cols));
-    ENGINE_TRY(check_stride(fn, "residual_out", p->residual_out_row_stride, rows, cols));
+    ENGINE_TRY(check_stride(fn, "residual", p->residual_row_stride, rows, cols, false));
+    ENGINE_TRY(check_stride(fn, "residual_out", p->residual_out_row_stride, rows, cols, true));
   }
   const bool fp8 = is_fp8_dtype(p->out_dtype);
   if (fp8) {
@@ -256,11 +259,11 @@ extern "C" engine_status engine_norm_bwd(const engine_norm_bwd_params* p, int sm
     ENGINE_CHECK_ARG(p->dy != nullptr && p->x != nullptr && p->rsigma != nullptr && p->dx != nullptr,
                      "%s: dy, x, rsigma and dx are required", fn);
   }
-  ENGINE_TRY(check_stride(fn, "dy", p->dy_row_stride, rows, cols));
-  ENGINE_TRY(check_stride(fn, "x", p->x_row_stride, rows, cols));
-  ENGINE_TRY(check_stride(fn, "dx", p->dx_row_stride, rows, cols));
-  if (p->dresidual) ENGINE_TRY(check_stride(fn, "dresidual", p->dresidual_row_stride, rows, cols));
-  if (p->dres) ENGINE_TRY(check_stride(fn, "dres", p->dres_row_stride, rows, cols));
+  ENGINE_TRY(check_stride(fn, "dy", p->dy_row_stride, rows, cols, false));
+  ENGINE_TRY(check_stride(fn, "x", p->x_row_stride, rows, cols, false));
+  ENGINE_TRY(check_stride(fn, "dx", p->dx_row_stride, rows, cols, true));
+  if (p->dresidual) ENGINE_TRY(check_stride(fn, "dresidual", p->dresidual_row_stride, rows, cols, false));
+  if (p->dres) ENGINE_TRY(check_stride(fn, "dres", p->dres_row_stride, rows, cols, true));
 
   const bool has_db = p->dbias != nullptr;
   const size_t need = engine_norm_bwd_workspace_bytes(rows, cols, has_db ? 1 : 0, sm_count, sm_margin);

@@ -257,8 +257,8 @@ extern "C" engine_status engine_cast_transpose(const engine_cast_transpose_param
   ENGINE_CHECK_ARG(p->scale != nullptr && p->amax != nullptr && p->scale_inv != nullptr,
                    "%s: scale, amax and scale_inv are required", fn);
   ENGINE_CHECK_ARG(rows == 0 || p->x != nullptr, "%s: x is NULL", fn);
-  ENGINE_CHECK_ARG(rows <= 1 || p->x_row_stride >= cols, "%s: x row stride %lld < cols %lld", fn,
-                   (long long)p->x_row_stride, (long long)cols);
+  ENGINE_CHECK_ARG(p->x_row_stride >= 0, "%s: x row stride %lld is negative", fn,
+                   (long long)p->x_row_stride); /* an input may repeat rows (stride 0) */
   ENGINE_CHECK_ARG(rows <= 1 || p->out == nullptr || p->out_row_stride >= cols,
                    "%s: out row stride %lld < cols %lld", fn, (long long)p->out_row_stride,
                    (long long)cols);
@@ -300,8 +300,8 @@ extern "C" engine_status engine_fp8_transpose(const void* in, int64_t rows, int6
                    (long long)rows, (long long)cols);
   if (rows == 0 || cols == 0) return ENGINE_SUCCESS;
   ENGINE_CHECK_ARG(in != nullptr && out_t != nullptr, "%s: in and out_t are required", fn);
-  ENGINE_CHECK_ARG(rows <= 1 || in_row_stride >= cols, "%s: row stride %lld < cols %lld", fn,
-                   (long long)in_row_stride, (long long)cols);
+  ENGINE_CHECK_ARG(in_row_stride >= 0, "%s: row stride %lld is negative", fn,
+                   (long long)in_row_stride);
   DeviceInfo info;
   ENGINE_TRY(current_device_info(&info));
   const bool vec = (cols % 16 == 0) && vec_ok(in, in_row_stride, rows, 1, 16);

@@ -1,0 +1,322 @@
+"""Config sweep of the Triton norm kernels: the best NormConfig per (N, op), next to the heuristic's.
+
+Usage (repository root)::
+
+    python benchmarks/tune.py --out $OUT/tune.json                 # GPU: N = 1K..128K, M*N = 64M, bf16
+    python benchmarks/tune.py --dry-run                            # CPU, Triton interpreter, tiny shapes
+
+Ops: ``fwd`` (bf16 -> bf16), ``bwd`` (dx, dweight; the partial-dW reduce included) and ``fwd-fp8T``
+(bf16 -> e4m3 rowwise + transposed, the in-kernel transpose path, delayed scaling). Each candidate is
+launched through ``engine.triton_kernels.norms.launch_fwd`` / ``launch_bwd`` with ``config=``, its
+output poisoned beforehand and checked against ``engine.reference`` (fp32) afterwards, then timed
+with do_bench (median). Search: stage 1 over (block_m, block_n, blocked, num_warps) at two programs
+per SM; stage 2 sweeps programs_per_sm for the three best; stage 3 num_stages in {1, 2, 4} (3 is
+the default) for the best one. Candidates:
+
+* row in registers (``blocked=False``, ``block_n = next_pow2(N)``): ``block_m`` in {1, 2, 4, 8, 16}
+  with ``block_m * block_n <= 32K`` (16K for bwd), ``num_warps`` in {4, 8, 16, 32} keeping 8..64
+  elements per thread (4..32 for bwd);
+* blocked two-pass (N >= 16K): chunk ``block_n`` in {2048, 4096, 8192}, ``block_m`` in {1, 2};
+* fwd-fp8T: ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8}.
+
+A compile per (block_m, block_n, blocked, num_warps) dominates the time (about a second each on an
+H100), so ``--max-seconds`` stops trying new candidates when spent; what was measured is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+
+if "--dry-run" in sys.argv:  # the interpreter must be chosen before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+
+from benchmarks import cases as C  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+from engine import reference  # noqa: E402
+from engine.triton_kernels import norms  # noqa: E402
+from engine.triton_kernels import norms_common as nc  # noqa: E402
+from engine.triton_kernels.norms_common import NormConfig  # noqa: E402
+
+OPS = ("fwd", "bwd", "fwd-fp8T")
+FP8 = torch.float8_e4m3fn
+TOL = {"y": 1e-2, "dx": 1e-2, "dw": 1e-2, "db": 1e-2, "q": 0.1, "qt": 0.0}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=None, help="JSON file")
+    p.add_argument("--dry-run", action="store_true",
+                   help="CPU tensors in the Triton interpreter (TRITON_INTERPRET=1), tiny shapes")
+    p.add_argument("--n", type=str, default=None, help="comma-separated N list (default: the sweep)")
+    p.add_argument("--ops", type=str, default=",".join(OPS), help=f"subset of {','.join(OPS)}")
+    p.add_argument("--norm", choices=("rmsnorm", "layernorm"), default="rmsnorm")
+    p.add_argument("--warmup-ms", type=float, default=5.0)
+    p.add_argument("--rep-ms", type=float, default=20.0)
+    p.add_argument("--max-seconds", type=float, default=220.0,
+                   help="try no new candidate after this many seconds")
+    return p.parse_args(argv)
+
+
+def cfg_str(c: NormConfig) -> str:
+    return f"{c.block_m}x{c.block_n}{'B' if c.blocked else ''} w{c.num_warps} p{c.programs_per_sm}" + (
+        f" s{c.num_stages}" if hasattr(c, "num_stages") else "")
+
+
+def _warps(tile: int, lo: int, hi: int, dry: bool) -> list:
+    """num_warps in {4, 8, 16, 32} giving lo..hi elements per thread on a tile of ``tile`` elements
+    (dry runs: 4, whatever the tile)."""
+    if dry:
+        return [4]
+    return [w for w in (4, 8, 16, 32) if lo <= tile // (32 * w) <= hi]
+
+
+def candidates(op: str, n: int, dry: bool) -> list:
+    """Stage-1 configs (two programs per SM) of ``op`` at row width ``n``."""
+    p2 = triton.next_power_of_2(n)
+    out = []
+    if op == "fwd-fp8T":
+        for bm in (16, 32, 64):
+            for bn in (64, 128, 256):
+                for w in (4, 8):
+                    out.append(NormConfig(bm, min(bn, p2), n > min(bn, p2), w, 2))
+    else:
+        max_tile, (lo, hi) = (32768, (8, 64)) if op == "fwd" else (16384, (4, 32))
+        if p2 <= max_tile:
+            for bm in (1, 2, 4, 8, 16):
+                if bm * p2 <= max_tile:
+                    out += [NormConfig(bm, p2, False, w, 2) for w in _warps(bm * p2, lo, hi, dry)]
+        chunks = (64, 128) if dry else (2048, 4096, 8192)
+        if n >= (256 if dry else 16384):
+            for chunk in chunks:
+                for bm in (1, 2):
+                    out += [NormConfig(bm, chunk, True, w, 2) for w in _warps(bm * chunk, lo // 2, hi, dry)]
+    out = list(dict.fromkeys(out))
+    if dry:  # the interpreter is slow: one of each kind
+        out = [c for c in out if not c.blocked][:1] + [c for c in out if c.blocked][:1]
+    return out
+
+
+def heuristic(op: str, n: int) -> NormConfig:
+    if op == "bwd":
+        return nc.bwd_config(n, torch.bfloat16)
+    return nc.fwd_config(n, torch.bfloat16, op == "fwd-fp8T")
+
+
+class Problem:
+    """Inputs, outputs and fp32 references of one (op, M, N); ``run(cfg)`` launches one config."""
+
+    def __init__(self, op: str, m: int, n: int, rms: bool, dev: torch.device) -> None:
+        self.op, self.m, self.n, self.rms = op, m, n, rms
+        inp = C.make_inputs("rmsnorm" if rms else "layernorm", "fwd+bwd", m, n, dev)
+        self.x, self.w, self.b, self.dy = inp["x"], inp["w"], inp.get("b"), inp["dy"]
+        self.eps = C.RMS_EPS if rms else C.LN_EPS
+        f32 = dict(dtype=torch.float32, device=dev)
+        self.mu = None if rms else torch.empty(m, **f32)
+        self.rsigma = torch.empty(m, **f32)
+        self.y_ref = torch.empty(m, n, **f32)
+        self._ref_fwd(self.y_ref)
+        if op == "fwd":
+            self.out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+            self.nbytes = H.bytes_norm_fwd(m, n, bias=not rms)
+        elif op == "fwd-fp8T":
+            self.scale = torch.full((1,), C.DELAYED_SCALE, **f32)
+            self.amax = torch.zeros(1, **f32)
+            self.scale_inv = torch.empty(1, **f32)
+            self.q = torch.empty(m, n, dtype=FP8, device=dev)
+            self.qt = torch.empty(n, m, dtype=FP8, device=dev)
+            self.nbytes = H.bytes_norm_fp8(m, n, bias=not rms, transposed=True)
+        else:
+            self.dx = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
+            self.dw = torch.empty(n, dtype=torch.bfloat16, device=dev)
+            self.db = None if rms else torch.empty(n, dtype=torch.bfloat16, device=dev)
+            self.dx_ref = torch.empty(m, n, **f32)
+            self.dw_ref = torch.empty(n, **f32)
+            self.db_ref = None if rms else torch.empty(n, **f32)
+            reference.norm_bwd(self.dy, self.x, self.mu, self.rsigma, self.w, None, self.dx_ref, None,
+                               self.dw_ref, self.db_ref, is_rms_norm=rms, zero_centered_gamma=False,
+                               sm_margin=0)
+            self.nbytes = H.bytes_norm_bwd(m, n, bias=not rms)
+
+    def _ref_fwd(self, out: torch.Tensor) -> None:
+        reference.norm_fwd(self.x, self.w, self.b, None, self.eps, out, None, self.mu, self.rsigma, None,
+                           None, None, None, is_rms_norm=self.rms, zero_centered_gamma=False,
+                           current_scaling=False, amax_epsilon=0.0, sm_margin=0)
+
+    def run(self, cfg: NormConfig) -> None:
+        kw = dict(is_rms_norm=self.rms, zero_centered_gamma=False, sm_margin=0, config=cfg)
+        if self.op == "bwd":
+            norms.launch_bwd(self.dy, self.x, self.mu, self.rsigma, self.w, None, self.dx, None, self.dw,
+                             self.db, **kw)
+            return
+        fp8 = self.op == "fwd-fp8T"
+        norms.launch_fwd(
+            self.x, self.w, self.b, None, self.eps, self.q if fp8 else self.out, None, self.mu, self.rsigma,
+            self.scale if fp8 else None, self.amax if fp8 else None, self.scale_inv if fp8 else None,
+            self.qt if fp8 else None, current_scaling=False, amax_epsilon=0.0, **kw)
+
+    def poison(self) -> None:
+        if self.op == "fwd":
+            self.out.fill_(float("nan"))
+        elif self.op == "bwd":
+            for t in (self.dx, self.dw, self.db):
+                if t is not None:
+                    t.fill_(float("nan"))
+        else:
+            self.q.view(torch.uint8).fill_(0x7F)  # e4m3fn NaN
+            self.qt.view(torch.uint8).fill_(0x7F)
+
+    def errors(self) -> dict:
+        if self.op == "fwd":
+            return {"y": C._rel(self.out, self.y_ref)}
+        if self.op == "bwd":
+            errs = {"dx": C._rel(self.dx, self.dx_ref), "dw": C._rel(self.dw, self.dw_ref)}
+            if self.db is not None:
+                errs["db"] = C._rel(self.db, self.db_ref)
+            return errs
+        same = torch.equal(self.qt.view(torch.uint8), self.q.t().view(torch.uint8))
+        return {"q": C._rel(self.q.double() * self.scale_inv.double(), self.y_ref),
+                "qt": 0.0 if same else 1.0}
+
+
+def try_config(prob: Problem, cfg: NormConfig, args, copy_gbps: float) -> dict:
+    rec = {"config": asdict(cfg), "cfg": cfg_str(cfg)}
+    try:
+        prob.poison()
+        prob.run(cfg)
+        H.sync()
+        errs = prob.errors()
+        rec["err"] = {k: float(f"{v:.3g}") for k, v in errs.items()}
+        if not all(v <= TOL[k] for k, v in errs.items()):
+            rec["error"] = f"check failed {rec['err']}"
+            return rec
+        ms = H.bench(lambda: prob.run(cfg), warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+        rec["us"] = round(ms * 1e3, 2)
+        rec["gbps"] = round(H.gbps(prob.nbytes, ms), 1)
+        rec["pct_copy"] = round(100 * rec["gbps"] / copy_gbps, 1)
+    except Exception as e:
+        rec["error"] = H.short_error(e)
+    return rec
+
+
+def tune_one(op: str, m: int, n: int, args, copy_gbps: float, t_start: float) -> dict:
+    prob = Problem(op, m, n, args.norm == "rmsnorm", H.device())
+    heur = heuristic(op, n)
+    res = {"op": op, "M": m, "N": n, "heuristic": try_config(prob, heur, args, copy_gbps), "tried": []}
+    tried = {heur: res["heuristic"]}
+    stage1 = [c for c in candidates(op, n, args.dry_run) if c not in tried]
+    skipped = 0
+    for cfg in stage1:
+        if time.perf_counter() - t_start > args.max_seconds:
+            skipped += 1
+            continue
+        tried[cfg] = try_config(prob, cfg, args, copy_gbps)
+    ok = sorted((c for c, r in tried.items() if "us" in r), key=lambda c: tried[c]["us"])
+    pps_values = (1, 2) if args.dry_run else ((1, 2, 4) if op == "fwd-fp8T" else (1, 2, 4, 8))
+    stage2 = [replace(base, programs_per_sm=pps)
+              for base in ok[: 1 if args.dry_run else 3] for pps in pps_values]
+    for cfg in stage2:
+        if cfg in tried:
+            continue
+        if time.perf_counter() - t_start > args.max_seconds:
+            skipped += 1
+            continue
+        tried[cfg] = try_config(prob, cfg, args, copy_gbps)
+    # Stage 3: pipelining depth of the best so far (a recompile each).
+    good = sorted((c for c, r in tried.items() if "us" in r), key=lambda c: tried[c]["us"])
+    for stages in ((1, 2) if args.dry_run else (1, 2, 4)):
+        if not good or not hasattr(good[0], "num_stages"):
+            break
+        cfg = replace(good[0], num_stages=stages)
+        if cfg in tried:
+            continue
+        if time.perf_counter() - t_start > args.max_seconds:
+            skipped += 1
+            continue
+        tried[cfg] = try_config(prob, cfg, args, copy_gbps)
+    res["tried"] = list(tried.values())
+    res["skipped_for_time"] = skipped
+    good = [r for r in tried.values() if "us" in r]
+    res["best"] = min(good, key=lambda r: r["us"]) if good else None
+    del prob
+    H.free_memory()
+    return res
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not args.dry_run and not H.on_gpu():
+        print("no CUDA device: use --dry-run (Triton interpreter on CPU)", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        args.warmup_ms, args.rep_ms, args.max_seconds = 0.0, 0.0, float("inf")
+    if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
+        print("--dry-run needs TRITON_INTERPRET=1 before triton is imported", file=sys.stderr)
+        return 2
+    t_start = time.perf_counter()
+    ops = [o for o in args.ops.split(",") if o]
+    if args.n:
+        ns = [int(v) for v in args.n.split(",")]
+    else:
+        ns = [256, 1024] if args.dry_run else list(H.SWEEP_N)
+    elements = 4 * 1024 if args.dry_run else H.LARGE_ELEMENTS
+    meta = H.environment()
+    meta["args"] = vars(args)
+    meta["copy"] = H.copy_bandwidth(1 << 20 if args.dry_run else None)
+    copy_gbps = meta["copy"]["gbps"]
+    print(f"{meta['device']}: copy {copy_gbps:.0f} GB/s; norm {args.norm}, ops {ops}, N {ns}", flush=True)
+    results = []
+    for n in ns:
+        m, _ = H.large_shape(n, elements)
+        for op in ops:
+            r = tune_one(op, m, n, args, copy_gbps, t_start)
+            results.append(r)
+            b, h = r["best"], r["heuristic"]
+            print(f"[{time.perf_counter() - t_start:6.1f}s] {op:8s} N={H.fmt_n(n):>4s} "
+                  f"tried {len(r['tried'])}"
+                  f" best {b['cfg'] + ' ' + str(b['pct_copy']) + '%' if b else 'none'}"
+                  f" | heuristic {h.get('pct_copy', h.get('error', ''))}", flush=True)
+            if args.out:
+                H.write_json(args.out, {"meta": meta, "results": results})
+    meta["total_seconds"] = round(time.perf_counter() - t_start, 1)
+    if args.out:
+        H.write_json(args.out, {"meta": meta, "results": results})
+    errors = {}
+    for r in results:
+        for t in r["tried"]:
+            if "error" in t:
+                errors.setdefault(t["error"][:100], []).append(f"{r['op']}@{H.fmt_n(r['N'])} {t['cfg']}")
+    if errors:
+        print("\nfailed candidates (error [count, first]):")
+        for e, where in list(errors.items())[:10]:
+            print(f"  {e} [{len(where)}, {where[0]}]")
+    table = []
+    for r in results:
+        b, h = r["best"], r["heuristic"]
+        hp = h.get("pct_copy")
+        table.append([r["op"], H.fmt_n(r["N"]), b["cfg"] if b else "-", b["pct_copy"] if b else "-",
+                      h["cfg"], hp if hp is not None else "err",
+                      f"{h['us'] / b['us']:.2f}x" if b and "us" in h else "-",
+                      len(r["tried"]), r["skipped_for_time"] or ""])
+    print(f"\n{meta['device']} | torch {meta['torch']} | triton {meta['triton']} | {args.norm} bf16 | "
+          f"copy {copy_gbps:.0f} GB/s; % = of copy bandwidth")
+    print("cfg = block_m x block_n (B: blocked) w: warps p: programs per SM s: stages; "
+          "gain = heuristic time / best time")
+    print(tabulate(table, headers=["op", "N", "best", "%", "heuristic", "%", "gain", "tried", "skipped"],
+                   tablefmt="plain"))
+    print(f"total {meta['total_seconds']}s" + (f"; JSON: {args.out}" if args.out else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
