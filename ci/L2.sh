@@ -7,7 +7,7 @@ OUT=${OUT:-build/ci}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 bash ci/build_ext.sh "$OUT"
-python -m pytest -q -p no:cacheprovider -m slow tests "$@" 2>&1 | tee "$OUT/L2-sweep.log"
+python -m pytest -q -p no:cacheprovider -m slow -n 8 tests "$@" 2>&1 | tee "$OUT/L2-sweep.log"
 for tool in memcheck racecheck; do
   echo "== compute-sanitizer --tool $tool =="
   compute-sanitizer --tool "$tool" --error-exitcode 1 --target-processes all \

@@ -49,6 +49,14 @@ for stage in "$@"; do
           --time-limit-s $(( ${BENCH_LIMIT:-540} - 40 )) > "$OUT/bench.log" 2>&1; log "bench exit $?"; tail -70 "$OUT/bench.log" ;;
     tune) timeout "${TUNE_LIMIT:-240}" python3 benchmarks/tune.py --out "$OUT/tune.json" \
           --max-seconds $(( ${TUNE_LIMIT:-240} - 30 )) ${TUNE_ARGS:-} > "$OUT/tune.log" 2>&1; log "tune exit $?"; tail -40 "$OUT/tune.log" ;;
+    diag) timeout 60 python3 ci/diag.py --transpose > "$OUT/diag.log" 2>&1
+          timeout 40 python3 ci/diag.py --crash >> "$OUT/diag.log" 2>&1; echo "crash repro exit $?" >> "$OUT/diag.log"
+          log "diag done"; tail -45 "$OUT/diag.log" ;;
+    gdb) timeout 100 cuda-gdb -q -batch -ex run -ex bt --args python3 ci/diag.py --crash >> "$OUT/diag.log" 2>&1 ;;
+    fp8bench) timeout 150 python3 benchmarks/run.py --suite fp8 --out "$OUT/bench_fp8.json" --no-compile \
+          --time-limit-s 120 > "$OUT/bench_fp8.log" 2>&1; log "fp8bench exit $?"; tail -42 "$OUT/bench_fp8.log" ;;
+    L1api) timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_norm_api.py tests/test_backend.py \
+          > "$OUT/L1.log" 2>&1; log "L1api exit $?"; tail -15 "$OUT/L1.log" ;;
     L2) timeout "${L2_LIMIT:-400}" bash ci/L2.sh > "$OUT/L2.log" 2>&1; log "L2 exit $?"; tail -30 "$OUT/L2.log" ;;
     *) log "unknown stage $stage" ;;
   esac

@@ -107,11 +107,10 @@ def check_norm_inputs(
                 f"{tuple(bias.shape)} {bias.dtype}"
             )
         b = bias if wdim == 1 else bias.view(n)
-    if eps.__class__ is not float and (isinstance(eps, bool) or not isinstance(eps, int)):
+    # Plain isinstance checks: torch.compile (2.11) traces these; class-identity shortcuts it does not.
+    if isinstance(eps, bool) or not isinstance(eps, (float, int)) or not eps >= 0:
         raise ValueError(f"eps must be a float >= 0, got {eps!r}")
-    if not eps >= 0:
-        raise ValueError(f"eps must be a float >= 0, got {eps!r}")
-    if sm_margin.__class__ is not int or sm_margin < 0:
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
         raise ValueError(f"sm_margin must be an int >= 0, got {sm_margin!r}")
     x2 = as_rows(x, n, "x")
     r2 = None

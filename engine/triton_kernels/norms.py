@@ -83,16 +83,19 @@ def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N,
     if IS_FP8:
         amax = _abs_max_bits(y, mask)
         if STORE_OUT:
-            q = _fp8_saturate_cast(y * scale, fp8_max, Y.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
+            v = y * scale
+            q = _fp8_saturate_cast(v, fp8_max, Y.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
             tl.store(Y + rows64[:, None] * stride_y + cols[None, :], q, mask=mask)
             if STORE_T:
                 # [BLOCK_N, BLOCK_M] tile of the [N, M] output: BLOCK_M contiguous bytes per column.
-                # The transposed mask is built directly: a tl.trans of the boolean mask (i1
-                # through shared memory) dropped stores on the GPU (triton 3.6; 40x4096 case in
-                # tests/test_fp8.py::test_transposed_bitwise).
+                # The tile is transposed as fp32 and cast after: the cast is elementwise, so the
+                # bytes equal the rowwise ones. Transposing the 8-bit tile itself put wrong bytes in
+                # every 4th transposed row on the GPU (triton 3.6, [32, 128] fp8 tiles; ci/diag.py,
+                # tests/test_fp8.py::test_transposed_bitwise); the mask is built, not transposed.
+                qt = _fp8_saturate_cast(tl.trans(v), fp8_max, Y.dtype.element_ty, INTERPRETER, MANT,
+                                        MIN_EXP)
                 mask_t = (cols[:, None] < N) & (rows[None, :] < M)
-                tl.store(Y_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], tl.trans(q),
-                         mask=mask_t)
+                tl.store(Y_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], qt, mask=mask_t)
     elif STORE_OUT:
         tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _cast(y, Y.dtype.element_ty, INTERPRETER),
                  mask=mask)

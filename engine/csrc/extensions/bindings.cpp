@@ -18,6 +18,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "engine/common.h"
 #include "engine/normalization.h"
@@ -28,9 +29,31 @@ namespace {
 using at::Tensor;
 using Msg = std::string;  // "" = success, else the error message
 
+// Messages are assembled without std::ostream: on the GPU machine, inserting an integer into an
+// ostream from this extension crashed inside libstdc++ (num_put via a facet of another libstdc++
+// build: g++ 13 headers against the loaded runtime), so numbers go through std::to_string and
+// torch types through their own string functions.
+inline void app(std::string& s, const char* v) { s += v; }
+inline void app(std::string& s, const std::string& v) { s += v; }
+template <typename T, typename std::enable_if<std::is_integral<T>::value, int>::type = 0>
+inline void app(std::string& s, T v) { s += std::to_string(v); }
+inline void app(std::string& s, at::ScalarType t) { s += c10::toString(t); }
+inline void app(std::string& s, const at::Device& d) { s += d.str(); }
+inline void app(std::string& s, c10::IntArrayRef a) {
+  s += "[";
+  for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+  s += "]";
+}
+template <typename... A>
+std::string cat(const A&... a) {
+  std::string s;
+  (app(s, a), ...);
+  return s;
+}
+
 #define BCHECK(cond, ...)                                   \
   do {                                                      \
-    if (!(cond)) return c10::str(__VA_ARGS__);              \
+    if (!(cond)) return cat(__VA_ARGS__);                   \
   } while (0)
 #define BTRY(expr)                                          \
   do {                                                      \
