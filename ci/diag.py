@@ -15,22 +15,24 @@ from engine.fp8 import Float8Quantizer
 
 
 def transpose_grid():
-    engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": "1", "ENGINE_NORM_EXTERNAL_TRANSPOSE": "0"})
-    for n in (1000, 1024, 4000, 4096, 8192):
-        for m in (1, 16, 32, 33, 40, 48, 64, 96):
-            bad = []
-            for _ in range(2):
+    engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": "1", "ENGINE_USE_CAST_TRANSPOSE_TRITON": "1",
+                                    "ENGINE_NORM_EXTERNAL_TRANSPOSE": "0"})
+    total = {"norm": 0, "cast": 0}
+    for n in (1000, 1024, 4000, 4096, 8192, 17389):
+        for m in (1, 16, 32, 33, 40, 48, 64, 96, 200):
+            line = []
+            for kind in ("norm", "cast"):
                 x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
                 w = torch.ones(n, device="cuda", dtype=torch.bfloat16)
                 q = Float8Quantizer(torch.ones(1, device="cuda"), torch.zeros(1, device="cuda"),
                                     torch.float8_e4m3fn, columnwise=True)
                 with torch.no_grad():
-                    t = engine.rmsnorm(x, w, quantizer=q)
-                d = t.transpose_data.view(torch.uint8) != t.data.view(torch.uint8).t()
-                rows = d.any(1).nonzero().flatten()[:6].tolist()
-                bad.append((int(d.sum()), rows))
-            print(f"transpose M={m} N={n}: mismatches {bad[0][0]}, {bad[1][0]} first bad rows {bad[0][1]}",
-                  flush=True)
+                    t = engine.rmsnorm(x, w, quantizer=q) if kind == "norm" else engine.cast_transpose(x, q)
+                d = int((t.transpose_data.view(torch.uint8) != t.data.view(torch.uint8).t()).sum())
+                total[kind] += d
+                line.append(f"{kind} {d}")
+            print(f"transpose M={m} N={n}: " + ", ".join(line), flush=True)
+    print("transpose mismatches in all:", total, flush=True)
 
 
 def crash():

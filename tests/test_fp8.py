@@ -134,6 +134,12 @@ def test_transposed_bitwise(backend, is_rms, external, m, n, current):
     use_backend(backend, ENGINE_NORM_EXTERNAL_TRANSPOSE=external)
     x, w, b = inputs(m, n, is_rms)
     q = Float8CurrentScalingQuantizer(E4M3, columnwise=True) if current else delayed(E4M3, columnwise=True)
+    if backend == "triton" and external == "0" and ON_GPU:
+        # Refused on the GPU (triton 3.6 miscompiles the in-kernel transposed store; see
+        # engine/triton_kernels/norms.py); the kernel path itself is tested in the interpreter.
+        with pytest.raises(engine.backend.BackendUnavailableError, match="ENGINE_NORM_EXTERNAL_TRANSPOSE=1"):
+            call(is_rms, x, w, b, quantizer=q)
+        return
     t = call(is_rms, x, w, b, quantizer=q)
     assert t.transpose_data.shape == (n, m)
     assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())

@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.backend import BackendUnavailableError
 from engine.reference import compute_scale
 from engine.triton_kernels import norms_common as nc
 from engine.triton_kernels.utils import (
@@ -83,19 +84,15 @@ def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N,
     if IS_FP8:
         amax = _abs_max_bits(y, mask)
         if STORE_OUT:
-            v = y * scale
-            q = _fp8_saturate_cast(v, fp8_max, Y.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
+            q = _fp8_saturate_cast(y * scale, fp8_max, Y.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
             tl.store(Y + rows64[:, None] * stride_y + cols[None, :], q, mask=mask)
             if STORE_T:
                 # [BLOCK_N, BLOCK_M] tile of the [N, M] output: BLOCK_M contiguous bytes per column.
-                # The tile is transposed as fp32 and cast after: the cast is elementwise, so the
-                # bytes equal the rowwise ones. Transposing the 8-bit tile itself put wrong bytes in
-                # every 4th transposed row on the GPU (triton 3.6, [32, 128] fp8 tiles; ci/diag.py,
-                # tests/test_fp8.py::test_transposed_bitwise); the mask is built, not transposed.
-                qt = _fp8_saturate_cast(tl.trans(v), fp8_max, Y.dtype.element_ty, INTERPRETER, MANT,
-                                        MIN_EXP)
+                # The mask is built rather than transposed. Tiles are square (norms_common): a
+                # [32, 128] fp8 tile stored transposed wrote wrong bytes on triton 3.6 (ci/diag.py).
                 mask_t = (cols[:, None] < N) & (rows[None, :] < M)
-                tl.store(Y_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], qt, mask=mask_t)
+                tl.store(Y_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], tl.trans(q),
+                         mask=mask_t)
     elif STORE_OUT:
         tl.store(Y + rows64[:, None] * stride_y + cols[None, :], _cast(y, Y.dtype.element_ty, INTERPRETER),
                  mask=mask)
@@ -365,6 +362,14 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
             scale_inv.copy_(1.0 / scale)
         return
     store_t = out_t is not None
+    if store_t and x.is_cuda:
+        raise BackendUnavailableError(
+            "the Triton backend does not write the transposed FP8 norm output inside the norm kernel "
+            "on the GPU: triton 3.6 miscompiles that store (wrong bytes for every even N; correct in "
+            "the interpreter and for odd N; see ci/diag.py and benchmarks/NOTES.md). Set "
+            "ENGINE_NORM_EXTERNAL_TRANSPOSE=1 (the default, and faster in our measurements) or use "
+            "the CUDA backend for the in-kernel path."
+        )
     cfg = config or nc.fwd_config(n, x.dtype, store_t)
     grid = (persistent_grid(triton.cdiv(m, cfg.block_m), x.device, sm_margin, cfg.programs_per_sm),)
 

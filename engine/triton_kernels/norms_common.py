@@ -22,10 +22,12 @@ MAX_FUSED_N = 32768
 MAX_FUSED_N_BWD = 16384
 #: Column chunk of the blocked path.
 BLOCKED_CHUNK_N = 8192
-#: Rows per program tile for the in-kernel FP8 transpose: a transposed store writes this many
-#: contiguous bytes per column (32 B = one DRAM sector).
-TRANSPOSE_BLOCK_M = 32
-TRANSPOSE_BLOCK_N = 128
+#: Tile of the in-kernel FP8 transpose: BLOCK_M rows (a transposed store writes this many contiguous
+#: bytes per column: two DRAM sectors) by BLOCK_N column chunks. Square, like transpose.py's tiles:
+#: [32, 128] fp8 tiles stored transposed were miscompiled by triton 3.6 (wrong bytes in every 4th
+#: transposed row; ci/diag.py).
+TRANSPOSE_BLOCK_M = 64
+TRANSPOSE_BLOCK_N = 64
 
 
 @dataclass(frozen=True)
