@@ -55,6 +55,7 @@ for stage in "$@"; do
     gdb) timeout 100 cuda-gdb -q -batch -ex run -ex bt --args python3 ci/diag.py --crash >> "$OUT/diag.log" 2>&1 ;;
     fp8bench) timeout 150 python3 benchmarks/run.py --suite fp8 --out "$OUT/bench_fp8.json" --no-compile \
           --time-limit-s 120 > "$OUT/bench_fp8.log" 2>&1; log "fp8bench exit $?"; tail -42 "$OUT/bench_fp8.log" ;;
+    prof) timeout 150 python3 ci/profile_fwd_bwd.py > "$OUT/prof.log" 2>&1; log "prof exit $?"; cat "$OUT/prof.log" | tail -40 ;;
     L2sweep) timeout 200 python3 -m pytest -q -p no:cacheprovider -m slow -n 8 tests > "$OUT/L2-sweep.log" 2>&1;
           log "L2 sweep exit $?"; tail -5 "$OUT/L2-sweep.log" ;;
     L1api) timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_norm_api.py tests/test_backend.py \

@@ -15,6 +15,7 @@ it when that cannot work (torch without CUDA, no visible GPU, no nvcc, a failed 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import threading
@@ -110,12 +111,13 @@ def _load():
             "engine: the CUDA backend needs a visible GPU, torch.cuda.is_available() is False. "
             "Check the driver and CUDA_VISIBLE_DEVICES, or use CPU tensors."
         )
+    if importlib.util.find_spec("engine._C") is None:  # not prebuilt (editable install): JIT
+        return _jit_build()
     try:
         from engine import _C as ext  # prebuilt by setup.py
     except ImportError as e:
-        if not isinstance(e, ModuleNotFoundError):
-            _log.warning("engine: the prebuilt extension engine._C does not load (%s); "
-                         "building it instead", e)
+        _log.warning("engine: the prebuilt extension engine._C does not load (%s); building it "
+                     "instead", e)
         ext = _jit_build()
     return ext
 
