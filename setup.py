@@ -67,7 +67,7 @@ setup(
     python_requires=">=3.10",
     install_requires=["torch>=2.4", "triton>=3.0"],
     extras_require={
-        "test": ["pytest", "tabulate"],
+        "test": ["pytest", "pytest-xdist", "tabulate", "numpy"],
         "bench": ["pytest-benchmark", "tabulate"],
     },
     ext_modules=ext_modules,

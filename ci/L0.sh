@@ -15,7 +15,8 @@ if [ -z "${VIRTUAL_ENV:-}" ]; then
 fi
 python -m pip install -q --upgrade pip setuptools wheel
 # torch==2.13.0 is the CPU build on CI machines (a bare `torch` would pull a multi-GB CUDA build).
-python -m pip install -q "torch==2.13.0" triton pytest pytest-benchmark pytest-xdist tabulate
+# numpy: Triton's interpreter imports it (triton does not declare it).
+python -m pip install -q "torch==2.13.0" triton numpy pytest pytest-benchmark pytest-xdist tabulate
 python -m pip install -q --no-build-isolation --no-deps -e .
 
 echo "== L0: nvcc compile check of engine/csrc =="

@@ -95,6 +95,24 @@ class _QuantizerBase:
         """Largest finite value of the format."""
         return fp8_format(self.fp8_dtype).max
 
+    def kernel_buffers(self, device: torch.device):
+        """``(scale, amax)`` device tensors a kernel quantizing for tensors on ``device`` uses.
+
+        Delayed scaling: the quantizer's own (read / max-updated). Current scaling: fresh ones the
+        kernel writes; hand them back with :meth:`record` afterwards.
+        """
+        if self.current_scaling:
+            return (torch.empty(1, dtype=torch.float32, device=device),
+                    torch.empty(1, dtype=torch.float32, device=device))
+        if self.scale.device != device:
+            raise ValueError(f"the quantizer's scale/amax are on {self.scale.device} but the input is on {device}")
+        return self.scale, self.amax
+
+    def record(self, scale: Tensor, amax: Tensor) -> None:
+        """Current scaling: keep the scale and amax used for the last tensor (no-op for delayed)."""
+        if self.current_scaling:
+            self.scale, self.amax = scale, amax
+
 
 class Float8Quantizer(_QuantizerBase):
     """Delayed scaling: quantize with a given ``scale`` and max-update ``amax``.

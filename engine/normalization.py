@@ -133,19 +133,11 @@ def _norm_fp8(x, x2, w, b, r2, residual, weight, bias, eps, is_rms_norm, zero_ce
         )
     if not quantizer.rowwise:
         raise ValueError("norm FP8 outputs always carry rowwise data: construct the quantizer with rowwise=True")
-    dev = x.device
-    if quantizer.current_scaling:
-        scale = torch.empty(1, dtype=torch.float32, device=dev)
-        amax = torch.empty(1, dtype=torch.float32, device=dev)
-    else:
-        scale, amax = quantizer.scale, quantizer.amax
-        if scale.device != dev:
-            raise ValueError(f"the quantizer's scale/amax are on {scale.device} but x is on {dev}")
+    scale, amax = quantizer.kernel_buffers(x.device)
     data, data_t, scale_inv, res_out, _, _ = ops.run_norm_fwd_fp8(
         x2, w, b, r2, scale, amax, float(eps), is_rms_norm, zero_centered_gamma, quantizer.fp8_dtype,
         quantizer.columnwise, quantizer.current_scaling, quantizer.amax_epsilon, sm_margin)
-    if quantizer.current_scaling:
-        quantizer.scale, quantizer.amax = scale, amax
+    quantizer.record(scale, amax)
     t = Float8Tensor(data.view(x.shape), scale_inv, quantizer.fp8_dtype, transpose_data=data_t)
     if residual is None:
         return t

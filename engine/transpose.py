@@ -38,13 +38,7 @@ def cast_transpose(x: Tensor, quantizer) -> Float8Tensor:
     m = x2.shape[0]
     dev = x.device
     dt = quantizer.fp8_dtype
-    if quantizer.current_scaling:
-        scale = torch.empty(1, dtype=torch.float32, device=dev)
-        amax = torch.empty(1, dtype=torch.float32, device=dev)
-    else:
-        scale, amax = quantizer.scale, quantizer.amax
-        if scale.device != dev:
-            raise ValueError(f"the quantizer's scale/amax are on {scale.device} but x is on {dev}")
+    scale, amax = quantizer.kernel_buffers(dev)
     out = torch.empty((m, n), dtype=dt, device=dev) if quantizer.rowwise else None
     out_t = torch.empty((n, m), dtype=dt, device=dev) if quantizer.columnwise else None
     scale_inv = torch.empty(1, dtype=torch.float32, device=dev)
@@ -52,8 +46,7 @@ def cast_transpose(x: Tensor, quantizer) -> Float8Tensor:
         x2, scale, amax, scale_inv, out, out_t,
         current_scaling=quantizer.current_scaling, amax_epsilon=quantizer.amax_epsilon,
     )
-    if quantizer.current_scaling:
-        quantizer.scale, quantizer.amax = scale, amax
+    quantizer.record(scale, amax)
     return Float8Tensor(None if out is None else out.view(x.shape), scale_inv, dt,
                         transpose_data=out_t, shape=x.shape)
 

@@ -53,6 +53,16 @@ def _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro
 
 
 @triton.jit
+def _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM: tl.constexpr):
+    """Stored (mean, rstd) of a row tile; mean is 0 for RMSNorm."""
+    rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
+    mean = tl.zeros_like(rstd)
+    if not IS_RMS_NORM:
+        mean = tl.load(MU + rows, mask=rmask, other=0.0)
+    return mean, rstd
+
+
+@triton.jit
 def _load_gamma_beta(W, B, cols, N, HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.constexpr):
     """fp32 ``g`` (``1 + w`` when zero-centred) and ``b`` (0 without bias) for columns ``cols``."""
     cmask = cols < N
@@ -157,10 +167,7 @@ def _norm_fwd_kernel(
             z = _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro,
                         HAS_RES, True, INTERPRETER)
             if LOAD_STATS:
-                rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
-                mean = tl.zeros_like(rstd)
-                if not IS_RMS_NORM:
-                    mean = tl.load(MU + rows, mask=rmask, other=0.0)
+                mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
             else:
                 if IS_RMS_NORM:
                     mean = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -178,10 +185,7 @@ def _norm_fwd_kernel(
                 amax = tl.maximum(amax, a)
         else:
             if LOAD_STATS:
-                rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
-                mean = tl.zeros_like(rstd)
-                if not IS_RMS_NORM:
-                    mean = tl.load(MU + rows, mask=rmask, other=0.0)
+                mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
             else:
                 # Pass 1: statistics over column chunks. LayerNorm merges per-chunk mean and M2
                 # (Chan et al.), which stays accurate for rows with a large mean.
@@ -268,10 +272,7 @@ def _norm_bwd_kernel(
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         rows64 = tl.cast(rows, tl.int64)
         rmask = rows < M
-        rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
-        mean = tl.zeros_like(rstd)
-        if not IS_RMS_NORM:
-            mean = tl.load(MU + rows, mask=rmask, other=0.0)
+        mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
         if not BLOCKED:
             mask = rmask[:, None] & cmask[None, :]
             dy = tl.load(DY + rows64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
