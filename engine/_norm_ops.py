@@ -41,7 +41,7 @@ def as_rows(t: Tensor, n: int, name: str) -> Tensor:
             f"{name} must have unit stride in its last dimension (got strides {tuple(t.stride())}); "
             f"call .contiguous() first"
         )
-    if t.dim() == 2:
+    if t.dim() == 2 and t.shape[1] == n:  # already [M, n]: no view needed
         return t
     try:
         return t.view(-1, n)

@@ -113,7 +113,7 @@ def _norm(
     else:
         out, res_out, _, _ = ops.run_norm_fwd(x2, w, b, r2, float(eps), is_rms_norm,
                                               zero_centered_gamma, out_dtype, sm_margin)
-    if x.dim() != 2:
+    if out.shape != x.shape:
         out = out.view(x.shape)
         if residual is not None:
             res_out = res_out.view(x.shape)

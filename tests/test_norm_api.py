@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import engine
-from engine.backend import OpFamily
 
 from conftest import DEVICE, ON_GPU
 from reference import norm_fwd as ref_fwd
@@ -142,6 +141,9 @@ def test_module_init_and_zero_centered(backend):
     x = torch.randn(3, 4, 8, device=DEVICE)
     ref = torch.nn.functional.layer_norm(x, (4, 8), eps=1e-5)
     torch.testing.assert_close(ln(x), ref, rtol=1e-5, atol=1e-5)
+    # regression: a 2-D input whose two dims are both normalised is ONE row of 32, not 4 rows of 8
+    x1 = x[0].contiguous()
+    torch.testing.assert_close(ln(x1), ref[0], rtol=1e-5, atol=1e-5)
     y = m(x.reshape(3, 32))
     torch.testing.assert_close(y, torch.nn.functional.rms_norm(x.reshape(3, 32), (32,), eps=1e-6),
                                rtol=1e-5, atol=1e-5)
