@@ -155,6 +155,7 @@ def _norm_fwd_kernel(
             scale = _scale_from_amax(tl.load(AMAX), fp8_max, amax_epsilon)
         else:
             scale = tl.load(SCALE)
+    inv_n = 1.0 / N  # loop invariants: 1/N, the scale (above) and, when the row fits, gamma/beta
     if not BLOCKED:
         g, b = _load_gamma_beta(W, B, cols, N, HAS_BIAS, ZERO_CENTERED)
     amax = 0  # running max |y| as int32 bits of a non-negative float
@@ -171,11 +172,11 @@ def _norm_fwd_kernel(
             else:
                 if IS_RMS_NORM:
                     mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-                    var = tl.sum(z * z, axis=1) / N
+                    var = tl.sum(z * z, axis=1) * inv_n
                 else:
-                    mean = tl.sum(z, axis=1) / N
+                    mean = tl.sum(z, axis=1) * inv_n
                     zc = tl.where(mask, z - mean[:, None], 0.0)
-                    var = tl.sum(zc * zc, axis=1) / N
+                    var = tl.sum(zc * zc, axis=1) * inv_n
                     tl.store(MU + rows, mean, mask=rmask)
                 rstd = tl.math.rsqrt(var + eps)
                 tl.store(RSTD + rows, rstd, mask=rmask)
@@ -206,7 +207,7 @@ def _norm_fwd_kernel(
                         delta = mean_b - mean
                         mean += delta * (n_b / (n_a + n_b))
                         m2 += tl.sum(zc * zc, axis=1) + delta * delta * (n_a * n_b / (n_a + n_b))
-                rstd = tl.math.rsqrt(m2 / N + eps)
+                rstd = tl.math.rsqrt(m2 * inv_n + eps)
                 tl.store(RSTD + rows, rstd, mask=rmask)
                 if not IS_RMS_NORM:
                     tl.store(MU + rows, mean, mask=rmask)
@@ -261,6 +262,7 @@ def _norm_bwd_kernel(
     nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
     part_row = tl.cast(pid, tl.int64) * N
+    inv_n = 1.0 / N
     if not BLOCKED:
         cmask = cols < N
         g = tl.load(W + cols, mask=cmask, other=0.0).to(tl.float32)
@@ -279,10 +281,10 @@ def _norm_bwd_kernel(
             z = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
             xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
             dyg = dy * g[None, :]
-            c2 = tl.sum(dyg * xhat, axis=1) / N
+            c2 = tl.sum(dyg * xhat, axis=1) * inv_n
             dz = dyg - xhat * c2[:, None]
             if not IS_RMS_NORM:
-                dz -= (tl.sum(dyg, axis=1) / N)[:, None]
+                dz -= (tl.sum(dyg, axis=1) * inv_n)[:, None]
             dz *= rstd[:, None]
             if HAS_DRES_IN:
                 dz += tl.load(DRES_IN + rows64[:, None] * stride_dri + cols[None, :], mask=mask,
@@ -311,8 +313,8 @@ def _norm_bwd_kernel(
                 s2 += tl.sum(dyg * xhat, axis=1)
                 if not IS_RMS_NORM:
                     s1 += tl.sum(dyg, axis=1)
-            c2 = s2 / N
-            c1 = s1 / N
+            c2 = s2 * inv_n
+            c1 = s1 * inv_n
             # Pass 2: dz per chunk; this program's partials accumulate in its own row of DW_PART
             # (the first row tile of the program writes, later ones add).
             not_first = tl.full([BLOCK_N], rb, tl.int32) != pid
