@@ -174,7 +174,10 @@ def _norm_fwd_kernel(
                     mean = tl.zeros([BLOCK_M], dtype=tl.float32)
                     var = tl.sum(z * z, axis=1) * inv_n
                 else:
-                    mean = tl.sum(z, axis=1) * inv_n
+                    # The select keeps mean a rounded fp32 value: a bare product would be fused
+                    # into z - mean as an FMA, and y would then differ in the last bit from the
+                    # current-scaling apply pass, which reloads the stored mean.
+                    mean = tl.where(rmask, tl.sum(z, axis=1) * inv_n, 0.0)
                     zc = tl.where(mask, z - mean[:, None], 0.0)
                     var = tl.sum(zc * zc, axis=1) * inv_n
                     tl.store(MU + rows, mean, mask=rmask)
