@@ -214,41 +214,37 @@ def tune_one(op: str, m: int, n: int, args, copy_gbps: float, t_start: float) ->
     heur = heuristic(op, n)
     res = {"op": op, "M": m, "N": n, "heuristic": try_config(prob, heur, args, copy_gbps), "tried": []}
     tried = {heur: res["heuristic"]}
-    stage1 = [c for c in candidates(op, n, args.dry_run) if c not in tried]
     skipped = 0
-    for cfg in stage1:
-        if time.perf_counter() - t_start > args.max_seconds:
-            skipped += 1
-            continue
-        tried[cfg] = try_config(prob, cfg, args, copy_gbps)
-    ok = sorted((c for c, r in tried.items() if "us" in r), key=lambda c: tried[c]["us"])
+
+    def measure(configs) -> None:
+        """Time each untried config, counting those the time budget leaves out."""
+        nonlocal skipped
+        for cfg in configs:
+            if cfg in tried:
+                continue
+            if time.perf_counter() - t_start > args.max_seconds:
+                skipped += 1
+                continue
+            tried[cfg] = try_config(prob, cfg, args, copy_gbps)
+
+    def ranked():
+        return sorted((c for c, r in tried.items() if "us" in r), key=lambda c: tried[c]["us"])
+
+    # Stage 1: the candidate grid at two programs per SM.
+    measure(candidates(op, n, args.dry_run))
+    # Stage 2: programs per SM for the best three.
     pps_values = (1, 2) if args.dry_run else ((1, 2, 4) if op == "fwd-fp8T" else (1, 2, 4, 8))
-    stage2 = [replace(base, programs_per_sm=pps)
-              for base in ok[: 1 if args.dry_run else 3] for pps in pps_values]
-    for cfg in stage2:
-        if cfg in tried:
-            continue
-        if time.perf_counter() - t_start > args.max_seconds:
-            skipped += 1
-            continue
-        tried[cfg] = try_config(prob, cfg, args, copy_gbps)
+    measure([replace(base, programs_per_sm=pps)
+             for base in ranked()[: 1 if args.dry_run else 3] for pps in pps_values])
     # Stage 3: pipelining depth of the best so far (a recompile each).
-    good = sorted((c for c, r in tried.items() if "us" in r), key=lambda c: tried[c]["us"])
-    for stages in ((1, 2) if args.dry_run else (1, 2, 4)):
-        if not good or not hasattr(good[0], "num_stages"):
-            break
-        cfg = replace(good[0], num_stages=stages)
-        if cfg in tried:
-            continue
-        if time.perf_counter() - t_start > args.max_seconds:
-            skipped += 1
-            continue
-        tried[cfg] = try_config(prob, cfg, args, copy_gbps)
+    good = ranked()
+    if good and hasattr(good[0], "num_stages"):
+        measure([replace(good[0], num_stages=st) for st in ((1, 2) if args.dry_run else (1, 2, 4))])
     res["tried"] = list(tried.values())
     res["skipped_for_time"] = skipped
     good = [r for r in tried.values() if "us" in r]
     res["best"] = min(good, key=lambda r: r["us"]) if good else None
-    del prob
+    prob = None  # drop the inputs (the measure closure holds the same cell) before freeing
     H.free_memory()
     return res
 
