@@ -8,7 +8,8 @@
 #
 # Stages: build (setup.py build_ext --inplace), L1 (pytest on CUDA tensors, both backends),
 # smoke (ci/cuda_smoke.py), bench (benchmarks/run.py), benchfull, tune (benchmarks/tune.py),
-# L2 (slow sweep + compute-sanitizer). Optional inputs carried from an earlier call: .carry/_C*.so
+# L2 (slow sweep + compute-sanitizer), diagT (ci/diag_transpose.py), launch (ci/launch_overhead.py),
+# profk (benchmarks/profile_kernels.py: device time against timed time). Optional inputs carried from an earlier call: .carry/_C*.so
 # (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,6 +62,12 @@ for stage in "$@"; do
     L1api) timeout 150 python3 -m pytest -q -p no:cacheprovider -n 4 tests/test_norm_api.py tests/test_backend.py \
           > "$OUT/L1.log" 2>&1; log "L1api exit $?"; tail -15 "$OUT/L1.log" ;;
     L2) timeout "${L2_LIMIT:-400}" bash ci/L2.sh > "$OUT/L2.log" 2>&1; log "L2 exit $?"; tail -30 "$OUT/L2.log" ;;
+    diagT) timeout 150 python3 ci/diag_transpose.py -v > "$OUT/diagT.log" 2>&1; log "diagT exit $?"; tail -40 "$OUT/diagT.log" ;;
+    launch) timeout 90 python3 ci/launch_overhead.py > "$OUT/launch.log" 2>&1; log "launch exit $?"; cat "$OUT/launch.log" ;;
+    profk) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py --json "$OUT/profk.json" ${PROFK_ARGS:-} \
+          > "$OUT/profk.log" 2>&1; log "profk exit $?"; tail -80 "$OUT/profk.log" ;;
+    profkjit) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py --jit-launch ${PROFK_ARGS:-} \
+          > "$OUT/profkjit.log" 2>&1; log "profkjit exit $?"; tail -40 "$OUT/profkjit.log" ;;
     *) log "unknown stage $stage" ;;
   esac
 done

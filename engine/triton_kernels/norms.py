@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.backend import BackendUnavailableError
 from engine.reference import compute_scale
 from engine.triton_kernels import norms_common as nc
+from engine.triton_kernels.launch import Launcher
 from engine.triton_kernels.utils import (
     _abs_max_bits,
     _cast,
@@ -98,8 +98,8 @@ def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N,
             tl.store(Y + rows64[:, None] * stride_y + cols[None, :], q, mask=mask)
             if STORE_T:
                 # [BLOCK_N, BLOCK_M] tile of the [N, M] output: BLOCK_M contiguous bytes per column.
-                # The mask is built rather than transposed. Tiles are square (norms_common): a
-                # [32, 128] fp8 tile stored transposed wrote wrong bytes on triton 3.6 (ci/diag.py).
+                # The mask is built, not transposed. This path runs only in _norm_fwd_kernel_t
+                # (N not specialised; see there).
                 mask_t = (cols[:, None] < N) & (rows[None, :] < M)
                 tl.store(Y_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], tl.trans(q),
                          mask=mask_t)
@@ -353,6 +353,20 @@ def _norm_bwd_kernel(
             tl.store(DB_PART + part_row + cols, db, mask=cmask)
 
 
+# The forward compiled with N not specialised, for the in-kernel transposed FP8 store (STORE_T).
+# With N specialised as a multiple of 16 (Triton does that for every such N), triton 3.6 compiled
+# that store into wrong bytes for every N % 16 == 0, in this kernel only; bounding the store by an
+# unspecialised copy of N did not help, compiling the kernel without N's specialisation did
+# (ci/diag_transpose.py, benchmarks/results/h200_diag_transpose.log). The price is unvectorised
+# masked loads on this path, which is not the default (ENGINE_NORM_EXTERNAL_TRANSPOSE=1).
+_norm_fwd_kernel_t = triton.jit(_norm_fwd_kernel.fn, do_not_specialize=["N"])
+
+#: Launch paths of the kernels (engine.triton_kernels.launch); scripts may swap in variants.
+_FWD = Launcher(_norm_fwd_kernel)
+_FWD_T = Launcher(_norm_fwd_kernel_t)
+_BWD = Launcher(_norm_bwd_kernel)
+
+
 def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax,
                scale_inv, out_t, *, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon,
                sm_margin, config: Optional[nc.NormConfig] = None) -> None:
@@ -368,32 +382,28 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
             scale_inv.copy_(1.0 / scale)
         return
     store_t = out_t is not None
-    if store_t and x.is_cuda:
-        raise BackendUnavailableError(
-            "the Triton backend does not write the transposed FP8 norm output inside the norm kernel "
-            "on the GPU: triton 3.6 miscompiles that store (wrong bytes for every even N; correct in "
-            "the interpreter and for odd N; see ci/diag.py and benchmarks/NOTES.md). Set "
-            "ENGINE_NORM_EXTERNAL_TRANSPOSE=1 (the default, and faster in our measurements) or use "
-            "the CUDA backend for the in-kernel path."
-        )
     cfg = config or nc.fwd_config(n, x.dtype, store_t)
-    grid = (persistent_grid(triton.cdiv(m, cfg.block_m), x.device, sm_margin, cfg.programs_per_sm),)
+    grid = persistent_grid(-(-m // cfg.block_m), x.device, sm_margin, cfg.programs_per_sm)
+
+    dummy = rsigma
+    interp = interpreter_rounding()
+
+    launcher = _FWD_T if store_t else _FWD
 
     def launch(pass_, x_in, res, res_out):
-        _norm_fwd_kernel[grid](
+        launcher(grid, (
             x_in, res if res is not None else x_in, weight, bias if bias is not None else weight,
-            out, res_out if res_out is not None else x_in, mu if mu is not None else rsigma, rsigma,
-            scale if fp8 else rsigma, amax if fp8 else rsigma, scale_inv if fp8 else rsigma,
+            out, res_out if res_out is not None else x_in, mu if mu is not None else dummy, rsigma,
+            scale if fp8 else dummy, amax if fp8 else dummy, scale_inv if fp8 else dummy,
             out_t if store_t else out,
             x_in.stride(0), res.stride(0) if res is not None else 0, out.stride(0),
             res_out.stride(0) if res_out is not None else 0,
             m, n, float(eps), float(fp8_max), float(amax_epsilon),
+        ), cfg.num_warps, cfg.num_stages,
             IS_RMS_NORM=is_rms_norm, HAS_BIAS=bias is not None, HAS_RES=res is not None,
             ZERO_CENTERED=zero_centered_gamma, IS_FP8=fp8, STORE_T=store_t, PASS=pass_,
-            INTERPRETER=interpreter_rounding(), MANT=mant, MIN_EXP=min_exp,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages,
-        )
+            INTERPRETER=interp, MANT=mant, MIN_EXP=min_exp,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked)
 
     if fp8 and current_scaling:
         amax.zero_()
@@ -421,21 +431,20 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
             dbias.zero_()
         return
     cfg = config or nc.bwd_config(n, x.dtype)
-    p = persistent_grid(triton.cdiv(m, cfg.block_m), x.device, sm_margin, cfg.programs_per_sm)
+    p = persistent_grid(-(-m // cfg.block_m), x.device, sm_margin, cfg.programs_per_sm)
     dw_part = torch.empty((p, n), dtype=torch.float32, device=x.device)
     db_part = torch.empty((p, n), dtype=torch.float32, device=x.device) if dbias is not None else dw_part
-    _norm_bwd_kernel[(p,)](
+    _BWD(p, (
         dy, x, mu if mu is not None else rsigma, rsigma, weight,
         dresidual if dresidual is not None else dy, dx, dres if dres is not None else dx,
         dw_part, db_part,
         dy.stride(0), x.stride(0), dresidual.stride(0) if dresidual is not None else 0, dx.stride(0),
         dres.stride(0) if dres is not None else 0, m, n,
+    ), cfg.num_warps, cfg.num_stages,
         IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma,
         HAS_DRES_IN=dresidual is not None, HAS_DRES=dres is not None, HAS_DB=dbias is not None,
         INTERPRETER=interpreter_rounding(),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked)
     nc.reduce_partials(dw_part, dweight)
     if dbias is not None:
         nc.reduce_partials(db_part, dbias)

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.triton_kernels.launch import Launcher
 from engine.triton_kernels.utils import _cast, interpreter_rounding
 
 #: Widest row (in elements) the forward holds in registers; wider rows take the blocked path.
@@ -23,9 +24,7 @@ MAX_FUSED_N_BWD = 16384
 #: Column chunk of the blocked path.
 BLOCKED_CHUNK_N = 8192
 #: Tile of the in-kernel FP8 transpose: BLOCK_M rows (a transposed store writes this many contiguous
-#: bytes per column: two DRAM sectors) by BLOCK_N column chunks. Square, like transpose.py's tiles:
-#: [32, 128] fp8 tiles stored transposed were miscompiled by triton 3.6 (wrong bytes in every 4th
-#: transposed row; ci/diag.py).
+#: bytes per column: two DRAM sectors) by BLOCK_N column chunks. Square, like transpose.py's tiles.
 TRANSPOSE_BLOCK_M = 64
 TRANSPOSE_BLOCK_N = 64
 
@@ -122,5 +121,8 @@ def reduce_partials(part: torch.Tensor, out: torch.Tensor) -> None:
     p, n = part.shape
     # The interpreter pays per program, the GPU wants many programs: wide column blocks on CPU.
     block_n = 128 if part.is_cuda else 4096
-    _partials_reduce_kernel[(triton.cdiv(n, block_n),)](part, out, p, n, BLOCK_P=32, BLOCK_N=block_n,
-                                                         INTERPRETER=interpreter_rounding(), num_warps=4)
+    _REDUCE(-(-n // block_n), (part, out, p, n), 4, 3, BLOCK_P=32, BLOCK_N=block_n,
+            INTERPRETER=interpreter_rounding())
+
+
+_REDUCE = Launcher(_partials_reduce_kernel)

@@ -14,6 +14,7 @@ import triton.language as tl
 
 from engine.fp8 import fp8_format
 from engine.reference import compute_scale
+from engine.triton_kernels.launch import Launcher
 from engine.triton_kernels.utils import (
     _abs_max_bits,
     _div_rn,
@@ -75,7 +76,7 @@ def _cast_transpose_kernel(
             if STORE_ROW:
                 tl.store(OUT + tl.cast(rows, tl.int64)[:, None] * stride_o + cols[None, :], q, mask=mask)
             if STORE_T:
-                mask_t = (cols[:, None] < N) & (rows[None, :] < M)  # not tl.trans(mask): see norms._emit
+                mask_t = (cols[:, None] < N) & (rows[None, :] < M)  # built, not tl.trans(mask)
                 tl.store(OUT_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], tl.trans(q),
                          mask=mask_t)
     if CAST:
@@ -87,9 +88,12 @@ def _cast_transpose_kernel(
                 tl.store(SCALE, scale)
 
 
-def _grid(m: int, n: int, device: torch.device) -> tuple:
-    tiles = triton.cdiv(m, TILE_M) * triton.cdiv(n, TILE_N)
-    return (persistent_grid(tiles, device, 0, PROGRAMS_PER_SM),)
+_LAUNCH = Launcher(_cast_transpose_kernel)
+
+
+def _grid(m: int, n: int, device: torch.device) -> int:
+    tiles = -(-m // TILE_M) * -(-n // TILE_N)
+    return persistent_grid(tiles, device, 0, PROGRAMS_PER_SM)
 
 
 def cast_transpose(x, scale, amax, scale_inv, out, out_t, *, current_scaling, amax_epsilon):
@@ -108,13 +112,13 @@ def cast_transpose(x, scale, amax, scale_inv, out, out_t, *, current_scaling, am
     any_out = out if out is not None else out_t
 
     def launch(pass_):
-        _cast_transpose_kernel[grid](
+        _LAUNCH(grid, (
             x, any_out, out_t if out_t is not None else any_out, scale, amax, scale_inv,
             x.stride(0), out.stride(0) if out is not None else 0, m, n, float(fp8_max),
-            float(amax_epsilon), CAST=True, STORE_ROW=out is not None, STORE_T=out_t is not None,
+            float(amax_epsilon)), 4, 3,
+            CAST=True, STORE_ROW=out is not None, STORE_T=out_t is not None,
             PASS=pass_, INTERPRETER=interpreter_rounding(), MANT=mant, MIN_EXP=min_exp,
-            BLOCK_M=TILE_M, BLOCK_N=TILE_N, num_warps=4,
-        )
+            BLOCK_M=TILE_M, BLOCK_N=TILE_N)
 
     if current_scaling:
         amax.zero_()
@@ -131,8 +135,6 @@ def fp8_transpose(data, out_t):
         return
     src = data.view(torch.uint8)
     dst = out_t.view(torch.uint8)
-    _cast_transpose_kernel[_grid(m, n, data.device)](
-        src, dst, dst, src, src, src, src.stride(0), 0, m, n, 0.0, 0.0,
-        CAST=False, STORE_ROW=False, STORE_T=True, PASS=0, INTERPRETER=False, MANT=0, MIN_EXP=0,
-        BLOCK_M=TILE_M, BLOCK_N=TILE_N, num_warps=4,
-    )
+    _LAUNCH(_grid(m, n, data.device), (src, dst, dst, src, src, src, src.stride(0), 0, m, n, 0.0, 0.0),
+            4, 3, CAST=False, STORE_ROW=False, STORE_T=True, PASS=0, INTERPRETER=False, MANT=0, MIN_EXP=0,
+            BLOCK_M=TILE_M, BLOCK_N=TILE_N)

@@ -1,0 +1,93 @@
+"""Device time against timed time: which benchmark rows are bound by their kernels, which by the host?
+
+For each (norm, mode, impl, N) at M*N = 64M this prints the benchmark's own time (``harness.bench``:
+do_bench median, L2 flushed) beside the summed device time of every kernel one call launches (torch
+profiler, averaged over several calls), both as % of the copy bandwidth measured in the same run.
+Where the two differ the row is host-bound: the GPU waits for Python between kernels.
+
+    python benchmarks/profile_kernels.py [--n 1024 8192] [--modes fwd fwd+bwd] [--impls triton]
+                                         [--jit-launch] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+from benchmarks import cases as C  # noqa: E402
+from benchmarks import harness as H  # noqa: E402
+
+
+def device_us_per_call(fn, calls: int = 5) -> float:
+    """Summed device time of all kernels launched by one call (profiler; averaged over ``calls``)."""
+    H.sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        H.sync()
+    total = sum(e.device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return total / calls
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, nargs="*", default=[1024, 8192, 32768, 131072])
+    ap.add_argument("--modes", nargs="*", default=["fwd", "fwd+bwd", "fp8-delayed", "fp8-T", "cast-T"])
+    ap.add_argument("--norms", nargs="*", default=["rmsnorm", "layernorm"])
+    ap.add_argument("--impls", nargs="*", default=["cuda", "triton"])
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--jit-launch", action="store_true",
+                    help="launch Triton kernels through kernel[grid] instead of engine's Launcher")
+    args = ap.parse_args(argv)
+    if args.jit_launch:
+        from engine.triton_kernels import launch
+
+        launch.FORCE_JIT = True
+    if not H.on_gpu():
+        print("profile_kernels: needs a GPU (the profiler's device times)")
+        return 0
+    copy = H.copy_bandwidth()["gbps"]
+    print(f"copy bandwidth {copy:.0f} GB/s")
+    rows = []
+    for norm in args.norms:
+        for mode in args.modes:
+            if mode == "cast-T" and norm != args.norms[0]:
+                continue
+            for impl in args.impls:
+                for n in args.n:
+                    m, n = H.large_shape(n)
+                    spec = C.Spec(norm, mode, impl)
+                    inp = C.make_inputs(norm, mode, m, n, H.device())
+                    try:
+                        case = C.build(spec, inp)
+                        ms = H.bench(case.fn)
+                        dev_us = device_us_per_call(case.fn)
+                    except Exception as e:  # noqa: BLE001 - a row that fails is reported, not fatal
+                        print(f"{spec.label:14s} {impl:7s} N={n:6d}: {H.short_error(e)}")
+                        continue
+                    finally:
+                        H.reset_backend()
+                    nb = C.nbytes(spec, m, n)
+                    timed = 100 * H.gbps(nb, ms) / copy
+                    kern = 100 * H.gbps(nb, dev_us / 1e3) / copy
+                    rows.append(dict(norm=norm, mode=mode, impl=impl, n=n, timed_ms=ms, device_us=dev_us,
+                                     timed_pct=timed, kernels_pct=kern))
+                    print(f"{spec.label:14s} {impl:7s} N={n:6d}: timed {ms * 1e3:8.1f} us = {timed:5.1f} %   "
+                          f"kernels {dev_us:8.1f} us = {kern:5.1f} %", flush=True)
+                    del inp, case
+                    H.free_memory()
+    if args.json:
+        H.write_json(args.json, {"environment": H.environment(), "copy_gbps": copy, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

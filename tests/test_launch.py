@@ -1,0 +1,100 @@
+"""The Triton fast launch path (engine.triton_kernels.launch): its cache key against Triton's own
+specialisation (CPU), and cache hits that must not reuse a kernel compiled for other arguments (GPU)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import engine
+from engine.triton_kernels.launch import Launcher, arg_key, args_key
+from engine.triton_kernels import norms as nm
+
+from conftest import DEVICE, ON_GPU, use_backend
+from reference import norm_fwd as ref_fwd
+from tolerances import FWD
+
+INTS = [0, 1, 2, 15, 16, 17, 32, 48, 4096, 17389, -16, -1, 2**31 - 16, 2**31 - 1, 2**31, 2**31 + 16,
+        2**40, -(2**31), -(2**31) - 16]
+FLOATS = [0.0, 1.0, 1e-6, 448.0]
+
+
+def _tensors():
+    base = torch.empty(256, dtype=torch.uint8)
+    out = []
+    for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.uint8):
+        size = dtype.itemsize
+        for off in (0, size, 2 * size, 8, 16, 32):  # 16-byte aligned only where off % 16 == 0
+            out.append(base[off:off + 64].view(dtype))
+    return out
+
+
+def _triton_spec(a, specialize=True):
+    libtriton = pytest.importorskip("triton._C.libtriton")
+    from triton.backends.compiler import BaseBackend
+
+    if not hasattr(libtriton, "native_specialize_impl"):
+        pytest.skip("this triton has no native_specialize_impl to compare against")
+    return libtriton.native_specialize_impl(BaseBackend, a, False, specialize, True)
+
+
+@pytest.mark.parametrize("specialize", [True, False], ids=["specialised", "do_not_specialize"])
+def test_key_separates_what_triton_specialises(specialize):
+    """Two arguments with the same key must get the same Triton specialisation, for specialised and
+    do_not_specialize parameters alike; otherwise a cached kernel compiled for one would run with
+    the other (e.g. a kernel assuming 16-byte alignment)."""
+    args = INTS + FLOATS + _tensors()
+    by_key = {}
+    for a in args:
+        by_key.setdefault((type(a).__name__, arg_key(a)), []).append(a)
+    for group in by_key.values():
+        specs = {repr(_triton_spec(a, specialize)) for a in group}
+        assert len(specs) == 1, f"one key, several Triton specialisations: {group} -> {specs}"
+
+
+def test_args_key_is_arg_key_per_argument():
+    args = INTS + FLOATS + _tensors()
+    assert args_key(args) == tuple(arg_key(a) for a in args)
+
+
+def test_key_rejects_unknown_types():
+    with pytest.raises(TypeError, match="unsupported argument type"):
+        arg_key("a string")
+
+
+def test_launcher_checks_constexpr_names():
+    launch = Launcher(nm._norm_bwd_kernel)
+    with pytest.raises(TypeError, match="constexprs"):
+        launch(1, (), 4, 3, IS_RMS_NORM=True)
+
+
+def test_launcher_wants_constexprs_last():
+    import triton
+    import triton.language as tl
+
+    def k(A, B: tl.constexpr, C):
+        pass
+
+    with pytest.raises(ValueError, match="constexpr parameters must come last"):
+        Launcher(triton.jit(k))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the cache is only used on the GPU (the interpreter always binds)")
+@pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "ln"])
+def test_cache_hit_with_other_alignment_and_sizes(is_rms):
+    """The same shapes' kernel first runs on aligned rows of N % 16 == 0, then on a view whose data
+    pointer is not 16-byte aligned and on sizes that are not multiples of 16: each must match the
+    float64 oracle (a key that missed a specialisation would reuse the aligned kernel)."""
+    use_backend("triton")
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
+    for (m, n), offset in itertools.product([(64, 1024), (33, 1024), (64, 1000), (1, 1024)], [0, 1]):
+        buf = torch.randn(m * n + 8, device=DEVICE, generator=gen).to(torch.bfloat16)
+        x = buf[offset:offset + m * n].view(m, n)
+        w = torch.randn(n, device=DEVICE, generator=gen).to(torch.bfloat16)
+        b = None if is_rms else torch.randn(n, device=DEVICE, generator=gen).to(torch.bfloat16)
+        y = engine.rmsnorm(x, w, 1e-5) if is_rms else engine.layernorm(x, w, b, 1e-5)
+        ref = ref_fwd(x.double(), w.double(), None if b is None else b.double(), 1e-5, is_rms, False)["y"]
+        torch.testing.assert_close(y.double(), ref, **FWD[torch.bfloat16], msg=lambda e: f"{m}x{n}+{offset}: {e}")
+    assert len(nm._FWD._cache) >= 2  # the fast path really cached kernels
