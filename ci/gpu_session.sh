@@ -68,6 +68,12 @@ for stage in "$@"; do
           > "$OUT/profk.log" 2>&1; log "profk exit $?"; tail -80 "$OUT/profk.log" ;;
     profkjit) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py --jit-launch ${PROFK_ARGS:-} \
           > "$OUT/profkjit.log" 2>&1; log "profkjit exit $?"; tail -40 "$OUT/profkjit.log" ;;
+    ncu) for c in ${NCU_CASES:-"cuda 4096 bf16" "cuda 4096 fp8"}; do
+           echo "== ncu $c" >> "$OUT/ncu.log"
+           timeout 120 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 \
+             --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+             --section MemoryWorkloadAnalysis python3 ci/ncu_case.py $c >> "$OUT/ncu.log" 2>&1
+         done; log "ncu done"; grep -E "^== ncu|Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles|Grid Size|Block Size" "$OUT/ncu.log" | head -120 ;;
     *) log "unknown stage $stage" ;;
   esac
 done

@@ -139,6 +139,15 @@ def test_residual_zero_centered_strided(backend, is_rms, n, res_dtype):
 
 
 @pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [8184, 32760])
+def test_widest_register_rows(backend, is_rms, n):
+    """Aligned rows at the register paths' widest: CUDA's forward holds 16-bit rows of up to 32K
+    (8 vectors per thread, 512 threads: 32760 uses 4095 of them), its backward 8K (8184); Triton's
+    forward 32K. Both directions, poisoned outputs, G = 1 row per CTA."""
+    check_bwd(is_rms, 5, n, BF16, BF16, BF16, bias=not is_rms)
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
 def test_widest_rows(backend, is_rms):
     """N = 262144 (the largest hidden size the contract promises) on the blocked path."""
     check_bwd(is_rms, 2, 262144, BF16, BF16, BF16, bias=not is_rms)

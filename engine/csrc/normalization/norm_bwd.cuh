@@ -12,7 +12,8 @@
  * path instead of 81 at a cost of a few uniform branch instructions per 16-byte vector.
  *
  * Register path (norm_bwd_reg_kernel): rows of up to kMaxRowThreads * kBwdElems elements (8K) with
- * vector-friendly operands. Row groups as in the forward; gamma hoisted; each thread keeps its
+ * vector-friendly operands. Row groups as in the forward; gamma re-read per row from L1 (as in the
+ * forward: registers), dbias partials only with a bias (kHasDb); each thread keeps its
  * dweight / dbias partials for its columns in registers across all of its CTA's rows, then the CTA
  * combines its row groups in a fixed order through shared memory and writes ONE row of fp32
  * partials to the workspace ([num_ctas, ws_pitch] for dweight, the same for dbias).
@@ -39,8 +40,16 @@ constexpr int bwd_vec() {
   return 16 / (sizeof(Z) < sizeof(DY) ? sizeof(Z) : sizeof(DY));
 }
 
-template <typename Z, typename DY, int VEC, int NV>
-__global__ void __launch_bounds__(kMaxRowThreads, 1)
+/* kMaxThreads: 256 or kMaxRowThreads (rows that need more than 256 threads), as in the forward.
+ * Blocks of up to 256 threads over 16-bit z and dy are compiled for 3 CTAs per SM (at most 85
+ * registers, no spills); with an fp32 operand that spills, so those keep 2. */
+template <typename Z, typename DY>
+constexpr int bwd_min_blocks(int max_threads) {
+  return (max_threads <= 256 && sizeof(Z) == 2 && sizeof(DY) == 2) ? 3 : 1;
+}
+
+template <typename Z, typename DY, int VEC, int NV, bool kHasDb, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads))
     norm_bwd_reg_kernel(const BwdArgs a) {
   __shared__ float red_buf[2 * 32 * 2];
   extern __shared__ __align__(16) float part[]; /* [rows_per_iter][ws_pitch] when > 1 group */
@@ -61,17 +70,17 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
     valid[i] = v < nvec;
     col[i] = v * VEC;
   }
-  float g[NV][VEC];
+  /* gamma is re-read per row (L1-resident) rather than held as floats across the row loop, and
+   * the dbias partials exist only when there is a bias (kHasDb): 16 + 16 registers fewer. */
   float dw[NV][VEC];
-  float db[NV][VEC];
+  float db[kHasDb ? NV : 1][VEC];
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-      g[i][j] = valid[i] ? load_scalar_dt(a.weight, col[i] + j, a.w_dtype) + g_add : 0.0f;
       dw[i][j] = 0.0f;
-      db[i][j] = 0.0f;
+      if constexpr (kHasDb) db[i][j] = 0.0f;
     }
   }
 
@@ -84,19 +93,20 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
     const int64_t r = ok ? row : 0;
     const DY* dyrow = static_cast<const DY*>(a.dy) + r * a.dy_stride;
     const Z* zrow = static_cast<const Z*>(a.x) + r * a.x_stride;
-    float xh[NV][VEC]; /* z, then xhat */
-    float dd[NV][VEC]; /* dy, then dyg */
+    /* z and dy stay packed in their storage types (16-bit values two to a register); xhat and
+     * dy * g are recomputed in the second loop (the same operations, so the same bits). */
+    uint32_t zw[NV][PackedWords<Z, VEC>::kWords];
+    uint32_t dw_in[NV][PackedWords<DY, VEC>::kWords];
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       if (ok && valid[i]) {
-        load_vec<DY, VEC>(dyrow + col[i], dd[i]);
-        load_vec<Z, VEC>(zrow + col[i], xh[i]);
+        load_words<VEC * sizeof(DY)>(dyrow + col[i], dw_in[i]);
+        load_words<VEC * sizeof(Z)>(zrow + col[i], zw[i]);
       } else {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          dd[i][j] = 0.0f;
-          xh[i][j] = 0.0f;
-        }
+        for (int k = 0; k < PackedWords<DY, VEC>::kWords; ++k) dw_in[i][k] = 0u;
+#pragma unroll
+        for (int k = 0; k < PackedWords<Z, VEC>::kWords; ++k) zw[i][k] = 0u;
       }
     }
     float mean = 0.0f, rs = 0.0f;
@@ -108,17 +118,17 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       if (ok && valid[i]) {
+        float gv[VEC];
+        load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (xh[i][j] - mean) * rs;
-          const float dy = dd[i][j];
-          const float dyg = dy * g[i][j];
+          const float xhat = (unpack_at<Z, VEC>(zw[i], j) - mean) * rs;
+          const float dy = unpack_at<DY, VEC>(dw_in[i], j);
+          const float dyg = dy * (gv[j] + g_add);
           dw[i][j] = fmaf(dy, xhat, dw[i][j]);
-          db[i][j] += dy;
+          if constexpr (kHasDb) db[i][j] += dy;
           s[0] = fmaf(dyg, xhat, s[0]);
           s[1] += dyg;
-          xh[i][j] = xhat;
-          dd[i][j] = dyg;
         }
       }
     }
@@ -128,9 +138,14 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       if (ok && valid[i]) {
-        float dz[VEC];
+        float gv[VEC], dz[VEC];
+        load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) dz[j] = rs * (dd[i][j] - c1 - xh[i][j] * c2);
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (unpack_at<Z, VEC>(zw[i], j) - mean) * rs;
+          const float dyg = unpack_at<DY, VEC>(dw_in[i], j) * (gv[j] + g_add);
+          dz[j] = rs * (dyg - c1 - xhat * c2);
+        }
         if (has_dres_in) {
           float dr[VEC];
           load_vec_dt<VEC>(a.dresidual, row * a.dresidual_stride + col[i], a.dres_dtype, dr);
@@ -151,7 +166,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
     for (int i = 0; i < NV; ++i) {
       if (valid[i]) {
         store_vec<float, VEC>(wsd + col[i], dw[i]);
-        if (wsb != nullptr) store_vec<float, VEC>(wsb + col[i], db[i]);
+        if constexpr (kHasDb) store_vec<float, VEC>(wsb + col[i], db[i]);
       }
     }
   } else {
@@ -167,7 +182,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
       for (int k = 1; k < G; ++k) acc += part[k * pitch + c];
       wsd[c] = acc;
     }
-    if (wsb != nullptr) {
+    if constexpr (kHasDb) {
       __syncthreads();
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -324,14 +339,31 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
     a.tpr = tpr;
     a.rows_per_iter = G;
     const size_t smem = G > 1 ? (size_t)G * a.ws_pitch * sizeof(float) : 0;
-    const void* fn = reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV>);
+    const bool has_db = a.ws_db != nullptr;
+    const bool narrow = block <= 256;
+    const void* fn =
+        narrow ? (has_db ? reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, true, 256>)
+                         : reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, false, 256>))
+               : (has_db ? reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, true, kMaxRowThreads>)
+                         : reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, false, kMaxRowThreads>));
     int per_sm = 1;
     ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
     if (per_sm > kBwdMaxCtasPerSm) per_sm = kBwdMaxCtasPerSm;
     int64_t grid = persistent_grid(ceil_div(rows, G), ctx.sm_count, ctx.sm_margin, per_sm);
     if (grid > max_ctas) grid = max_ctas;
     *num_ctas = (int)grid;
-    norm_bwd_reg_kernel<Z, DY, VEC, NV><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+    const dim3 g3((unsigned)grid), b3((unsigned)block);
+    if (narrow) {
+      if (has_db) {
+        norm_bwd_reg_kernel<Z, DY, VEC, NV, true, 256><<<g3, b3, smem, ctx.stream>>>(a);
+      } else {
+        norm_bwd_reg_kernel<Z, DY, VEC, NV, false, 256><<<g3, b3, smem, ctx.stream>>>(a);
+      }
+    } else if (has_db) {
+      norm_bwd_reg_kernel<Z, DY, VEC, NV, true, kMaxRowThreads><<<g3, b3, smem, ctx.stream>>>(a);
+    } else {
+      norm_bwd_reg_kernel<Z, DY, VEC, NV, false, kMaxRowThreads><<<g3, b3, smem, ctx.stream>>>(a);
+    }
     ENGINE_CHECK_LAUNCH("norm_bwd_reg_kernel");
     return ENGINE_SUCCESS;
   }

@@ -98,10 +98,10 @@ struct LaunchCtx {
   cudaStream_t stream;
 };
 
-/* Register-path limits (see the launchers): the forward keeps up to 4 vectors of 16 bytes of x
+/* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x
  * per thread, the backward 16 elements; both at most 512 threads per row. */
 constexpr int kMaxRowThreads = 512;
-constexpr int kFwdNV = 4;
+constexpr int kFwdNV = 8;
 constexpr int kBwdElems = 16;
 
 /* Upper bound on backward CTAs per SM, so that the workspace size depends on (rows, cols,

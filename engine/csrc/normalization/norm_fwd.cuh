@@ -3,18 +3,19 @@
  * RMSNorm is LayerNorm with mean 0 and no mean reduction) and their launcher template.
  *
  * Register path (norm_fwd_reg_kernel), rows of up to kMaxRowThreads * NV 16-byte vectors of x
- * (NV = 4: 16K elements for 16-bit x, 8K for fp32 x; NV = 2 for 16-bit x with an fp32 residual:
- * 8K) whose operands allow 16-byte vector access:
+ * (NV = 8: 32K elements for 16-bit x; NV = 4 when z is fp32: 8K for fp32 x, 16K for 16-bit x
+ * with an fp32 residual; see fwd_reg_nv) whose operands allow 16-byte vector access:
  *   - z stays in registers between the statistics and the epilogue, packed as R values (16-bit
- *     values two to a register), so that 4 vectors plus float gamma / beta fit in 128 registers
- *     at 512 threads (__launch_bounds__(512, 1); ptxas reports no spills);
+ *     values two to a register); gamma / beta are re-read per row in the epilogue (L1-resident),
+ *     not held as floats across the row loop, and blocks of up to 256 threads are compiled for 3
+ *     CTAs per SM: 80 registers instead of 128, 3 CTAs of 256 threads per SM instead of 2 (no
+ *     spills; capping at 64 registers spills); rows that need 512 threads get a 1-CTA build;
  *   - a CTA holds rows_per_iter row groups of tpr threads; thread t of a group owns vectors
  *     t, t + tpr, t + 2 tpr, t + 3 tpr of the row (coalesced across the group);
  *   - persistent: grid ~ SMs * occupancy, each CTA loops over blocks of rows with a loop count
  *     that is uniform across the CTA (invalid rows are masked, never skipped: the reductions use
  *     __syncthreads when a row spans several warps);
- *   - gamma / beta are converted to float (with the zero-centred +1) ONCE, before the row loop,
- *     as are 1/N (host) and the FP8 scale;
+ *   - 1/N (host) and the FP8 scale are computed once, before the row loop;
  *   - LayerNorm statistics are two-pass over registers: mean first, then sum((z - mean)^2): no
  *     E[z^2] - E[z]^2 cancellation;
  *   - FP8 out: per-thread amax (int bits of |y|, masked lanes contribute 0), reduced per CTA, one
@@ -72,15 +73,20 @@ __device__ __forceinline__ float fwd_fp8_scale(const FwdArgs& a) {
   return scale;
 }
 
-/* Vectors of 16 bytes of x per thread on the register path: 4, or 2 when the residual is wider
- * than x (fp32 residual stream with 16-bit x) to stay within 128 registers at 512 threads. */
-template <typename X, typename R>
+/* Vectors of 16 bytes of x per thread on the register path (ptxas, sm_90): 8 for 16-bit x and z
+ * (80 registers in blocks of up to 256 threads); 4 when z is fp32 (fp32 x, or an fp32 residual
+ * stream with 16-bit x), where 8 spills with FP8 out. The same for every output dtype: the thread
+ * layout fixes the order of the row reductions, so an FP8 output is bit for bit the cast of the
+ * fp32 output (and its amax the max of it). */
+template <typename X, typename R, typename O>
 constexpr int fwd_reg_nv() {
-  return sizeof(R) > sizeof(X) ? kFwdNV / 2 : kFwdNV;
+  return sizeof(R) == 4 ? kFwdNV / 2 : kFwdNV;
 }
 
-template <typename X, typename R, typename O, int NV>
-__global__ void __launch_bounds__(kMaxRowThreads, 1)
+/* kMaxThreads: 256 (blocks of up to 256 threads; at most 85 registers, so that 3 CTAs fit an SM:
+ * the FP8 epilogue takes 113 registers otherwise) or kMaxRowThreads (rows wider than 256 threads). */
+template <typename X, typename R, typename O, int NV, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
     norm_fwd_reg_kernel(const FwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ZW = PackedWords<R, VEC>::kWords; /* z is kept as R values (exact: R holds x) */
@@ -107,18 +113,11 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
     col[i] = v * VEC;
   }
 
-  /* Loop invariants: gamma (+1 if zero-centred) and beta as float, once per CTA. */
-  float g[NV][VEC];
-  float b[NV][VEC];
+  /* gamma / beta are not held in registers across the row loop: as floats they took 2 * NV * VEC
+   * registers (64 at NV = 4), which capped the kernel at 2 CTAs of 256 threads per SM. They are
+   * re-read per row in the epilogue, one 16-byte vector per slot, from L1 (N * 2 bytes, shared by
+   * every row the SM processes). */
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-      g[i][j] = valid[i] ? load_scalar_dt(a.weight, col[i] + j, a.w_dtype) + g_add : 0.0f;
-      b[i][j] = (valid[i] && has_bias) ? load_scalar_dt(a.bias, col[i] + j, a.w_dtype) : 0.0f;
-    }
-  }
   const float scale = fwd_fp8_scale<kFp8>(a);
   const bool e5m2 = a.e5m2 != 0;
   int amax_bits = 0;
@@ -212,10 +211,17 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         if (ok && valid[i]) {
-          float y[VEC];
+          float y[VEC], g[VEC], b[VEC];
+          load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, g);
+          if (has_bias) {
+            load_vec_dt<VEC>(a.bias, col[i], a.w_dtype, b);
+          } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) b[j] = 0.0f;
+          }
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), mean, rs, g[i][j], b[i][j], has_bias);
+            y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), mean, rs, g[j] + g_add, b[j], has_bias);
           }
           if constexpr (kFp8) {
             if (mode != kApply) {
@@ -448,7 +454,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
                    vec_ok(a.residual_out, a.res_out_stride, rows, sizeof(R), VEC) &&
                    (a.mode == kStats || vec_ok(a.out, a.out_stride, rows, sizeof(O), VEC)) &&
                    vec_ok(a.weight, 0, 1, wsz, VEC) && vec_ok(a.bias, 0, 1, wsz, VEC);
-  constexpr int NV = fwd_reg_nv<X, R>();
+  constexpr int NV = fwd_reg_nv<X, R, O>();
   const int nvec = cols / VEC;
   const int tpr_raw = (nvec + NV - 1) / NV;
   const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
@@ -481,12 +487,18 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
       }
     }
     if (!*transposed) a.out_t = nullptr;
-    const void* fn = reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, NV>);
+    const bool narrow = block <= 256;
+    const void* fn = narrow ? reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, NV, 256>)
+                            : reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, NV, kMaxRowThreads>);
     int per_sm = 1;
     ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
     const int rpb = a.tile_rows > 0 ? a.tile_rows : G;
     const int64_t grid = persistent_grid(ceil_div(rows, rpb), ctx.sm_count, ctx.sm_margin, per_sm);
-    norm_fwd_reg_kernel<X, R, O, NV><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+    if (narrow) {
+      norm_fwd_reg_kernel<X, R, O, NV, 256><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+    } else {
+      norm_fwd_reg_kernel<X, R, O, NV, kMaxRowThreads><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+    }
     ENGINE_CHECK_LAUNCH("norm_fwd_reg_kernel");
     return ENGINE_SUCCESS;
   }
