@@ -12,7 +12,7 @@ import engine
 from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer
 
 E4M3 = torch.float8_e4m3fn
-SHAPES = [(1, 1), (7, 17), (33, 760), (5, 3571), (3, 17389), (2, 70001)]
+SHAPES = [(1, 1), (7, 17), (33, 760), (5, 3571), (3, 8192), (3, 17389), (2, 32760), (2, 70001)]
 
 
 def run(external: str) -> int:
