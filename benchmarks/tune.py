@@ -5,8 +5,9 @@ Usage (repository root)::
     python benchmarks/tune.py --out $OUT/tune.json                 # GPU: N = 1K..128K, M*N = 64M, bf16
     python benchmarks/tune.py --dry-run                            # CPU, Triton interpreter, tiny shapes
 
-Ops: ``fwd`` (bf16 -> bf16), ``bwd`` (dx, dweight; the partial-dW reduce included) and ``fwd-fp8T``
-(bf16 -> e4m3 rowwise + transposed, the in-kernel transpose path, delayed scaling). Each candidate is
+Ops: ``fwd`` (bf16 -> bf16), ``bwd`` (dx, dweight; the partial-dW reduce included), ``fwd-fp8``
+(bf16 -> e4m3 rowwise, delayed scaling) and ``fwd-fp8T`` (bf16 -> e4m3 rowwise + transposed, the
+in-kernel transpose path, delayed scaling). Each candidate is
 launched through ``engine.triton_kernels.norms.launch_fwd`` / ``launch_bwd`` with ``config=``, its
 output poisoned beforehand and checked against ``engine.reference`` (fp32) afterwards, then timed
 with do_bench (median). Search: stage 1 over (block_m, block_n, blocked, num_warps) at two programs
@@ -15,7 +16,7 @@ the default) for the best one. Candidates:
 
 * row in registers (``blocked=False``, ``block_n = next_pow2(N)``): ``block_m`` in {1, 2, 4, 8, 16}
   with ``block_m * block_n <= 32K`` (16K for bwd), ``num_warps`` in {4, 8, 16, 32} keeping 8..64
-  elements per thread (4..32 for bwd);
+  elements per thread (4..32 for bwd and fwd-fp8, whose epilogue holds more registers);
 * blocked two-pass (N >= 16K): chunk ``block_n`` in {2048, 4096, 8192}, ``block_m`` in {1, 2};
 * fwd-fp8T: ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8}.
 
@@ -48,7 +49,7 @@ from engine.triton_kernels import norms  # noqa: E402
 from engine.triton_kernels import norms_common as nc  # noqa: E402
 from engine.triton_kernels.norms_common import NormConfig  # noqa: E402
 
-OPS = ("fwd", "bwd", "fwd-fp8T")
+OPS = ("fwd", "bwd", "fwd-fp8", "fwd-fp8T")
 FP8 = torch.float8_e4m3fn
 TOL = {"y": 1e-2, "dx": 1e-2, "dw": 1e-2, "db": 1e-2, "q": 0.1, "qt": 0.0}
 
@@ -91,7 +92,7 @@ def candidates(op: str, n: int, dry: bool) -> list:
                 for w in (4, 8):
                     out.append(NormConfig(bm, min(bn, p2), n > min(bn, p2), w, 2))
     else:
-        max_tile, (lo, hi) = (32768, (8, 64)) if op == "fwd" else (16384, (4, 32))
+        max_tile, (lo, hi) = {"fwd": (32768, (8, 64)), "fwd-fp8": (32768, (4, 32))}.get(op, (16384, (4, 32)))
         if p2 <= max_tile:
             for bm in (1, 2, 4, 8, 16):
                 if bm * p2 <= max_tile:
@@ -107,10 +108,10 @@ def candidates(op: str, n: int, dry: bool) -> list:
     return out
 
 
-def heuristic(op: str, n: int) -> NormConfig:
+def heuristic(op: str, n: int, rms: bool) -> NormConfig:
     if op == "bwd":
-        return nc.bwd_config(n, torch.bfloat16)
-    return nc.fwd_config(n, torch.bfloat16, op == "fwd-fp8T")
+        return nc.bwd_config(n, torch.bfloat16, rms)
+    return nc.fwd_config(n, torch.bfloat16, op == "fwd-fp8T", fp8=op.startswith("fwd-fp8"), rms=rms)
 
 
 class Problem:
@@ -129,13 +130,13 @@ class Problem:
         if op == "fwd":
             self.out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
             self.nbytes = H.bytes_norm_fwd(m, n, bias=not rms)
-        elif op == "fwd-fp8T":
+        elif op in ("fwd-fp8", "fwd-fp8T"):
             self.scale = torch.full((1,), C.DELAYED_SCALE, **f32)
             self.amax = torch.zeros(1, **f32)
             self.scale_inv = torch.empty(1, **f32)
             self.q = torch.empty(m, n, dtype=FP8, device=dev)
-            self.qt = torch.empty(n, m, dtype=FP8, device=dev)
-            self.nbytes = H.bytes_norm_fp8(m, n, bias=not rms, transposed=True)
+            self.qt = torch.empty(n, m, dtype=FP8, device=dev) if op == "fwd-fp8T" else None
+            self.nbytes = H.bytes_norm_fp8(m, n, bias=not rms, transposed=op == "fwd-fp8T")
         else:
             self.dx = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
             self.dw = torch.empty(n, dtype=torch.bfloat16, device=dev)
@@ -159,11 +160,11 @@ class Problem:
             norms.launch_bwd(self.dy, self.x, self.mu, self.rsigma, self.w, None, self.dx, None, self.dw,
                              self.db, **kw)
             return
-        fp8 = self.op == "fwd-fp8T"
+        fp8 = self.op.startswith("fwd-fp8")
         norms.launch_fwd(
             self.x, self.w, self.b, None, self.eps, self.q if fp8 else self.out, None, self.mu, self.rsigma,
             self.scale if fp8 else None, self.amax if fp8 else None, self.scale_inv if fp8 else None,
-            self.qt if fp8 else None, current_scaling=False, amax_epsilon=0.0, **kw)
+            self.qt if self.op == "fwd-fp8T" else None, current_scaling=False, amax_epsilon=0.0, **kw)
 
     def poison(self) -> None:
         if self.op == "fwd":
@@ -174,7 +175,8 @@ class Problem:
                     t.fill_(float("nan"))
         else:
             self.q.view(torch.uint8).fill_(0x7F)  # e4m3fn NaN
-            self.qt.view(torch.uint8).fill_(0x7F)
+            if self.qt is not None:
+                self.qt.view(torch.uint8).fill_(0x7F)
 
     def errors(self) -> dict:
         if self.op == "fwd":
@@ -184,9 +186,10 @@ class Problem:
             if self.db is not None:
                 errs["db"] = C._rel(self.db, self.db_ref)
             return errs
-        same = torch.equal(self.qt.view(torch.uint8), self.q.t().view(torch.uint8))
-        return {"q": C._rel(self.q.double() * self.scale_inv.double(), self.y_ref),
-                "qt": 0.0 if same else 1.0}
+        errs = {"q": C._rel(self.q.double() * self.scale_inv.double(), self.y_ref)}
+        if self.qt is not None:
+            errs["qt"] = 0.0 if torch.equal(self.qt.view(torch.uint8), self.q.t().view(torch.uint8)) else 1.0
+        return errs
 
 
 def try_config(prob: Problem, cfg: NormConfig, args, copy_gbps: float) -> dict:
@@ -211,7 +214,7 @@ def try_config(prob: Problem, cfg: NormConfig, args, copy_gbps: float) -> dict:
 
 def tune_one(op: str, m: int, n: int, args, copy_gbps: float, t_start: float) -> dict:
     prob = Problem(op, m, n, args.norm == "rmsnorm", H.device())
-    heur = heuristic(op, n)
+    heur = heuristic(op, n, args.norm == "rmsnorm")
     res = {"op": op, "M": m, "N": n, "heuristic": try_config(prob, heur, args, copy_gbps), "tried": []}
     tried = {heur: res["heuristic"]}
     skipped = 0

@@ -382,7 +382,7 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
             scale_inv.copy_(1.0 / scale)
         return
     store_t = out_t is not None
-    cfg = config or nc.fwd_config(n, x.dtype, store_t)
+    cfg = config or nc.fwd_config(n, x.dtype, store_t, fp8, is_rms_norm)
     grid = persistent_grid(-(-m // cfg.block_m), x.device, sm_margin, cfg.programs_per_sm)
 
     dummy = rsigma
@@ -430,7 +430,7 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
         if dbias is not None:
             dbias.zero_()
         return
-    cfg = config or nc.bwd_config(n, x.dtype)
+    cfg = config or nc.bwd_config(n, x.dtype, is_rms_norm)
     p = persistent_grid(-(-m // cfg.block_m), x.device, sm_margin, cfg.programs_per_sm)
     dw_part = torch.empty((p, n), dtype=torch.float32, device=x.device)
     db_part = torch.empty((p, n), dtype=torch.float32, device=x.device) if dbias is not None else dw_part

@@ -24,9 +24,11 @@ MAX_FUSED_N_BWD = 16384
 #: Column chunk of the blocked path.
 BLOCKED_CHUNK_N = 8192
 #: Tile of the in-kernel FP8 transpose: BLOCK_M rows (a transposed store writes this many contiguous
-#: bytes per column: two DRAM sectors) by BLOCK_N column chunks. Square, like transpose.py's tiles.
-TRANSPOSE_BLOCK_M = 64
-TRANSPOSE_BLOCK_N = 64
+#: bytes per column) by BLOCK_N column chunks, and its warps. Measured on an H200 (tune.py
+#: fwd-fp8T, h200_tune_rms_fp8.log): 16 x 128 with 8 warps was 1.8-4.3x faster than 64 x 64 with 4.
+TRANSPOSE_BLOCK_M = 16
+TRANSPOSE_BLOCK_N = 128
+TRANSPOSE_WARPS = 8
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,28 @@ _BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 
               16384: (1, 16, 1)}
 _BWD_BLOCKED = (2, 32, 1)
 
+# Where another op wants another config (tune.py on the H200: h200_tune_rms_fp8.log,
+# h200_tune_ln.log; entries only where the gain over the RMSNorm bf16 table was over 5 %).
+# FP8 rowwise outputs: the epilogue holds more registers (116 at 4K with the bf16 config).
+_FWD_FP8_OVERRIDES = {
+    4096: NormConfig(2, 4096, False, 8, 8),  # 1.49x
+    16384: NormConfig(2, 16384, False, 32, 2),  # 1.10x
+    32768: NormConfig(1, 8192, True, 8, 8),  # 1.06x
+}
+# LayerNorm (bias, mean): smaller tiles per warp; from 16K the two-pass blocked path wins.
+_LN_FWD_OVERRIDES = {
+    2048: NormConfig(4, 2048, False, 4, 8),  # 1.27x
+    4096: NormConfig(4, 4096, False, 8, 8),  # 1.55x
+    8192: NormConfig(4, 8192, False, 16, 4),  # 1.22x
+    16384: NormConfig(2, 8192, True, 8, 8, 2),  # 1.28x
+    32768: NormConfig(1, 8192, True, 8, 8),  # 1.36x
+}
+_LN_BWD_OVERRIDES = {
+    4096: NormConfig(1, 4096, False, 8, 2),  # 1.23x
+    8192: NormConfig(1, 8192, False, 16, 1, 2),  # 1.23x
+    16384: NormConfig(2, 8192, True, 16, 1, 2),  # 1.27x
+}
+
 
 def _small_rows(p2: int, table: dict) -> tuple:
     """Rows narrower than the table: keep the widest row's tile size (in elements) and warps."""
@@ -67,16 +91,21 @@ def _small_rows(p2: int, table: dict) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def fwd_config(n: int, dtype: torch.dtype, transpose: bool) -> NormConfig:
-    """Forward config for rows of ``n`` elements of ``dtype`` (from the measured table above).
+def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
+               rms: bool = True) -> NormConfig:
+    """Forward config for rows of ``n`` elements of ``dtype`` (from the measured tables above).
 
     ``transpose``: the FP8 transposed copy is written by the norm kernel, so a tile is
     ``TRANSPOSE_BLOCK_M`` rows by column chunks (the row tile's statistics come first).
+    ``fp8``: the output is FP8 (rowwise); ``rms``: RMSNorm (False: LayerNorm).
     """
     if transpose:
         bn = min(TRANSPOSE_BLOCK_N, triton.next_power_of_2(n))
-        return NormConfig(TRANSPOSE_BLOCK_M, bn, n > bn, 4, 4)
+        return NormConfig(TRANSPOSE_BLOCK_M, bn, n > bn, TRANSPOSE_WARPS, 4)
     p2 = triton.next_power_of_2(n)
+    override = (_FWD_FP8_OVERRIDES if fp8 else {} if rms else _LN_FWD_OVERRIDES).get(p2)
+    if override is not None:
+        return override
     if p2 > MAX_FUSED_N:
         bm, w, p = _FWD_BLOCKED
         return NormConfig(bm, BLOCKED_CHUNK_N, True, w, p)
@@ -85,9 +114,11 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool) -> NormConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def bwd_config(n: int, dtype: torch.dtype) -> NormConfig:
-    """Backward config (from the measured table above)."""
+def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
+    """Backward config (from the measured tables above); ``rms``: RMSNorm (False: LayerNorm)."""
     p2 = triton.next_power_of_2(n)
+    if not rms and p2 in _LN_BWD_OVERRIDES:
+        return _LN_BWD_OVERRIDES[p2]
     if p2 > MAX_FUSED_N_BWD:
         bm, w, p = _BWD_BLOCKED
         return NormConfig(bm, BLOCKED_CHUNK_N, True, w, p)
