@@ -233,6 +233,10 @@ def reset_backend() -> None:
 # --- environment, results -------------------------------------------------------------------------
 
 def _git_commit() -> str:
+    """Short HEAD (+dirty); ``ENGINE_COMMIT`` overrides it (the device machine's copy of the tree
+    may carry a stale .git: pass the commit from the checkout that sent it)."""
+    if os.environ.get("ENGINE_COMMIT"):
+        return os.environ["ENGINE_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, timeout=10).stdout.strip()

@@ -136,15 +136,26 @@ __device__ __forceinline__ float unpack_at(const uint32_t (&w)[PackedWords<T, N>
   }
 }
 
-/* N floats -> N FP8 bytes packed little-endian into words (N a multiple of 4). */
-template <int N>
-__device__ __forceinline__ void pack_fp8(const float (&f)[N], bool e5m2, uint32_t (&w)[N / 4]) {
+/* N floats -> N FP8 bytes packed little-endian into words (N a multiple of 4), one format. */
+template <int N, __nv_fp8_interpretation_t kFmt>
+__device__ __forceinline__ void pack_fp8_fmt(const float (&f)[N], uint32_t (&w)[N / 4]) {
   static_assert(N % 4 == 0, "FP8 packing works on groups of 4");
 #pragma unroll
   for (int i = 0; i < N / 4; ++i) {
-    const uint32_t lo = fp8x2_from_float(f[4 * i], f[4 * i + 1], e5m2);
-    const uint32_t hi = fp8x2_from_float(f[4 * i + 2], f[4 * i + 3], e5m2);
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(f[4 * i], f[4 * i + 1]), __NV_SATFINITE, kFmt);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(f[4 * i + 2], f[4 * i + 3]), __NV_SATFINITE, kFmt);
     w[i] = lo | (hi << 16);
+  }
+}
+
+/* The same with the format a run-time flag: one uniform branch per call rather than one per pair
+ * (the interpretation argument of the intrinsic is otherwise a run-time value per conversion). */
+template <int N>
+__device__ __forceinline__ void pack_fp8(const float (&f)[N], bool e5m2, uint32_t (&w)[N / 4]) {
+  if (e5m2) {
+    pack_fp8_fmt<N, __NV_E5M2>(f, w);
+  } else {
+    pack_fp8_fmt<N, __NV_E4M3>(f, w);
   }
 }
 

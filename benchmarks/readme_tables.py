@@ -1,0 +1,79 @@
+"""README.rst result tables from a ``benchmarks/run.py`` JSON (so no number is copied by hand).
+
+    python benchmarks/readme_tables.py benchmarks/results/h200_bench_all.json
+
+Prints three reStructuredText tables: the norms (engine's two backends and the best peer per
+cell, % of copy bandwidth), the FP8 outputs (with the in-kernel transpose rows) and the small
+shapes (µs per call, host + device).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from tabulate import tabulate
+
+PEERS = ("F", "compile", "liger", "eager")
+
+
+def _n(n: int) -> str:
+    return f"{n // 1024}K"
+
+
+def _rows(data):
+    return [r for r in data["rows"] if "pct_copy" in r or "us_per_call" in r]
+
+
+def large_table(rows, ops, engine_impls, peer_impls=PEERS):
+    ns = sorted({r["N"] for r in rows if r.get("timing") == "device"})
+    out = []
+    for op in ops:
+        cells = {(r["impl"], r["N"]): r for r in rows if r["op"] == op and r.get("timing") == "device"}
+        if not cells:
+            continue
+        for impl, label in engine_impls:
+            if any((impl, n) in cells for n in ns):
+                out.append([op, label] + [_pct(cells.get((impl, n))) for n in ns])
+        best = []
+        for n in ns:
+            peers = [cells[(p, n)] for p in peer_impls if (p, n) in cells and "pct_copy" in cells[(p, n)]]
+            b = max(peers, key=lambda r: r["pct_copy"], default=None)
+            best.append(f"{b['pct_copy']:.0f} {b['impl']}" if b else "-")
+        out.append([op, "best peer"] + best)
+    return tabulate(out, headers=["op", "impl"] + [_n(n) for n in ns], tablefmt="rst")
+
+
+def _pct(r):
+    return f"{r['pct_copy']:.0f}" if r is not None and "pct_copy" in r else "-"
+
+
+def small_table(rows):
+    small = [r for r in rows if r.get("timing") == "host"]
+    impls = ["cuda", "triton", "F", "compile", "liger", "eager"]
+    keys = list(dict.fromkeys((r["op"], f"{r['M']}x{r['N']}") for r in small))
+    out = []
+    for op, shape in keys:
+        cells = {r["impl"]: r for r in small if r["op"] == op and f"{r['M']}x{r['N']}" == shape}
+        out.append([op, shape] + [f"{cells[i]['us']:.1f}" if i in cells and "us" in cells[i] else "-"
+                                  for i in impls])
+    return tabulate(out, headers=["op", "shape"] + impls, tablefmt="rst")
+
+
+def main(argv=None) -> int:
+    path = Path((argv or sys.argv[1:])[0])
+    data = json.loads(path.read_text())
+    rows = _rows(data)
+    eng = [("cuda", "cuda"), ("triton", "triton")]
+    print(large_table(rows, ["rms fwd", "rms f+b", "rms +res fwd", "ln fwd", "ln f+b", "ln +res fwd"], eng))
+    print()
+    print(large_table(rows, ["rms >e4m3 dly", "rms >e4m3 cur", "rms >e4m3+T", "castT e4m3"],
+                      eng + [("cuda-int", "cuda-int"), ("triton-int", "triton-int")], ("compile", "eager")))
+    print()
+    print(small_table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
