@@ -49,9 +49,6 @@ def test_fp8_transpose_widths(backend, n, external):
     from engine.fp8 import Float8CurrentScalingQuantizer
 
     use_backend(backend, ENGINE_NORM_EXTERNAL_TRANSPOSE=external)
-    if backend == "triton" and external == "0":
-        pytest.skip("the Triton backend refuses the in-kernel transposed store on the GPU "
-                    "(test_fp8.py::test_transposed_bitwise checks the error)")
     for m in (1, 33, 255):
         x = torch.randn(m, n, device="cuda", dtype=BF16)
         w = torch.randn(n, device="cuda", dtype=BF16)
