@@ -11,7 +11,8 @@ in-kernel transpose path, delayed scaling). Each candidate is
 launched through ``engine.triton_kernels.norms.launch_fwd`` / ``launch_bwd`` with ``config=``, its
 output poisoned beforehand and checked against ``engine.reference`` (fp32) afterwards, then timed
 with do_bench (median). Search: stage 1 over (block_m, block_n, blocked, num_warps) at two programs
-per SM; stage 2 sweeps programs_per_sm for the three best; stage 3 num_stages in {1, 2, 4} (3 is
+per SM; stage 2 sweeps programs_per_sm (1..32: 32 is about one program per tile, i.e. not
+persistent, at M*N = 64M for small tiles) for the three best; stage 3 num_stages in {1, 2, 4} (3 is
 the default) for the best one. Candidates:
 
 * row in registers (``blocked=False``, ``block_n = next_pow2(N)``): ``block_m`` in {1, 2, 4, 8, 16}
@@ -236,7 +237,7 @@ def tune_one(op: str, m: int, n: int, args, copy_gbps: float, t_start: float) ->
     # Stage 1: the candidate grid at two programs per SM.
     measure(candidates(op, n, args.dry_run))
     # Stage 2: programs per SM for the best three.
-    pps_values = (1, 2) if args.dry_run else ((1, 2, 4) if op == "fwd-fp8T" else (1, 2, 4, 8))
+    pps_values = (1, 2) if args.dry_run else ((1, 2, 4) if op == "fwd-fp8T" else (1, 2, 4, 8, 16, 32))
     measure([replace(base, programs_per_sm=pps)
              for base in ranked()[: 1 if args.dry_run else 3] for pps in pps_values])
     # Stage 3: pipelining depth of the best so far (a recompile each).

@@ -29,7 +29,12 @@ def sm_count(device: torch.device) -> int:
 
 
 def persistent_grid(work_items: int, device: torch.device, sm_margin: int, programs_per_sm: int) -> int:
-    """Programs for a persistent launch: ``(SMs - sm_margin) * programs_per_sm``, capped by the work."""
+    """Programs for a persistent launch: ``(SMs - sm_margin) * programs_per_sm``, capped by the work.
+
+    In the interpreter (CPU tensors) at most 2 programs per stand-in SM, so that the persistent
+    loops of the test shapes run several iterations whatever the GPU table says."""
+    if device.type != "cuda":
+        programs_per_sm = min(programs_per_sm, 2)
     sms = max(1, sm_count(device) - max(0, sm_margin))
     return max(1, min(work_items, sms * programs_per_sm))
 
