@@ -51,6 +51,19 @@ __device__ __forceinline__ float norm_y(float z, float mean, float rs, float g, 
   return has_bias ? fmaf(t, g, b) : t * g;
 }
 
+/* gamma and beta (0 without a bias) of the VEC columns from col, as floats. */
+template <int VEC>
+__device__ __forceinline__ void load_gamma_beta(const FwdArgs& a, int64_t col, bool has_bias,
+                                                float (&g)[VEC], float (&b)[VEC]) {
+  load_vec_dt<VEC>(a.weight, col, a.w_dtype, g);
+  if (has_bias) {
+    load_vec_dt<VEC>(a.bias, col, a.w_dtype, b);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) b[j] = 0.0f;
+  }
+}
+
 /* FP8 scale for this kernel, and the scale / scale_inv bookkeeping by one thread of the grid. */
 template <bool kFp8>
 __device__ __forceinline__ float fwd_fp8_scale(const FwdArgs& a) {
@@ -212,13 +225,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
       for (int i = 0; i < NV; ++i) {
         if (ok && valid[i]) {
           float y[VEC], g[VEC], b[VEC];
-          load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, g);
-          if (has_bias) {
-            load_vec_dt<VEC>(a.bias, col[i], a.w_dtype, b);
-          } else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) b[j] = 0.0f;
-          }
+          load_gamma_beta<VEC>(a, col[i], has_bias, g, b);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), mean, rs, g[j] + g_add, b[j], has_bias);
@@ -396,13 +403,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
       for (int i = 0; i < NVB; ++i) {
         if (valid[i]) {
           float gv[VEC], bv[VEC], y[OVEC];
-          load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
-          if (has_bias) {
-            load_vec_dt<VEC>(a.bias, col[i], a.w_dtype, bv);
-          } else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) bv[j] = 0.0f;
-          }
+          load_gamma_beta<VEC>(a, col[i], has_bias, gv, bv);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) y[j] = norm_y(z[i][j], mean, rs, gv[j] + g_add, bv[j], has_bias);
           if constexpr (kFp8) {
