@@ -9,8 +9,9 @@
 # Stages: build (setup.py build_ext --inplace), L1 (pytest on CUDA tensors, both backends),
 # smoke (ci/cuda_smoke.py), bench (benchmarks/run.py), benchfull, tune (benchmarks/tune.py),
 # L2 (slow sweep + compute-sanitizer), diagT (ci/diag_transpose.py), launch (ci/launch_overhead.py),
-# profk (benchmarks/profile_kernels.py: device time against timed time). Optional inputs carried from an earlier call: .carry/_C*.so
-# (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
+# profk / profkjit (benchmarks/profile_kernels.py: device time against timed time; PROFK_ARGS),
+# ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out ..."). Optional inputs carried from an
+# earlier call: .carry/_C*.so (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu}; mkdir -p "$OUT"
@@ -68,7 +69,8 @@ for stage in "$@"; do
           > "$OUT/profk.log" 2>&1; log "profk exit $?"; tail -80 "$OUT/profk.log" ;;
     profkjit) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py --jit-launch ${PROFK_ARGS:-} \
           > "$OUT/profkjit.log" 2>&1; log "profkjit exit $?"; tail -40 "$OUT/profkjit.log" ;;
-    ncu) for c in ${NCU_CASES:-"cuda 4096 bf16" "cuda 4096 fp8"}; do
+    ncu) for c in ${NCU_CASES:-cuda:4096:bf16 cuda:4096:fp8 triton:4096:fp8 triton:4096:bf16}; do
+           c="${c//:/ }"  # backend:N:out (ci/ncu_case.py)
            echo "== ncu $c" >> "$OUT/ncu.log"
            timeout 120 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 \
              --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \

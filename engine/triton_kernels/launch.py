@@ -1,11 +1,12 @@
 """A lower-overhead launch path for engine's Triton kernels.
 
 ``kernel[grid](*args, **kwargs)`` (``JITFunction.run``) binds the arguments, builds Triton's
-specialization key and the cache key, and checks the globals the kernel used, on every call: about
-26 µs per launch on the H200 machine's host, against 7 µs for the compiled kernel's own launcher
-(``ci/launch_overhead.py``). Norm calls are small and frequent, so :class:`Launcher` keeps its own
-cache of compiled kernels, keyed by exactly what Triton specialises on, and calls the compiled
-launcher directly:
+specialization key and the cache key, and checks the globals the kernel used, on every call:
+26-41 µs per launch on the H200 machines' hosts, against 7-11 µs for the compiled kernel's own
+launcher (``ci/launch_overhead.py``, ``benchmarks/results/h200_launch_overhead.log``: this path
+takes 25 µs where kernel[grid] took 41). Norm calls are small and frequent, so :class:`Launcher`
+keeps its own cache of compiled kernels, keyed by what Triton specialises on (or finer), and calls
+the compiled launcher directly:
 
 * every argument as Triton specialises it, or finer (:func:`args_key`): a tensor by dtype and
   16-byte alignment of its data pointer; an int by ``== 1``, divisibility by 16 and 32/64-bit
