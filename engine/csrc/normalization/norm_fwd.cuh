@@ -11,7 +11,7 @@
  *     CTAs per SM: 80 registers instead of 128, 3 CTAs of 256 threads per SM instead of 2 (no
  *     spills; capping at 64 registers spills); rows that need 512 threads get a 1-CTA build;
  *   - a CTA holds rows_per_iter row groups of tpr threads; thread t of a group owns vectors
- *     t, t + tpr, t + 2 tpr, t + 3 tpr of the row (coalesced across the group);
+ *     t, t + tpr, ..., t + (NV - 1) tpr of the row (coalesced across the group);
  *   - persistent: grid ~ SMs * occupancy, each CTA loops over blocks of rows with a loop count
  *     that is uniform across the CTA (invalid rows are masked, never skipped: the reductions use
  *     __syncthreads when a row spans several warps);
@@ -91,7 +91,7 @@ __device__ __forceinline__ float fwd_fp8_scale(const FwdArgs& a) {
  * stream with 16-bit x), where 8 spills with FP8 out. The same for every output dtype: the thread
  * layout fixes the order of the row reductions, so an FP8 output is bit for bit the cast of the
  * fp32 output (and its amax the max of it). */
-template <typename X, typename R, typename O>
+template <typename X, typename R>
 constexpr int fwd_reg_nv() {
   return sizeof(R) == 4 ? kFwdNV / 2 : kFwdNV;
 }
@@ -455,7 +455,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
                    vec_ok(a.residual_out, a.res_out_stride, rows, sizeof(R), VEC) &&
                    (a.mode == kStats || vec_ok(a.out, a.out_stride, rows, sizeof(O), VEC)) &&
                    vec_ok(a.weight, 0, 1, wsz, VEC) && vec_ok(a.bias, 0, 1, wsz, VEC);
-  constexpr int NV = fwd_reg_nv<X, R, O>();
+  constexpr int NV = fwd_reg_nv<X, R>();
   const int nvec = cols / VEC;
   const int tpr_raw = (nvec + NV - 1) / NV;
   const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
