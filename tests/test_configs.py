@@ -1,0 +1,65 @@
+"""The Triton launch configs (engine.triton_kernels.norms_common): every table entry is a config the
+kernels can run, for every row width and op the heuristics serve."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from engine.triton_kernels import norms_common as nc
+from engine.triton_kernels.utils import persistent_grid
+
+WIDTHS = [1, 17, 760, 1000, 1024, 1025, 2048, 3571, 4096, 8192, 16384, 17389, 32768, 40009, 65536,
+          131072, 262144]
+
+
+def _pow2(v: int) -> bool:
+    return v > 0 and v & (v - 1) == 0
+
+
+def _check(cfg: nc.NormConfig, n: int, max_tile: int) -> None:
+    assert _pow2(cfg.block_m) and _pow2(cfg.block_n) and cfg.num_warps in (1, 2, 4, 8, 16, 32)
+    assert cfg.programs_per_sm >= 1 and cfg.num_stages >= 1
+    if cfg.blocked:
+        assert cfg.block_n < n, f"blocked path with one chunk covering N={n}: {cfg}"
+    else:
+        assert cfg.block_n >= n, f"register path narrower than N={n}: {cfg}"
+        assert cfg.block_m * cfg.block_n <= max_tile, f"tile over {max_tile} elements: {cfg}"
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+@pytest.mark.parametrize("fp8,rms", list(itertools.product([False, True], [True, False])))
+def test_forward_configs_are_runnable(n, fp8, rms):
+    _check(nc.fwd_config(n, torch.bfloat16, False, fp8, rms), n, nc.MAX_FUSED_N)
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+def test_transposed_forward_config(n):
+    cfg = nc.fwd_config(n, torch.bfloat16, True, True, True)
+    assert (cfg.block_m, cfg.num_warps) == (nc.TRANSPOSE_BLOCK_M, nc.TRANSPOSE_WARPS)
+    _check(cfg, n, nc.TRANSPOSE_BLOCK_M * nc.TRANSPOSE_BLOCK_N)
+
+
+@pytest.mark.parametrize("n", WIDTHS)
+@pytest.mark.parametrize("rms", [True, False])
+def test_backward_configs_are_runnable(n, rms):
+    _check(nc.bwd_config(n, torch.bfloat16, rms), n, nc.MAX_FUSED_N_BWD)
+
+
+def test_overrides_differ_from_the_base_table():
+    """Each override entry is a measured change: one equal to the base config would be dead weight."""
+    for p2, cfg in nc._FWD_FP8_OVERRIDES.items():
+        assert cfg != nc.fwd_config(p2, torch.bfloat16, False, False, True), p2
+    for p2, cfg in nc._LN_FWD_OVERRIDES.items():
+        assert cfg != nc.fwd_config(p2, torch.bfloat16, False, False, True), p2
+    for p2, cfg in nc._LN_BWD_OVERRIDES.items():
+        assert cfg != nc.bwd_config(p2, torch.bfloat16, True), p2
+
+
+def test_interpreter_grid_keeps_loops_iterating():
+    """On CPU tensors at most 2 programs per stand-in SM, whatever the table asks for."""
+    cpu = torch.device("cpu")
+    assert persistent_grid(10_000, cpu, 0, 32) == persistent_grid(10_000, cpu, 0, 2)
+    assert persistent_grid(3, cpu, 0, 32) == 3
