@@ -3,9 +3,5 @@
 #   builds the CUDA extension in place (setup.py build_ext --inplace), then runs the test suite on CUDA
 #   tensors with the backend axis set to triton and cuda (tests/conftest.py). Logs under $OUT (or build/ci).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-build/ci}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-bash ci/build_ext.sh "$OUT"
+source "$(dirname "$0")/_gpu_prelude.sh"
 python -m pytest -q -p no:cacheprovider -m "not slow" -n 8 tests "$@" 2>&1 | tee "$OUT/L1.log"

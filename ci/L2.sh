@@ -2,11 +2,7 @@
 # L2 -- GPU numerics sweeps (tests marked slow) and compute-sanitizer memcheck / racecheck of the CUDA
 # backend (ci/sanitize.py drives fwd, bwd, FP8, transposes on small irregular shapes).
 set -euo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-build/ci}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-bash ci/build_ext.sh "$OUT"
+source "$(dirname "$0")/_gpu_prelude.sh"
 python -m pytest -q -p no:cacheprovider -m slow -n 8 tests "$@" 2>&1 | tee "$OUT/L2-sweep.log"
 for tool in memcheck racecheck; do
   echo "== compute-sanitizer --tool $tool =="

@@ -4,10 +4,6 @@
 # profile_kernels.py: which rows are host-bound).
 # Usage: bash ci/L3.sh [--quick] [--suite rmsnorm|layernorm|fp8|all]   (arguments go to run.py)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-OUT=${OUT:-build/ci}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-bash ci/build_ext.sh "$OUT"
+source "$(dirname "$0")/_gpu_prelude.sh"
 python benchmarks/run.py --suite all --out "$OUT/bench.json" "$@" 2>&1 | tee "$OUT/L3.log"
 python benchmarks/profile_kernels.py --json "$OUT/profile_kernels.json" 2>&1 | tee "$OUT/L3-kernels.log"
