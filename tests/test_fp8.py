@@ -322,6 +322,10 @@ def test_nan_reaches_amax(backend):
     t = call(True, x, torch.ones(64, device=DEVICE), quantizer=q)
     assert torch.isnan(q.amax).item()
     assert torch.isfinite(t.data[[0, 1, 2, 4, 5, 6, 7]].float()).all()
+    # The saturating cast keeps NaN NaN (torch's cast, cvt.rn.satfinite): a clamp before the cast
+    # with a NaN-dropping max would write -max instead.
+    assert torch.isnan(t.data[3, 5].float()).item()
     qc = delayed(E4M3, scale=1.0, amax=0.5)
-    engine.cast_transpose(x, qc)
+    tc = engine.cast_transpose(x, qc)
     assert torch.isnan(qc.amax).item()
+    assert torch.isnan(tc.data[3, 5].float()).item()

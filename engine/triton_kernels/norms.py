@@ -19,7 +19,8 @@ from engine.reference import compute_scale
 from engine.triton_kernels import norms_common as nc
 from engine.triton_kernels.launch import Launcher
 from engine.triton_kernels.utils import (
-    _abs_max_bits,
+    _abs_max,
+    _atomic_amax,
     _cast,
     _div_rn,
     _fp8_saturate_cast,
@@ -78,11 +79,12 @@ def _load_gamma_beta(W, B, cols, N, HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.co
 
 @triton.jit
 def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N, scale, fp8_max,
-          IS_RMS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, IS_FP8: tl.constexpr,
+          IS_RMS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.constexpr, IS_FP8: tl.constexpr,
           STORE_OUT: tl.constexpr, STORE_T: tl.constexpr, INTERPRETER: tl.constexpr,
           MANT: tl.constexpr, MIN_EXP: tl.constexpr):
     """Normalise a tile, write it (high precision or FP8, optionally transposed); return its amax
-    (FP8 only) as int32 bits (see utils._abs_max_bits)."""
+    (FP8 only; utils._abs_max). Lanes outside ``mask`` hold y = 0 (z, g and b load as 0) except
+    for LayerNorm with a zero-centred gamma (g = 1 there, y = -mean * rstd), which masks them."""
     if IS_RMS_NORM:
         xhat = z * rstd[:, None]
     else:
@@ -90,9 +92,9 @@ def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N,
     y = xhat * g[None, :]
     if HAS_BIAS:
         y += b[None, :]
-    amax = 0
+    amax = 0.0
     if IS_FP8:
-        amax = _abs_max_bits(y, mask)
+        amax = _abs_max(y, mask, (not IS_RMS_NORM) and ZERO_CENTERED, INTERPRETER)
         if STORE_OUT:
             q = _fp8_saturate_cast(y * scale, fp8_max, Y.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
             tl.store(Y + rows64[:, None] * stride_y + cols[None, :], q, mask=mask)
@@ -158,7 +160,7 @@ def _norm_fwd_kernel(
     inv_n = 1.0 / N  # loop invariants: 1/N, the scale (above) and, when the row fits, gamma/beta
     if not BLOCKED:
         g, b = _load_gamma_beta(W, B, cols, N, HAS_BIAS, ZERO_CENTERED)
-    amax = 0  # running max |y| as int32 bits of a non-negative float
+    amax = 0.0  # running max |y| (utils._abs_max: NaN-propagating)
     for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         rows64 = tl.cast(rows, tl.int64)
@@ -184,9 +186,10 @@ def _norm_fwd_kernel(
                 rstd = tl.math.rsqrt(var + eps)
                 tl.store(RSTD + rows, rstd, mask=rmask)
             a = _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N, scale, fp8_max,
-                      IS_RMS_NORM, HAS_BIAS, IS_FP8, STORE_OUT, STORE_T, INTERPRETER, MANT, MIN_EXP)
+                      IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T, INTERPRETER, MANT,
+                      MIN_EXP)
             if IS_FP8:
-                amax = tl.maximum(amax, a)
+                amax = tl.maximum(amax, a, propagate_nan=tl.PropagateNan.ALL)
         else:
             if LOAD_STATS:
                 mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
@@ -222,13 +225,13 @@ def _norm_fwd_kernel(
                             HAS_RES, False, INTERPRETER)
                 gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED)
                 a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, N, scale,
-                          fp8_max, IS_RMS_NORM, HAS_BIAS, IS_FP8, STORE_OUT, STORE_T, INTERPRETER,
-                          MANT, MIN_EXP)
+                          fp8_max, IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T,
+                          INTERPRETER, MANT, MIN_EXP)
                 if IS_FP8:
-                    amax = tl.maximum(amax, a)
+                    amax = tl.maximum(amax, a, propagate_nan=tl.PropagateNan.ALL)
     if IS_FP8:
         if PASS != 2:
-            tl.atomic_max(AMAX.to(tl.pointer_type(tl.int32)), amax)  # bits: NaN-propagating
+            _atomic_amax(AMAX, amax)
         if pid == 0:
             tl.store(SCALE_INV, _div_rn(1.0, scale))
             if LOAD_STATS:

@@ -16,7 +16,8 @@ from engine.fp8 import fp8_format
 from engine.reference import compute_scale
 from engine.triton_kernels.launch import Launcher
 from engine.triton_kernels.utils import (
-    _abs_max_bits,
+    _abs_max,
+    _atomic_amax,
     _div_rn,
     _fp8_saturate_cast,
     _scale_from_amax,
@@ -58,7 +59,7 @@ def _cast_transpose_kernel(
             scale = _scale_from_amax(tl.load(AMAX), fp8_max, amax_epsilon)
         else:
             scale = tl.load(SCALE)
-    amax = 0  # running max |x| as int32 bits (utils._abs_max_bits)
+    amax = 0.0  # running max |x| (utils._abs_max: NaN-propagating)
     for t in tl.range(pid, tl.cdiv(M, BLOCK_M) * tiles_n, nprog):
         tm = t // tiles_n
         tn = t % tiles_n
@@ -68,7 +69,8 @@ def _cast_transpose_kernel(
         x = tl.load(X + tl.cast(rows, tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
         if CAST:
             xf = x.to(tl.float32)
-            amax = tl.maximum(amax, _abs_max_bits(xf, mask))
+            amax = tl.maximum(amax, _abs_max(xf, mask, False, INTERPRETER),  # masked lanes: 0
+                              propagate_nan=tl.PropagateNan.ALL)
             q = _fp8_saturate_cast(xf * scale, fp8_max, OUT_T.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
         else:
             q = x
@@ -81,7 +83,7 @@ def _cast_transpose_kernel(
                          mask=mask_t)
     if CAST:
         if PASS != 2:
-            tl.atomic_max(AMAX.to(tl.pointer_type(tl.int32)), amax)  # bits: NaN-propagating
+            _atomic_amax(AMAX, amax)
         if pid == 0:
             tl.store(SCALE_INV, _div_rn(1.0, scale))
             if PASS == 2:

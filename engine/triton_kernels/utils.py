@@ -78,16 +78,21 @@ def _round_to_fp8_grid(v, MANT: tl.constexpr, MIN_EXP: tl.constexpr):
 @triton.jit
 def _fp8_saturate_cast(v, fp8_max, OUT_DTYPE: tl.constexpr, INTERPRETER: tl.constexpr,
                        MANT: tl.constexpr, MIN_EXP: tl.constexpr):
-    """Saturating FP8 cast of fp32 ``v`` (already multiplied by the scale).
+    """Saturating FP8 cast of fp32 ``v`` (already multiplied by the scale); NaN stays NaN.
 
-    On the GPU the conversion is the hardware's round-to-nearest-even. Under TRITON_INTERPRET the
-    native cast loses the mantissa carry and does not round ties to even (shared/
-    TRITON_INTERPRETER.md), so ``INTERPRETER`` rounds to the grid in fp32 first; the cast of an
-    exactly representable value is then exact.
+    On the GPU the cast alone does it: Triton lowers fp32 -> fp8e4nv / fp8e5 to
+    ``cvt.rn.satfinite.{e4m3,e5m2}x2.f32`` (round to nearest even, saturating to +-max, NaN to NaN;
+    checked in the PTX of triton 3.6 for sm_90). A clamp before it cost two instructions per value
+    and turned NaN into -max (``tl.maximum`` drops NaN). Under TRITON_INTERPRET the native cast
+    neither saturates nor rounds ties to even (shared/TRITON_INTERPRETER.md), so ``INTERPRETER``
+    clamps and rounds to the grid in fp32 first; the cast of an exactly representable value is then
+    exact. The interpreter's e4m3 cast turns NaN into a finite value (384), so NaN lanes get 0x7F,
+    a NaN in both formats, through a bitcast.
     """
-    v = tl.minimum(tl.maximum(v, -fp8_max), fp8_max)
     if INTERPRETER:
-        v = _round_to_fp8_grid(v, MANT, MIN_EXP)
+        r = _round_to_fp8_grid(tl.minimum(tl.maximum(v, -fp8_max), fp8_max), MANT, MIN_EXP)
+        bits = r.to(OUT_DTYPE).to(tl.int8, bitcast=True)
+        return tl.where(v != v, 0x7F, bits).to(tl.int8).to(OUT_DTYPE, bitcast=True)
     return v.to(OUT_DTYPE)
 
 
@@ -124,12 +129,32 @@ def _scale_from_amax(amax, fp8_max, amax_epsilon):
 
 
 @triton.jit
-def _abs_max_bits(v, mask):
-    """max |v| over a 2-D tile as int32 bits of a non-negative float (0 where masked).
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
 
-    Integer order equals float order for non-negative floats, and a NaN (sign cleared) sorts above
-    +inf, so a NaN reaches amax as it does in the reference and CUDA backends (a float max would
-    drop it).
-    """
-    bits = tl.where(mask, tl.abs(v), 0.0).to(tl.int32, bitcast=True)
-    return tl.max(tl.max(bits, axis=1), axis=0)
+
+@triton.jit
+def _abs_max(v, mask, MASKED: tl.constexpr, INTERPRETER: tl.constexpr):
+    """max |v| over a 2-D tile as an fp32 scalar that propagates NaN, as the reference and CUDA
+    backends do (``tl.max`` drops it on the GPU): ``max.NaN.f32`` with an ``|v|`` operand, one
+    instruction per value (the int32-bits form took three). ``MASKED``: zero the lanes outside
+    ``mask``; without it the caller guarantees they hold 0 (loads with ``other=0``). The
+    interpreter runs a custom combine function in Python per pair (minutes per test), and its
+    ``tl.max`` drops NaN too, so there the max is taken over the int32 bits of ``|v|``: integer
+    order is float order for non-negative floats, and a NaN (sign cleared) sorts above +inf."""
+    a = tl.abs(v)
+    if MASKED or INTERPRETER:
+        a = tl.where(mask, a, 0.0)
+    if INTERPRETER:
+        bits = a.to(tl.int32, bitcast=True)
+        return tl.max(tl.max(bits, axis=1), axis=0).to(tl.float32, bitcast=True)
+    return tl.reduce(tl.reduce(a, 1, _max_nan), 0, _max_nan)
+
+
+@triton.jit
+def _atomic_amax(AMAX, amax):
+    """Max-update the fp32 ``*AMAX`` with a non-negative (or NaN) fp32 ``amax`` as int32 bits:
+    integer order equals float order for non-negative floats, and a NaN (sign cleared) sorts above
+    +inf, so it reaches ``*AMAX``."""
+    bits = amax.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+    tl.atomic_max(AMAX.to(tl.pointer_type(tl.int32)), bits)

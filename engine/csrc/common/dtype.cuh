@@ -147,6 +147,19 @@ __host__ __device__ __forceinline__ float compute_scale(float amax, float fp8_ma
  * non-negative floats, and NaN (sign cleared) compares above +inf, so a NaN propagates. */
 __device__ __forceinline__ int abs_bits(float y) { return (int)(__float_as_uint(y) & 0x7fffffffu); }
 
+/* max(m, |y|) for a running amax m >= 0 (or NaN) that propagates NaN as abs_bits does: one
+ * FMNMX.NAN with an |y| operand on sm_80+ (max.NaN.f32), where the int form takes a LOP3 and half
+ * a 3-way IMNMX per value. abs_bits(amax_update(...)) then feeds block_amax_atomic. */
+__device__ __forceinline__ float amax_update(float m, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(y)));
+  return r;
+#else
+  return __int_as_float(max(abs_bits(m), abs_bits(y)));
+#endif
+}
+
 }  // namespace engine
 
 #endif  // ENGINE_CSRC_COMMON_DTYPE_CUH_

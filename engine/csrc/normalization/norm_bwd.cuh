@@ -9,7 +9,8 @@
  *
  * Templated on (Z = dtype of x/z, DY); the dtypes of dx, dres / dresidual and weight are uniform
  * run-time switches at their (vectorised) accesses, which keeps the instantiation count at 9 per
- * path instead of 81 at a cost of a few uniform branch instructions per 16-byte vector.
+ * path instead of 81 at a cost of a few uniform branch instructions per 16-byte vector. The
+ * register path is also templated on the norm (kRms) and on the dbias partials (kHasDb).
  *
  * Register path (norm_bwd_reg_kernel): rows of up to kMaxRowThreads * kBwdElems elements (8K) with
  * vector-friendly operands. Row groups as in the forward; gamma re-read per row from L1 (as in the
@@ -48,7 +49,9 @@ constexpr int bwd_min_blocks(int max_threads) {
   return (max_threads <= 256 && sizeof(Z) == 2 && sizeof(DY) == 2) ? 3 : 1;
 }
 
-template <typename Z, typename DY, int VEC, int NV, bool kHasDb, int kMaxThreads>
+/* kRms is a template parameter on the register path (the forward's reason: no mean subtraction
+ * per value, twice, and no c1 for RMSNorm in an issue-bound loop). */
+template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb, int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads))
     norm_bwd_reg_kernel(const BwdArgs a) {
   __shared__ float red_buf[2 * 32 * 2];
@@ -58,7 +61,6 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   const int group = threadIdx.x / tpr;
   const int lr = threadIdx.x - group * tpr;
   const int nvec = a.cols / VEC;
-  const bool is_rms = a.is_rms != 0;
   const bool has_dres_in = a.dresidual != nullptr;
   const bool has_dres_out = a.dres != nullptr;
 
@@ -112,7 +114,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
     float mean = 0.0f, rs = 0.0f;
     if (ok) {
       rs = a.rsigma[row];
-      if (!is_rms) mean = a.mu[row];
+      if constexpr (!kRms) mean = a.mu[row];
     }
     float s[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -122,19 +124,19 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
         load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (unpack_at<Z, VEC>(zw[i], j) - mean) * rs;
+          const float xhat = (kRms ? unpack_at<Z, VEC>(zw[i], j) : unpack_at<Z, VEC>(zw[i], j) - mean) * rs;
           const float dy = unpack_at<DY, VEC>(dw_in[i], j);
           const float dyg = dy * (gv[j] + g_add);
           dw[i][j] = fmaf(dy, xhat, dw[i][j]);
           if constexpr (kHasDb) db[i][j] += dy;
           s[0] = fmaf(dyg, xhat, s[0]);
-          s[1] += dyg;
+          if constexpr (!kRms) s[1] += dyg;
         }
       }
     }
     red(s, tpr);
     const float c2 = s[0] * a.inv_n;
-    const float c1 = is_rms ? 0.0f : s[1] * a.inv_n;
+    const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       if (ok && valid[i]) {
@@ -142,9 +144,9 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
         load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (unpack_at<Z, VEC>(zw[i], j) - mean) * rs;
+          const float xhat = (kRms ? unpack_at<Z, VEC>(zw[i], j) : unpack_at<Z, VEC>(zw[i], j) - mean) * rs;
           const float dyg = unpack_at<DY, VEC>(dw_in[i], j) * (gv[j] + g_add);
-          dz[j] = rs * (dyg - c1 - xhat * c2);
+          dz[j] = rs * (kRms ? dyg - xhat * c2 : dyg - c1 - xhat * c2);
         }
         if (has_dres_in) {
           float dr[VEC];
@@ -315,6 +317,32 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   }
 }
 
+/* Launch the register-path kernel for a configured BwdArgs (tpr, rows_per_iter). */
+template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb>
+engine_status launch_bwd_reg(const BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
+                             int block, size_t smem) {
+  const bool narrow = block <= 256;
+  const void* fn =
+      narrow ? reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>)
+             : reinterpret_cast<const void*>(
+                   &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>);
+  int per_sm = 1;
+  ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
+  if (per_sm > kBwdMaxCtasPerSm) per_sm = kBwdMaxCtasPerSm;
+  int64_t grid = persistent_grid(ceil_div(a.rows, a.rows_per_iter), ctx.sm_count, ctx.sm_margin,
+                                 per_sm);
+  if (grid > max_ctas) grid = max_ctas;
+  *num_ctas = (int)grid;
+  const dim3 g3((unsigned)grid), b3((unsigned)block);
+  if (narrow) {
+    norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256><<<g3, b3, smem, ctx.stream>>>(a);
+  } else {
+    norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads><<<g3, b3, smem, ctx.stream>>>(a);
+  }
+  ENGINE_CHECK_LAUNCH("norm_bwd_reg_kernel");
+  return ENGINE_SUCCESS;
+}
+
 template <typename Z, typename DY>
 engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas) {
   constexpr int VEC = bwd_vec<Z, DY>();
@@ -340,32 +368,12 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
     a.rows_per_iter = G;
     const size_t smem = G > 1 ? (size_t)G * a.ws_pitch * sizeof(float) : 0;
     const bool has_db = a.ws_db != nullptr;
-    const bool narrow = block <= 256;
-    const void* fn =
-        narrow ? (has_db ? reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, true, 256>)
-                         : reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, false, 256>))
-               : (has_db ? reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, true, kMaxRowThreads>)
-                         : reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, false, kMaxRowThreads>));
-    int per_sm = 1;
-    ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
-    if (per_sm > kBwdMaxCtasPerSm) per_sm = kBwdMaxCtasPerSm;
-    int64_t grid = persistent_grid(ceil_div(rows, G), ctx.sm_count, ctx.sm_margin, per_sm);
-    if (grid > max_ctas) grid = max_ctas;
-    *num_ctas = (int)grid;
-    const dim3 g3((unsigned)grid), b3((unsigned)block);
-    if (narrow) {
-      if (has_db) {
-        norm_bwd_reg_kernel<Z, DY, VEC, NV, true, 256><<<g3, b3, smem, ctx.stream>>>(a);
-      } else {
-        norm_bwd_reg_kernel<Z, DY, VEC, NV, false, 256><<<g3, b3, smem, ctx.stream>>>(a);
-      }
-    } else if (has_db) {
-      norm_bwd_reg_kernel<Z, DY, VEC, NV, true, kMaxRowThreads><<<g3, b3, smem, ctx.stream>>>(a);
-    } else {
-      norm_bwd_reg_kernel<Z, DY, VEC, NV, false, kMaxRowThreads><<<g3, b3, smem, ctx.stream>>>(a);
+    if (a.is_rms) {
+      return has_db ? launch_bwd_reg<Z, DY, VEC, NV, true, true>(a, ctx, max_ctas, num_ctas, block, smem)
+                    : launch_bwd_reg<Z, DY, VEC, NV, true, false>(a, ctx, max_ctas, num_ctas, block, smem);
     }
-    ENGINE_CHECK_LAUNCH("norm_bwd_reg_kernel");
-    return ENGINE_SUCCESS;
+    return has_db ? launch_bwd_reg<Z, DY, VEC, NV, false, true>(a, ctx, max_ctas, num_ctas, block, smem)
+                  : launch_bwd_reg<Z, DY, VEC, NV, false, false>(a, ctx, max_ctas, num_ctas, block, smem);
   }
 
   if (vec) {

@@ -1,6 +1,7 @@
 /*
- * Norm forward kernels (RMSNorm and LayerNorm in one code path: is_rms is a uniform run-time flag;
- * RMSNorm is LayerNorm with mean 0 and no mean reduction) and their launcher template.
+ * Norm forward kernels (RMSNorm and LayerNorm in one code path: RMSNorm is LayerNorm with mean 0
+ * and no mean reduction; a template parameter on the register path, a uniform run-time flag on
+ * the blocked path) and their launcher template.
  *
  * Register path (norm_fwd_reg_kernel), rows of up to kMaxRowThreads * NV 16-byte vectors of x
  * (NV = 8: 32K elements for 16-bit x; NV = 4 when z is fp32: 8K for fp32 x, 16K for 16-bit x
@@ -18,8 +19,8 @@
  *   - 1/N (host) and the FP8 scale are computed once, before the row loop;
  *   - LayerNorm statistics are two-pass over registers: mean first, then sum((z - mean)^2): no
  *     E[z^2] - E[z]^2 cancellation;
- *   - FP8 out: per-thread amax (int bits of |y|, masked lanes contribute 0), reduced per CTA, one
- *     atomicMax per CTA; with out_t the CTA owns tiles of tile_rows rows, stages the FP8 bytes in
+ *   - FP8 out: per-thread amax (a NaN-propagating float max of |y|, masked lanes contribute 0),
+ *     reduced per CTA as int bits, one atomicMax per CTA; with out_t the CTA owns tiles of tile_rows rows, stages the FP8 bytes in
  *     shared memory and writes the transposed tile with 16-byte stores (common/tile.cuh).
  * Blocked path (norm_fwd_blocked_kernel), any cols: one CTA per row at a time; pass 1 walks the
  * row in chunks of blockDim * NVB * VEC elements computing the statistics (RMSNorm: sum of squares;
@@ -64,6 +65,19 @@ __device__ __forceinline__ void load_gamma_beta(const FwdArgs& a, int64_t col, b
   }
 }
 
+/* The same with the weight type and the bias known at compile time (register path). */
+template <typename W, bool kBias, int VEC>
+__device__ __forceinline__ void load_gamma_beta_t(const FwdArgs& a, int64_t col, float (&g)[VEC],
+                                                  float (&b)[VEC]) {
+  load_vec<W, VEC>(static_cast<const W*>(a.weight) + col, g);
+  if constexpr (kBias) {
+    load_vec<W, VEC>(static_cast<const W*>(a.bias) + col, b);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) b[j] = 0.0f;
+  }
+}
+
 /* FP8 scale for this kernel, and the scale / scale_inv bookkeeping by one thread of the grid. */
 template <bool kFp8>
 __device__ __forceinline__ float fwd_fp8_scale(const FwdArgs& a) {
@@ -97,8 +111,13 @@ constexpr int fwd_reg_nv() {
 }
 
 /* kMaxThreads: 256 (blocks of up to 256 threads; at most 85 registers, so that 3 CTAs fit an SM:
- * the FP8 epilogue takes 113 registers otherwise) or kMaxRowThreads (rows wider than 256 threads). */
-template <typename X, typename R, typename O, int NV, int kMaxThreads>
+ * the FP8 epilogue takes 113 registers otherwise) or kMaxRowThreads (rows wider than 256 threads).
+ * W (the weight / bias type), kRms and kBias are template parameters, not run-time flags: this
+ * kernel is issue-bound (bf16 and FP8 outputs took the same time per element), and the run-time
+ * forms cost a dual-predicated conversion per gamma / beta value, a mean subtraction per value
+ * for RMSNorm and an FMUL-or-FFMA pair per value. */
+template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV,
+          int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
     norm_fwd_reg_kernel(const FwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
@@ -113,8 +132,6 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
   const int lr = threadIdx.x - group * tpr;
   const int nvec = a.cols / VEC;
   const int mode = a.mode;
-  const bool is_rms = a.is_rms != 0;
-  const bool has_bias = a.bias != nullptr;
   const bool has_res = a.residual != nullptr;
 
   int col[NV];
@@ -133,7 +150,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
   const float scale = fwd_fp8_scale<kFp8>(a);
   const bool e5m2 = a.e5m2 != 0;
-  int amax_bits = 0;
+  float amax = 0.0f;
 
   RowGroupSum<1> red(red_buf);
   const int G = a.rows_per_iter;
@@ -188,10 +205,10 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
       if (mode == kApply) {
         if (ok) {
           rs = a.rsigma[row];
-          mean = is_rms ? 0.0f : a.mu[row];
+          if constexpr (!kRms) mean = a.mu[row];
         }
       } else {
-        if (!is_rms) {
+        if constexpr (!kRms) {
           float s[1] = {0.0f};
 #pragma unroll
           for (int i = 0; i < NV; ++i) {
@@ -207,7 +224,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
           if (valid[i]) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-              const float d = unpack_at<R, VEC>(zw[i], j) - mean;
+              const float d = kRms ? unpack_at<R, VEC>(zw[i], j)
+                                   : unpack_at<R, VEC>(zw[i], j) - mean;
               q[0] = fmaf(d, d, q[0]);
             }
           }
@@ -216,7 +234,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
         rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
         if (ok && lr == 0) {
           a.rsigma[row] = rs;
-          if (!is_rms) a.mu[row] = mean;
+          if constexpr (!kRms) a.mu[row] = mean;
         }
       }
 
@@ -225,15 +243,16 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
       for (int i = 0; i < NV; ++i) {
         if (ok && valid[i]) {
           float y[VEC], g[VEC], b[VEC];
-          load_gamma_beta<VEC>(a, col[i], has_bias, g, b);
+          load_gamma_beta_t<W, kBias, VEC>(a, col[i], g, b);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), mean, rs, g[j] + g_add, b[j], has_bias);
+            y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), kRms ? 0.0f : mean, rs, g[j] + g_add, b[j],
+                          kBias);
           }
           if constexpr (kFp8) {
             if (mode != kApply) {
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) amax_bits = max(amax_bits, abs_bits(y[j]));
+              for (int j = 0; j < VEC; ++j) amax = amax_update(amax, y[j]);
             }
             if (mode != kStats) {
 #pragma unroll
@@ -263,7 +282,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
     }
   }
   if constexpr (kFp8) {
-    if (mode != kApply) block_amax_atomic(amax_bits, a.amax, amax_buf);
+    if (mode != kApply) block_amax_atomic(abs_bits(amax), a.amax, amax_buf);
   }
 }
 
@@ -437,6 +456,60 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   }
 }
 
+/* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields). */
+template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV>
+engine_status launch_fwd_reg(const FwdArgs& a, const LaunchCtx& ctx, int block, size_t smem) {
+  const bool narrow = block <= 256;
+  const void* fn =
+      narrow ? reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>)
+             : reinterpret_cast<const void*>(
+                   &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>);
+  int per_sm = 1;
+  ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
+  const int rpb = a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter;
+  const int64_t grid = persistent_grid(ceil_div(a.rows, rpb), ctx.sm_count, ctx.sm_margin, per_sm);
+  if (narrow) {
+    norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+  } else {
+    norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>
+        <<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+  }
+  ENGINE_CHECK_LAUNCH("norm_fwd_reg_kernel");
+  return ENGINE_SUCCESS;
+}
+
+/* The weight type: float, or x's 16-bit dtype (norm_api's check); with fp32 x, either 16-bit
+ * dtype (the kApply pass of current scaling reads an fp32 residual stream as x, with the weights
+ * of the 16-bit x it came from). */
+template <typename X, typename R, typename O, bool kRms, bool kBias, int NV>
+engine_status launch_fwd_reg_w(const FwdArgs& a, const LaunchCtx& ctx, int block, size_t smem) {
+  if (a.w_dtype == ENGINE_DTYPE_FLOAT32) {
+    return launch_fwd_reg<X, R, O, float, kRms, kBias, NV>(a, ctx, block, smem);
+  }
+  if constexpr (sizeof(X) == 2) {
+    return launch_fwd_reg<X, R, O, X, kRms, kBias, NV>(a, ctx, block, smem);
+  } else if constexpr (is_fp8_v<O>) { /* 16-bit weights with fp32 x: only the kApply pass */
+    return a.w_dtype == ENGINE_DTYPE_BFLOAT16
+               ? launch_fwd_reg<X, R, O, __nv_bfloat16, kRms, kBias, NV>(a, ctx, block, smem)
+               : launch_fwd_reg<X, R, O, __half, kRms, kBias, NV>(a, ctx, block, smem);
+  } else {
+    return set_error(ENGINE_ERROR_INVALID_ARGUMENT,
+                     "norm forward: %s weights with float32 x", dtype_name(a.w_dtype));
+  }
+}
+
+/* Compile-time norm kind: (RMSNorm or LayerNorm) x (bias or not). */
+template <typename X, typename R, typename O, int NV>
+engine_status launch_fwd_reg_k(const FwdArgs& a, const LaunchCtx& ctx, int block, size_t smem) {
+  const bool bias = a.bias != nullptr;
+  if (a.is_rms) {
+    return bias ? launch_fwd_reg_w<X, R, O, true, true, NV>(a, ctx, block, smem)
+                : launch_fwd_reg_w<X, R, O, true, false, NV>(a, ctx, block, smem);
+  }
+  return bias ? launch_fwd_reg_w<X, R, O, false, true, NV>(a, ctx, block, smem)
+              : launch_fwd_reg_w<X, R, O, false, false, NV>(a, ctx, block, smem);
+}
+
 /*
  * Launch one forward pass with the register path when the operands allow 16-byte vectors and the
  * row fits, the blocked path otherwise. Configuration depends on cols and dtypes only, never on
@@ -488,20 +561,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
       }
     }
     if (!*transposed) a.out_t = nullptr;
-    const bool narrow = block <= 256;
-    const void* fn = narrow ? reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, NV, 256>)
-                            : reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, NV, kMaxRowThreads>);
-    int per_sm = 1;
-    ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
-    const int rpb = a.tile_rows > 0 ? a.tile_rows : G;
-    const int64_t grid = persistent_grid(ceil_div(rows, rpb), ctx.sm_count, ctx.sm_margin, per_sm);
-    if (narrow) {
-      norm_fwd_reg_kernel<X, R, O, NV, 256><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
-    } else {
-      norm_fwd_reg_kernel<X, R, O, NV, kMaxRowThreads><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
-    }
-    ENGINE_CHECK_LAUNCH("norm_fwd_reg_kernel");
-    return ENGINE_SUCCESS;
+    return launch_fwd_reg_k<X, R, O, NV>(a, ctx, block, smem);
   }
 
   a.out_t = nullptr;
