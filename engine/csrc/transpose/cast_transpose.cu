@@ -9,8 +9,7 @@
  *   - rowwise FP8 goes straight to global memory (VEC bytes per thread, coalesced);
  *   - the FP8 tile is staged in shared memory (row pitch 144 bytes) and written transposed with
  *     16-byte stores (common/tile.cuh): a 64-byte contiguous run per output row and tile;
- *   - amax: per-thread NaN-propagating max of |x|, one atomicMax (of its bits) per CTA;
- *   - the vector path prefetches the next tile (packed words) before the transposed store.
+ *   - amax: per-thread max of |x| bits, one atomicMax per CTA.
  * Scaling modes as in the norms: delayed (kFull: read scale, max-update amax), current scaling
  * (cudaMemsetAsync(amax); kStats: amax only; kApply: scale from amax, written by CTA 0 with
  * scale_inv, then cast). scale_inv = 1 / scale is written by exactly one thread.
@@ -51,40 +50,8 @@ struct CastArgs {
   int t_vec16;
 };
 
-/* One vector of VEC values at tile position (r, cv): amax (NaN-propagating float max), then the
- * scaled FP8 bytes to the rowwise output and to the shared-memory tile. */
-template <int VEC>
-__device__ __forceinline__ void cast_vec(const CastArgs& a, const float (&v)[VEC], bool ok, int r,
-                                         int cv, int64_t r0, int64_t c0, float scale, bool e5m2,
-                                         bool has_out, bool has_t, uint8_t* tile, float& amax) {
-  if (a.mode != kApply) {
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) amax = amax_update(amax, v[j]); /* masked lanes hold 0 */
-  }
-  if (ok && (has_out || has_t)) {
-    if constexpr (VEC % 4 == 0) {
-      float y[VEC];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) y[j] = v[j] * scale;
-      uint32_t w[VEC / 4];
-      pack_fp8<VEC>(y, e5m2, w);
-      if (has_out) store_words<VEC>(a.out + (r0 + r) * a.out_stride + c0 + cv * VEC, w);
-      if (has_t) store_words<VEC>(tile + r * kPitch + cv * VEC, w);
-    } else {
-      const uint8_t q = fp8_from_float(v[0] * scale, e5m2);
-      if (has_out) a.out[(r0 + r) * a.out_stride + c0 + cv] = q;
-      if (has_t) tile[r * kPitch + cv] = q;
-    }
-  }
-}
-
-/* Vector path (VEC > 1): the loads of tile t + gridDim.x are issued, as packed words, before tile
- * t's transposed store and its barriers, so that a CTA has a tile in flight while it writes the
- * previous one (one tile at a time left the SM idle between tiles: 61-66 % of copy on an H200);
- * 16-bit inputs are compiled for 4 CTAs per SM (at most 64 registers, no spills). */
 template <typename X, int VEC>
-__global__ void __launch_bounds__(kThreads, (VEC > 1 && sizeof(X) == 2) ? 4 : 1)
-    cast_transpose_kernel(const CastArgs a) {
+__global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs a) {
   constexpr int VPR = kTileC / VEC;              /* vectors per tile row */
   constexpr int NL = kTileR * VPR / kThreads;    /* vectors per thread per tile */
   static_assert(kTileR * VPR % kThreads == 0, "tile must split evenly over the CTA");
@@ -109,90 +76,70 @@ __global__ void __launch_bounds__(kThreads, (VEC > 1 && sizeof(X) == 2) ? 4 : 1)
   const bool e5m2 = a.e5m2 != 0;
   const bool has_out = a.out != nullptr && mode != kStats;
   const bool has_t = a.out_t != nullptr && mode != kStats;
-  float amax = 0.0f;
+  int amax_bits = 0;
 
   const int64_t tiles_c = (a.cols + kTileC - 1) / kTileC;
   const int64_t ntiles = ((a.rows + kTileR - 1) / kTileR) * tiles_c;
-  const X* x = static_cast<const X*>(a.x);
-  /* Position of vector l of this thread in the tile, and whether it lies inside the matrix. */
-  auto where = [&](int64_t t, int l, int& r, int& cv, int64_t& r0, int64_t& c0) {
+  for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
     const int64_t tr = t / tiles_c;
-    r0 = tr * kTileR;
-    c0 = (t - tr * tiles_c) * kTileC;
-    const int idx = threadIdx.x + l * kThreads;
-    r = idx / VPR;
-    cv = idx - r * VPR;
-    return r0 + r < a.rows && c0 + cv * VEC < a.cols; /* VEC divides cols on the vector path */
-  };
-
-  if constexpr (VEC > 1) {
-    constexpr int W = PackedWords<X, VEC>::kWords;
-    uint32_t raw[NL][W];
-    auto load_tile = [&](int64_t t) {
+    const int64_t r0 = tr * kTileR;
+    const int64_t c0 = (t - tr * tiles_c) * kTileC;
+    /* Batches of LB vectors: all of a batch's loads are in flight before the first use. */
+    constexpr int LB = NL < 8 ? NL : 8;
+#pragma unroll 1
+    for (int l0 = 0; l0 < NL; l0 += LB) {
+      float v[LB][VEC];
+      bool ok[LB];
 #pragma unroll
-      for (int l = 0; l < NL; ++l) {
-        int r, cv;
-        int64_t r0, c0;
-        if (where(t, l, r, cv, r0, c0)) {
-          load_words<VEC * sizeof(X)>(x + (r0 + r) * a.x_stride + c0 + cv * VEC, raw[l]);
+      for (int l = 0; l < LB; ++l) {
+        const int idx = threadIdx.x + (l0 + l) * kThreads;
+        const int r = idx / VPR;
+        const int cv = idx - r * VPR;
+        const int64_t row = r0 + r;
+        const int64_t col = c0 + cv * VEC;
+        ok[l] = row < a.rows && col < a.cols; /* VEC divides cols on the vector path */
+        if (ok[l]) {
+          load_vec<X, VEC>(static_cast<const X*>(a.x) + row * a.x_stride + col, v[l]);
         } else {
 #pragma unroll
-          for (int k = 0; k < W; ++k) raw[l][k] = 0u;
+          for (int j = 0; j < VEC; ++j) v[l][j] = 0.0f;
         }
       }
-    };
-    if ((int64_t)blockIdx.x < ntiles) load_tile(blockIdx.x);
-    for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-      int64_t r0 = 0, c0 = 0;
 #pragma unroll
-      for (int l = 0; l < NL; ++l) {
-        int r, cv;
-        const bool ok = where(t, l, r, cv, r0, c0);
-        float v[VEC];
+      for (int l = 0; l < LB; ++l) {
+        if (mode != kApply) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v[j] = unpack_at<X, VEC>(raw[l], j);
-        cast_vec<VEC>(a, v, ok, r, cv, r0, c0, scale, e5m2, has_out, has_t, tile, amax);
-      }
-      if (t + gridDim.x < ntiles) load_tile(t + gridDim.x); /* prefetch: raw is free again */
-      if (has_t) { /* uniform */
-        __syncthreads();
-        const int64_t rl = a.rows - r0, cl = a.cols - c0;
-        store_tile_transposed(tile, kPitch, rl < kTileR ? (int)rl : kTileR,
-                              cl < kTileC ? (int)cl : kTileC, a.out_t, a.rows, r0, c0,
-                              a.t_vec16 != 0, threadIdx.x, kThreads);
-        __syncthreads();
+          for (int j = 0; j < VEC; ++j) amax_bits = max(amax_bits, abs_bits(v[l][j]));
+        }
+        if (ok[l] && (has_out || has_t)) {
+          const int idx = threadIdx.x + (l0 + l) * kThreads;
+          const int r = idx / VPR;
+          const int cv = idx - r * VPR;
+          if constexpr (VEC % 4 == 0) {
+            float y[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) y[j] = v[l][j] * scale;
+            uint32_t w[VEC / 4];
+            pack_fp8<VEC>(y, e5m2, w);
+            if (has_out) store_words<VEC>(a.out + (r0 + r) * a.out_stride + c0 + cv * VEC, w);
+            if (has_t) store_words<VEC>(tile + r * kPitch + cv * VEC, w);
+          } else {
+            const uint8_t q = fp8_from_float(v[l][0] * scale, e5m2);
+            if (has_out) a.out[(r0 + r) * a.out_stride + c0 + cv] = q;
+            if (has_t) tile[r * kPitch + cv] = q;
+          }
+        }
       }
     }
-  } else { /* scalar fallback (unaligned operands or cols % VEC != 0): batches of 8 loads */
-    for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-      int64_t r0 = 0, c0 = 0;
-      constexpr int LB = NL < 8 ? NL : 8;
-#pragma unroll 1
-      for (int l0 = 0; l0 < NL; l0 += LB) {
-        float v[LB][1];
-        bool ok[LB];
-        int r[LB], cv[LB];
-#pragma unroll
-        for (int l = 0; l < LB; ++l) {
-          ok[l] = where(t, l0 + l, r[l], cv[l], r0, c0);
-          v[l][0] = ok[l] ? to_float(x[(r0 + r[l]) * a.x_stride + c0 + cv[l]]) : 0.0f;
-        }
-#pragma unroll
-        for (int l = 0; l < LB; ++l) {
-          cast_vec<1>(a, v[l], ok[l], r[l], cv[l], r0, c0, scale, e5m2, has_out, has_t, tile, amax);
-        }
-      }
-      if (has_t) { /* uniform */
-        __syncthreads();
-        const int64_t rl = a.rows - r0, cl = a.cols - c0;
-        store_tile_transposed(tile, kPitch, rl < kTileR ? (int)rl : kTileR,
-                              cl < kTileC ? (int)cl : kTileC, a.out_t, a.rows, r0, c0,
-                              a.t_vec16 != 0, threadIdx.x, kThreads);
-        __syncthreads();
-      }
+    if (has_t) { /* uniform */
+      __syncthreads();
+      const int64_t rl = a.rows - r0, cl = a.cols - c0;
+      store_tile_transposed(tile, kPitch, rl < kTileR ? (int)rl : kTileR, cl < kTileC ? (int)cl : kTileC,
+                            a.out_t, a.rows, r0, c0, a.t_vec16 != 0, threadIdx.x, kThreads);
+      __syncthreads();
     }
   }
-  if (mode != kApply) block_amax_atomic(abs_bits(amax), a.amax, amax_buf);
+  if (mode != kApply) block_amax_atomic(amax_bits, a.amax, amax_buf);
 }
 
 /* Bitwise transpose of 1-byte elements, VEC = 16 (16-byte loads) or 1. */
