@@ -54,6 +54,10 @@ def test_overrides_differ_from_the_base_table():
         assert cfg != nc.fwd_config(p2, torch.bfloat16, False, False, True), p2
     for p2, cfg in nc._LN_FWD_OVERRIDES.items():
         assert cfg != nc.fwd_config(p2, torch.bfloat16, False, False, True), p2
+    for p2, cfg in nc._LN_FWD_FP8_OVERRIDES.items():
+        assert cfg != nc.fwd_config(p2, torch.bfloat16, False, True, True), p2
+        assert cfg != nc.fwd_config(p2, torch.bfloat16, False, False, True), p2
+        assert cfg == nc.fwd_config(p2, torch.bfloat16, False, True, False), p2
     for p2, cfg in nc._LN_BWD_OVERRIDES.items():
         assert cfg != nc.bwd_config(p2, torch.bfloat16, True), p2
 

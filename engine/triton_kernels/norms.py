@@ -94,7 +94,7 @@ def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N,
         y += b[None, :]
     amax = 0.0
     if IS_FP8:
-        amax = _abs_max(y, mask, (not IS_RMS_NORM) and ZERO_CENTERED, True, INTERPRETER)
+        amax = _abs_max(y, mask, (not IS_RMS_NORM) and ZERO_CENTERED, INTERPRETER)
         if STORE_OUT:
             q = _fp8_saturate_cast(y * scale, fp8_max, Y.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
             tl.store(Y + rows64[:, None] * stride_y + cols[None, :], q, mask=mask)

@@ -69,7 +69,7 @@ def _cast_transpose_kernel(
         x = tl.load(X + tl.cast(rows, tl.int64)[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
         if CAST:
             xf = x.to(tl.float32)
-            amax = tl.maximum(amax, _abs_max(xf, mask, False, False, INTERPRETER),  # masked lanes: 0
+            amax = tl.maximum(amax, _abs_max(xf, mask, False, INTERPRETER),  # masked lanes: 0
                               propagate_nan=tl.PropagateNan.ALL)
             q = _fp8_saturate_cast(xf * scale, fp8_max, OUT_T.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
         else:

@@ -134,23 +134,20 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _abs_max(v, mask, MASKED: tl.constexpr, BITS: tl.constexpr, INTERPRETER: tl.constexpr):
+def _abs_max(v, mask, MASKED: tl.constexpr, INTERPRETER: tl.constexpr):
     """max |v| over a 2-D tile as an fp32 scalar that propagates NaN, as the reference and CUDA
-    backends do (``tl.max`` drops it on the GPU).
+    backends do (``tl.max`` drops it on the GPU): ``max.NaN.f32`` with an ``|v|`` operand, one
+    instruction per value. ``MASKED``: zero the lanes outside ``mask``; without it the caller
+    guarantees they hold 0 (loads with ``other=0``).
 
-    Two forms. Float: ``max.NaN.f32`` with an ``|v|`` operand, one instruction per value.
-    ``BITS``: the max of the int32 bits of ``|v|`` (integer order is float order for non-negative
-    floats, and a NaN, sign cleared, sorts above +inf): more instructions, but the in-thread part
-    pairs values three at a time (VIMNMX3). Measured on an H200 (NOTES.md, S12): the float form
-    sped up cast_transpose (75 -> 78 % of copy) and slowed the norm's FP8 epilogue (81 -> 70 % at
-    8K), so each kernel names its form. The interpreter always takes ``BITS``: it runs a custom
-    combine function in Python per pair (minutes per test), and its ``tl.max`` drops NaN too.
-    ``MASKED``: zero the lanes outside ``mask``; without it the caller guarantees they hold 0
-    (loads with ``other=0``); the bits form always masks."""
+    The interpreter runs a custom combine function in Python per pair (minutes per test), and its
+    ``tl.max`` drops NaN too, so there the max is taken over the int32 bits of ``|v|``: integer
+    order is float order for non-negative floats, and a NaN (sign cleared) sorts above +inf.
+    """
     a = tl.abs(v)
-    if MASKED or BITS or INTERPRETER:
+    if MASKED or INTERPRETER:
         a = tl.where(mask, a, 0.0)
-    if BITS or INTERPRETER:
+    if INTERPRETER:
         bits = a.to(tl.int32, bitcast=True)
         return tl.max(tl.max(bits, axis=1), axis=0).to(tl.float32, bitcast=True)
     return tl.reduce(tl.reduce(a, 1, _max_nan), 0, _max_nan)
