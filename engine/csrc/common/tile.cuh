@@ -46,8 +46,12 @@ __device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, int p
   const int nh = (nr + 15) >> 4;
   const int items = nq * nh;
   for (int item = tid; item < items; item += nthreads) {
-    const int h = item / nq;
-    const int q = item - h * nq;
+    /* h (the 16-row group) varies fastest across threads: the nh threads of one q write whole
+     * 16 * nh-byte runs of the same output rows in one store instruction (a warp covers 32 / nh
+     * column quads with full 32-byte sectors), where q fastest had a warp write 32 half sectors
+     * of 32 different rows. The shared-memory reads then meet nh-way bank conflicts. */
+    const int q = item / nh;
+    const int h = item - q * nh;
     const int nvalid = min(16, nr - 16 * h);
     uint32_t w[16];
 #pragma unroll
