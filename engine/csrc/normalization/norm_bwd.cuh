@@ -124,7 +124,8 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
         load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (kRms ? unpack_at<Z, VEC>(zw[i], j) : unpack_at<Z, VEC>(zw[i], j) - mean) * rs;
+          const float zj = unpack_at<Z, VEC>(zw[i], j);
+          const float xhat = (kRms ? zj : zj - mean) * rs;
           const float dy = unpack_at<DY, VEC>(dw_in[i], j);
           const float dyg = dy * (gv[j] + g_add);
           dw[i][j] = fmaf(dy, xhat, dw[i][j]);
@@ -144,7 +145,8 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
         load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (kRms ? unpack_at<Z, VEC>(zw[i], j) : unpack_at<Z, VEC>(zw[i], j) - mean) * rs;
+          const float zj = unpack_at<Z, VEC>(zw[i], j);
+          const float xhat = (kRms ? zj : zj - mean) * rs;
           const float dyg = unpack_at<DY, VEC>(dw_in[i], j) * (gv[j] + g_add);
           dz[j] = rs * (kRms ? dyg - xhat * c2 : dyg - c1 - xhat * c2);
         }

@@ -20,8 +20,9 @@
  *   - LayerNorm statistics are two-pass over registers: mean first, then sum((z - mean)^2): no
  *     E[z^2] - E[z]^2 cancellation;
  *   - FP8 out: per-thread amax (a NaN-propagating float max of |y|, masked lanes contribute 0),
- *     reduced per CTA as int bits, one atomicMax per CTA; with out_t the CTA owns tiles of tile_rows rows, stages the FP8 bytes in
- *     shared memory and writes the transposed tile with 16-byte stores (common/tile.cuh).
+ *     reduced per CTA as int bits, one atomicMax per CTA; with out_t the CTA owns tiles of
+ *     tile_rows rows, stages the FP8 bytes in shared memory and writes the transposed tile with
+ *     16-byte stores (common/tile.cuh).
  * Blocked path (norm_fwd_blocked_kernel), any cols: one CTA per row at a time; pass 1 walks the
  * row in chunks of blockDim * NVB * VEC elements computing the statistics (RMSNorm: sum of squares;
  * LayerNorm: per-thread Chan merge of each chunk's exact two-pass (n, mean, M2), then a block-wide
