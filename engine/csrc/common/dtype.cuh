@@ -149,7 +149,7 @@ __device__ __forceinline__ int abs_bits(float y) { return (int)(__float_as_uint(
 
 /* max(m, |y|) for a running amax m >= 0 (or NaN) that propagates NaN as abs_bits does: one
  * FMNMX.NAN with an |y| operand on sm_80+ (max.NaN.f32), where the int form takes a LOP3 and half
- * a 3-way IMNMX per value. abs_bits(amax_update(...)) then feeds block_amax_atomic. */
+ * a 3-way IMNMX per value. The running value then feeds block_amax_atomic. */
 __device__ __forceinline__ float amax_update(float m, float y) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   float r;

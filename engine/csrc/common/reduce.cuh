@@ -18,6 +18,8 @@
 
 #include <stdint.h>
 
+#include "common/dtype.cuh"
+
 namespace engine {
 
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -120,11 +122,12 @@ __device__ __forceinline__ int warp_max_int(int v) {
 #endif
 }
 
-/* Max of `bits` (non-negative float bits, see abs_bits) over the block, then ONE atomicMax per
- * block into *amax (as int: deterministic, and monotone for non-negative floats). Must be called by
- * every thread of the block; blockDim.x % 32 == 0; `sm` is shared memory of 32 ints. */
-__device__ __forceinline__ void block_amax_atomic(int bits, float* amax, int* sm) {
-  bits = warp_max_int(bits);
+/* Max of each thread's running amax (non-negative or NaN, see amax_update) over the block, then
+ * ONE atomicMax per block into *amax, on the float's bits (abs_bits: deterministic, monotone for
+ * non-negative floats, NaN above +inf). Must be called by every thread of the block;
+ * blockDim.x % 32 == 0; `sm` is shared memory of 32 ints. */
+__device__ __forceinline__ void block_amax_atomic(float thread_amax, float* amax, int* sm) {
+  int bits = warp_max_int(abs_bits(thread_amax));
   const int warp = threadIdx.x >> 5;
   if ((threadIdx.x & 31) == 0) sm[warp] = bits;
   __syncthreads();

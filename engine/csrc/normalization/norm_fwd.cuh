@@ -20,7 +20,7 @@
  *   - LayerNorm statistics are two-pass over registers: mean first, then sum((z - mean)^2): no
  *     E[z^2] - E[z]^2 cancellation;
  *   - FP8 out: per-thread amax (a NaN-propagating float max of |y|, masked lanes contribute 0),
- *     reduced per CTA as int bits, one atomicMax per CTA; with out_t the CTA owns tiles of
+ *     one atomicMax of its bits per CTA; with out_t the CTA owns tiles of
  *     tile_rows rows, stages the FP8 bytes in shared memory and writes the transposed tile with
  *     16-byte stores (common/tile.cuh).
  * Blocked path (norm_fwd_blocked_kernel), any cols: one CTA per row at a time; pass 1 walks the
@@ -283,7 +283,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
     }
   }
   if constexpr (kFp8) {
-    if (mode != kApply) block_amax_atomic(abs_bits(amax), a.amax, amax_buf);
+    if (mode != kApply) block_amax_atomic(amax, a.amax, amax_buf);
   }
 }
 
@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
   const float scale = fwd_fp8_scale<kFp8>(a);
   const bool e5m2 = a.e5m2 != 0;
-  int amax_bits = 0;
+  float amax = 0.0f;
   RowGroupSum<1> red(red_buf);
 
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
           if constexpr (kFp8) {
             if (mode != kApply) {
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) amax_bits = max(amax_bits, abs_bits(y[j]));
+              for (int j = 0; j < VEC; ++j) amax = amax_update(amax, y[j]);
             }
             if (mode != kStats) {
               uint8_t* orow = static_cast<uint8_t*>(a.out) + row * a.out_stride + col[i];
@@ -453,7 +453,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
     }
   }
   if constexpr (kFp8) {
-    if (mode != kApply) block_amax_atomic(amax_bits, a.amax, amax_buf);
+    if (mode != kApply) block_amax_atomic(amax, a.amax, amax_buf);
   }
 }
 

@@ -9,7 +9,7 @@
  *   - rowwise FP8 goes straight to global memory (VEC bytes per thread, coalesced);
  *   - the FP8 tile is staged in shared memory (row pitch 144 bytes) and written transposed with
  *     16-byte stores (common/tile.cuh): a 64-byte contiguous run per output row and tile;
- *   - amax: per-thread max of |x| bits, one atomicMax per CTA.
+ *   - amax: per-thread NaN-propagating max of |x| (amax_update), one atomicMax per CTA.
  * Scaling modes as in the norms: delayed (kFull: read scale, max-update amax), current scaling
  * (cudaMemsetAsync(amax); kStats: amax only; kApply: scale from amax, written by CTA 0 with
  * scale_inv, then cast). scale_inv = 1 / scale is written by exactly one thread.
@@ -76,7 +76,7 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs
   const bool e5m2 = a.e5m2 != 0;
   const bool has_out = a.out != nullptr && mode != kStats;
   const bool has_t = a.out_t != nullptr && mode != kStats;
-  int amax_bits = 0;
+  float amax = 0.0f;
 
   const int64_t tiles_c = (a.cols + kTileC - 1) / kTileC;
   const int64_t ntiles = ((a.rows + kTileR - 1) / kTileR) * tiles_c;
@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs
       for (int l = 0; l < LB; ++l) {
         if (mode != kApply) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) amax_bits = max(amax_bits, abs_bits(v[l][j]));
+          for (int j = 0; j < VEC; ++j) amax = amax_update(amax, v[l][j]); /* masked: 0 */
         }
         if (ok[l] && (has_out || has_t)) {
           const int idx = threadIdx.x + (l0 + l) * kThreads;
@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs
       __syncthreads();
     }
   }
-  if (mode != kApply) block_amax_atomic(amax_bits, a.amax, amax_buf);
+  if (mode != kApply) block_amax_atomic(amax, a.amax, amax_buf);
 }
 
 /* Bitwise transpose of 1-byte elements, VEC = 16 (16-byte loads) or 1. */
