@@ -6,12 +6,13 @@ profiler, averaged over several calls), both as % of the copy bandwidth measured
 Where the two differ the row is host-bound: the GPU waits for Python between kernels.
 
     python benchmarks/profile_kernels.py [--n 1024 8192] [--modes fwd fwd+bwd] [--impls triton]
-                                         [--jit-launch] [--json out.json]
+                                         [--jit-launch] [--max-cluster 1] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from pathlib import Path
 
@@ -46,7 +47,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--jit-launch", action="store_true",
                     help="launch Triton kernels through kernel[grid] instead of engine's Launcher")
+    ap.add_argument("--max-cluster", type=int, choices=[1, 2, 4, 8],
+                    help="CUDA: largest thread-block cluster a row may be split over (1: none; "
+                         "engine.cuda_backend.max_cluster_size), for A/B runs of the cluster paths")
     args = ap.parse_args(argv)
+    with contextlib.ExitStack() as stack:
+        if args.max_cluster is not None and H.on_gpu():
+            from engine import cuda_backend
+
+            stack.enter_context(cuda_backend.max_cluster_size(args.max_cluster))
+        return run(args)
+
+
+def run(args) -> int:
     if args.jit_launch:
         from engine.triton_kernels import launch
 

@@ -15,6 +15,7 @@ it when that cannot work (torch without CUDA, no visible GPU, no nvcc, a failed 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -27,7 +28,8 @@ from engine.backend import BackendUnavailableError, settings
 
 Tensor = torch.Tensor
 
-__all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose"]
+__all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
+           "max_cluster_size"]
 
 _log = logging.getLogger("engine.cuda_backend")
 _lock = threading.Lock()
@@ -228,3 +230,19 @@ def fp8_transpose(data: Tensor, out_t: Tensor) -> None:
     err = (_ext or _ext_or_load()).fp8_transpose(data, out_t)
     if err:
         _raise(err)
+
+
+@contextlib.contextmanager
+def max_cluster_size(n: int):
+    """Within the block, the norm kernels split a row over thread-block clusters of at most ``n``
+    CTAs (1, 2, 4 or 8; 8 is the default). ``n = 1`` keeps every row inside one CTA, the paths
+    used before clusters (and on devices or builds without them), so that tests and benchmarks can
+    run both on one GPU. Process-wide, not thread-safe; restores the previous value on exit."""
+    if n not in (1, 2, 4, 8):
+        raise ValueError(f"max_cluster_size: n must be 1, 2, 4 or 8, got {n!r}")
+    ext = _ext or _ext_or_load()
+    prev = ext.set_max_cluster_size(n)
+    try:
+        yield
+    finally:
+        ext.set_max_cluster_size(prev)

@@ -24,6 +24,9 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 NORMS = [pytest.param(True, id="rms"), pytest.param(False, id="ln")]
 FP8 = [pytest.param(E4M3, id="e4m3"), pytest.param(E5M2, id="e5m2")]
 SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
+# On the GPU also rows that CUDA splits over thread-block clusters (2 and 8 CTAs; more rows than
+# resident clusters at 24584): the FP8 epilogue, amax and the transposed copy on that path.
+WIDE = [(301, 24584), (37, 131072)] if ON_GPU else []
 
 
 def call(is_rms, x, w, b=None, **kw):
@@ -47,6 +50,26 @@ def fp8_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordinal(a) - ordinal(b)).abs()
 
 
+def same_row_sums(backend, n, is_rms, dtype=BF16):
+    """Whether the backend adds a row's sums in the same order for an FP8 and an fp32 output.
+
+    CUDA and the reference do by construction (one thread layout per row width, whatever the
+    output). Triton's tiles are tuned per output kind (engine.triton_kernels.norms_common): where
+    the FP8 tile differs from the high-precision one (rows per program, block, warps, blocked),
+    tl.sum adds in another order: the statistics agree to the last bits, so the FP8 bytes equal
+    the fp32 output's cast except where a value lies on a rounding boundary.
+    """
+    if backend != "triton":
+        return True
+    from engine.triton_kernels import norms_common as nc
+
+    def tiling(c):
+        return c.block_m, c.block_n, c.blocked, c.num_warps
+
+    return tiling(nc.fwd_config(n, dtype, False, True, is_rms)) == tiling(
+        nc.fwd_config(n, dtype, False, False, is_rms))
+
+
 def inputs(m, n, is_rms, dtype=BF16):
     x = torch.randn(m, n, device=DEVICE, dtype=dtype)
     w = (torch.rand(n, device=DEVICE) + 0.5).to(dtype)
@@ -56,7 +79,7 @@ def inputs(m, n, is_rms, dtype=BF16):
 
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("fp8_dtype", FP8)
-@pytest.mark.parametrize("m,n", SHAPES)
+@pytest.mark.parametrize("m,n", SHAPES + WIDE)
 def test_norm_fp8_delayed(backend, is_rms, fp8_dtype, m, n):
     x, w, b = inputs(m, n, is_rms)
     y32 = call(is_rms, x, w, b, out_dtype=F32)
@@ -65,8 +88,17 @@ def test_norm_fp8_delayed(backend, is_rms, fp8_dtype, m, n):
     assert isinstance(t, Float8Tensor) and t.data.dtype == fp8_dtype and t.data.shape == x.shape
     assert t.transpose_data is None
     expect = fp8_quantize(y32, 3.0, fp8_dtype)
-    assert torch.equal(t.data.view(torch.uint8), expect.view(torch.uint8))
-    assert q.amax.item() == max(0.25, y32.abs().max().item())
+    if same_row_sums(backend, n, is_rms):  # the FP8 output is the cast of the fp32 one, bit for bit
+        assert torch.equal(t.data.view(torch.uint8), expect.view(torch.uint8))
+        assert q.amax.item() == max(0.25, y32.abs().max().item())
+    else:  # statistics equal to the last bits: only a value on a rounding boundary may move a step
+        steps = fp8_steps(t.data, expect)
+        assert steps.max().item() <= 1
+        moved = steps > 0
+        ys = (y32 * 3.0)[moved]
+        mid = (t.data.float()[moved] + expect.float()[moved]) / 2
+        assert ((ys - mid).abs() <= 1e-5 * ys.abs()).all(), "a moved byte is not at a rounding boundary"
+        assert q.amax.item() == pytest.approx(max(0.25, y32.abs().max().item()), rel=1e-5)
     assert t.scale_inv.item() == (1.0 / torch.tensor(3.0)).item()
     # against the float64 oracle: at most one FP8 step, and rarely
     oracle = fp8_quantize(ref_fwd(x, w, b, 1e-5, is_rms)["y"], 3.0, fp8_dtype)
@@ -127,7 +159,7 @@ def test_rows_of_zeros(backend, is_rms):
 
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("external", ["0", "1"], ids=["in-kernel", "external"])
-@pytest.mark.parametrize("m,n", SHAPES + [(40, 4096), (33, 1024)])  # 4096: a 32-row tile needs > 48 KB
+@pytest.mark.parametrize("m,n", SHAPES + WIDE + [(40, 4096), (33, 1024)])  # 4096: a 32-row tile needs > 48 KB
 # of smem (CUDA); N % 16 == 0: the store triton 3.6 miscompiled when its bound was specialised (Triton)
 @pytest.mark.parametrize("current", [False, True], ids=["delayed", "current"])
 def test_transposed_bitwise(backend, is_rms, external, m, n, current):

@@ -13,7 +13,7 @@ import torch
 import engine
 from engine.backend import OpFamily
 
-from conftest import DEVICE, ON_GPU
+from conftest import DEVICE, ON_GPU, use_backend
 from reference import norm_bwd as ref_bwd
 from reference import norm_fwd as ref_fwd
 from reference import residual_sum
@@ -141,9 +141,10 @@ def test_residual_zero_centered_strided(backend, is_rms, n, res_dtype):
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [8184, 32760])
 def test_widest_register_rows(backend, is_rms, n):
-    """Aligned rows at the register paths' widest: CUDA's forward holds 16-bit rows of up to 32K
-    (8 vectors per thread, 512 threads: 32760 uses 4095 of them), its backward 8K (8184); Triton's
-    forward 32K. Both directions, poisoned outputs, G = 1 row per CTA."""
+    """Aligned rows at the one-CTA register paths' widest: CUDA's forward holds 16-bit rows of up
+    to 32K (8 vectors per thread, 512 threads: 32760 uses 4095 of them), its backward 8K (8184);
+    Triton's forward 32K. Both directions, poisoned outputs, G = 1 row per CTA. On sm_90 CUDA
+    splits both widths over 2-CTA clusters by default (test_cluster_rows runs both ways)."""
     check_bwd(is_rms, 5, n, BF16, BF16, BF16, bias=not is_rms)
 
 
@@ -151,6 +152,52 @@ def test_widest_register_rows(backend, is_rms, n):
 def test_widest_rows(backend, is_rms):
     """N = 262144 (the largest hidden size the contract promises) on the blocked path."""
     check_bwd(is_rms, 2, 262144, BF16, BF16, BF16, bias=not is_rms)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [8184, 12296, 24584, 40000, 98312, 131072])
+@pytest.mark.parametrize("max_cluster", [8, 1], ids=["clusters", "no-clusters"])
+def test_cluster_rows(is_rms, n, max_cluster):
+    """CUDA rows split over a thread-block cluster (forward past 16K 16-bit elements, backward past
+    4K; 12296 and 98312 leave the last CTA of a cluster partly idle), against float64 with poisoned
+    outputs, and the same rows with clusters off (the one-CTA 512-thread paths at 8184 backward and
+    24584 forward, the blocked paths beyond). 301 rows: more
+    than the resident clusters, so clusters loop and the backward sums several rows per partial.
+    40000 adds an fp32 residual stream (its own vector count per thread)."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        with cuda_backend.max_cluster_size(max_cluster):
+            check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms,
+                      res_dtype=F32 if n == 40000 else None)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_cluster_path_taken(is_rms):
+    """The cluster knob changes the path: the same rows give statistics within rounding of each
+    other but not bit for bit (the cluster adds per-CTA sums in rank order, the other paths in
+    another order), which over 301 rows of 65536 means both paths ran."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        x = torch.randn(301, 65536, device=DEVICE, dtype=BF16)
+        w = torch.randn(65536, device=DEVICE, dtype=BF16)
+        b = None if is_rms else torch.randn(65536, device=DEVICE, dtype=BF16)
+        stats = {}
+        for c in (8, 1):
+            with cuda_backend.max_cluster_size(c):
+                _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
+            stats[c] = rsigma if is_rms else torch.cat([mu, rsigma])
+        torch.testing.assert_close(stats[8], stats[1], rtol=1e-5, atol=1e-6)
+        assert not torch.equal(stats[8], stats[1])
+    finally:
+        engine.backend.reset_for_tests()
 
 
 def test_layernorm_large_mean(backend):

@@ -1,6 +1,7 @@
 /*
- * engine_status_string / engine_last_error (the C API's error reporting) and the host-side caches
- * declared in common.cuh. No kernels here.
+ * engine_status_string / engine_last_error (the C API's error reporting), the host-side caches
+ * declared in common.cuh and the cluster-size knob. The only kernel here is an empty probe whose
+ * PTX version tells whether the loaded device code has clusters.
  *
  * The last-error detail is a thread-local string: each public entry point clears it, a failure
  * fills it, and engine_last_error() returns it (valid until the thread's next engine call).
@@ -10,6 +11,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -31,12 +33,35 @@ struct OccEntry {
   const void* func;
   int block;
   size_t smem;
+  int cluster; /* 0: blocks per SM (blocks_per_sm); > 0: active clusters of this size */
   int blocks;
 };
 std::mutex g_occ_mutex;
 std::vector<OccEntry> g_occ;
 /* (device, func) pairs whose dynamic shared-memory limit was raised to the device maximum. */
 std::vector<std::pair<int, const void*>> g_smem_raised;
+
+std::atomic<int> g_max_cluster{8};
+
+/* Compiled like every kernel of the library: its PTX version tells whether the device code the
+ * driver loads for this device was compiled for sm_90+ (where clusters exist), e.g. not when only
+ * compute_80 PTX was built and is JIT-compiled for an H100. */
+__global__ void probe_kernel() {}
+
+engine_status lookup_occ(int dev, const void* func, int block, size_t smem, int cluster, int* out,
+                         bool* found) {
+  std::lock_guard<std::mutex> lock(g_occ_mutex);
+  for (const OccEntry& e : g_occ) {
+    if (e.device == dev && e.func == func && e.block == block && e.smem == smem &&
+        e.cluster == cluster) {
+      *out = e.blocks;
+      *found = true;
+      return ENGINE_SUCCESS;
+    }
+  }
+  *found = false;
+  return ENGINE_SUCCESS;
+}
 
 }  // namespace
 
@@ -84,6 +109,12 @@ engine_status current_device_info(DeviceInfo* info) {
   ENGINE_CHECK_CUDA(
       cudaDeviceGetAttribute(&d.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
   ENGINE_CHECK_CUDA(cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, dev));
+  ENGINE_CHECK_CUDA(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
+  {
+    cudaFuncAttributes attr;
+    ENGINE_CHECK_CUDA(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&probe_kernel)));
+    d.clusters = (d.cc_major >= 9 && attr.ptxVersion >= 90) ? 1 : 0;
+  }
   {
     std::lock_guard<std::mutex> lock(g_device_mutex);
     g_device_info[dev] = d;
@@ -93,18 +124,51 @@ engine_status current_device_info(DeviceInfo* info) {
   return ENGINE_SUCCESS;
 }
 
+int max_cluster_size(const DeviceInfo& info) {
+  return info.clusters ? g_max_cluster.load(std::memory_order_relaxed) : 1;
+}
+
+engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out) {
+  int dev = 0;
+  ENGINE_CHECK_CUDA(cudaGetDevice(&dev));
+  bool found = false;
+  ENGINE_TRY(lookup_occ(dev, func, block, dyn_smem, cluster, out, &found));
+  if (found) return ENGINE_SUCCESS;
+  int per_sm = 0;
+  ENGINE_TRY(blocks_per_sm(func, block, dyn_smem, &per_sm)); /* raises the smem limit if needed */
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)cluster);
+  cfg.blockDim = dim3((unsigned)block);
+  cfg.dynamicSmemBytes = dyn_smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  ENGINE_CHECK_CUDA(cudaOccupancyMaxActiveClusters(&n, func, &cfg));
+  if (n < 1) {
+    return set_error(ENGINE_ERROR_INVALID_ARGUMENT,
+                     "no cluster of %d CTAs of %d threads (%zu bytes of dynamic shared memory) "
+                     "can be resident on this device",
+                     cluster, block, dyn_smem);
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_occ_mutex);
+    g_occ.push_back(OccEntry{dev, func, block, dyn_smem, cluster, n});
+  }
+  *out = n;
+  return ENGINE_SUCCESS;
+}
+
 engine_status blocks_per_sm(const void* func, int block, size_t dyn_smem, int* out) {
   int dev = 0;
   ENGINE_CHECK_CUDA(cudaGetDevice(&dev));
-  {
-    std::lock_guard<std::mutex> lock(g_occ_mutex);
-    for (const OccEntry& e : g_occ) {
-      if (e.device == dev && e.func == func && e.block == block && e.smem == dyn_smem) {
-        *out = e.blocks;
-        return ENGINE_SUCCESS;
-      }
-    }
-  }
+  bool found = false;
+  ENGINE_TRY(lookup_occ(dev, func, block, dyn_smem, 0, out, &found));
+  if (found) return ENGINE_SUCCESS;
   if (dyn_smem > 48 * 1024) {
     bool raised = false;
     {
@@ -146,7 +210,7 @@ engine_status blocks_per_sm(const void* func, int block, size_t dyn_smem, int* o
   }
   {
     std::lock_guard<std::mutex> lock(g_occ_mutex);
-    g_occ.push_back(OccEntry{dev, func, block, dyn_smem, blocks});
+    g_occ.push_back(OccEntry{dev, func, block, dyn_smem, 0, blocks});
   }
   *out = blocks;
   return ENGINE_SUCCESS;
@@ -166,5 +230,10 @@ const char* engine_status_string(engine_status status) {
 }
 
 const char* engine_last_error(void) { return engine::g_last_error.c_str(); }
+
+int engine_set_max_cluster_size(int n) {
+  if (n != 1 && n != 2 && n != 4 && n != 8) return -1;
+  return engine::g_max_cluster.exchange(n);
+}
 
 }  // extern "C"

@@ -38,6 +38,8 @@ struct DeviceInfo {
   int max_smem_per_block_optin; /* bytes a block may use after cudaFuncSetAttribute */
   int smem_per_sm;              /* bytes of shared memory per multiprocessor */
   int l2_bytes;
+  int cc_major;  /* compute capability */
+  int clusters;  /* thread-block clusters usable: sm_90+ device and sm_90+ device code */
 };
 engine_status current_device_info(DeviceInfo* info);
 
@@ -49,11 +51,35 @@ engine_status current_device_info(DeviceInfo* info);
  */
 engine_status blocks_per_sm(const void* func, int block, size_t dyn_smem, int* out);
 
+/* Largest cluster a row kernel may use now: min(engine_set_max_cluster_size, 8) where the device
+ * and the compiled code have clusters (DeviceInfo::clusters), else 1. */
+int max_cluster_size(const DeviceInfo& info);
+
+/*
+ * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at
+ * once (cudaOccupancyMaxActiveClusters), cached like blocks_per_sm. ENGINE_ERROR_INVALID_ARGUMENT
+ * if none fits.
+ */
+engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out);
+
+
+
 /* Persistent grid: min(work_items, max(1, sm_count - sm_margin) * per_sm), at least 1. */
 inline int64_t persistent_grid(int64_t work_items, int sm_count, int sm_margin, int per_sm) {
   int64_t sms = (int64_t)sm_count - (int64_t)(sm_margin > 0 ? sm_margin : 0);
   if (sms < 1) sms = 1;
   int64_t g = sms * (per_sm < 1 ? 1 : per_sm);
+  if (work_items < g) g = work_items;
+  return g < 1 ? 1 : g;
+}
+
+/* Persistent grid of clusters: min(work_items, the `active` clusters the device holds at once,
+ * scaled by the share of SMs left after sm_margin), at least 1. */
+inline int64_t persistent_clusters(int64_t work_items, int active, int sm_count, int sm_margin) {
+  int64_t sms = (int64_t)sm_count - (int64_t)(sm_margin > 0 ? sm_margin : 0);
+  if (sms < 1) sms = 1;
+  int64_t g = (int64_t)active * sms / (sm_count < 1 ? 1 : sm_count);
+  if (g < 1) g = 1;
   if (work_items < g) g = work_items;
   return g < 1 ? 1 : g;
 }
@@ -122,5 +148,29 @@ inline int pow2_ceil(int v) {
     engine_status engine_st_ = (expr);            \
     if (engine_st_ != ENGINE_SUCCESS) return engine_st_; \
   } while (0)
+
+namespace engine {
+
+/* Launch `kernel(args)` on `grid` CTAs (a multiple of `cluster`) in clusters of `cluster` CTAs. */
+template <typename Args>
+engine_status launch_in_clusters(void (*kernel)(Args), int64_t grid, int block, size_t dyn_smem,
+                                 int cluster, cudaStream_t stream, const Args& args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3((unsigned)block);
+  cfg.dynamicSmemBytes = dyn_smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = (unsigned)cluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  ENGINE_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, args));
+  return ENGINE_SUCCESS;
+}
+
+}  // namespace engine
 
 #endif  // ENGINE_CSRC_COMMON_COMMON_CUH_

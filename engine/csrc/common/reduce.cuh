@@ -63,6 +63,76 @@ struct RowGroupSum {
   }
 };
 
+/* Thread-block clusters (sm_90): a row split over the CTAs of a cluster, each CTA holding its
+ * slice of the row in registers, as Quack does for wide rows; the per-row sums meet in
+ * distributed shared memory. Device code compiled for an earlier architecture has no clusters:
+ * there cluster_rank() is 0 and a cluster reduction traps (the launchers never ask for one there:
+ * cluster_occupancy() reports clusters unsupported unless the kernel's PTX is sm_90 or newer). */
+__device__ __forceinline__ int cluster_rank() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return (int)r;
+#else
+  return 0;
+#endif
+}
+
+/* Barrier over every thread of the cluster; shared-memory writes before it are visible to every
+ * CTA of the cluster after it (release / acquire). Called uniformly by all threads. */
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;"
+               ::: "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+/* The float at `p` (this CTA's shared memory) in the shared memory of cluster CTA `rank`. */
+__device__ __forceinline__ float cluster_load(const float* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+  unsigned remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+#else
+  (void)rank;
+  return *p;
+#endif
+}
+
+/* Sum of K per-CTA values over the n CTAs of a cluster (n == 1: nothing to do). Every thread
+ * passes its CTA's value (the same in every thread of the CTA, e.g. a RowGroupSum result) and gets
+ * the cluster's sum, added in rank order, so every CTA of the cluster holds the same bits.
+ * `buf`: K floats of shared memory for this call. One cluster barrier per call, so a buffer may
+ * be written again only two calls later: callers alternate two buffers per call site (by the
+ * parity of their row loop), the next call's barrier being passed by every CTA only after its
+ * reads of this one. cluster_finish() must follow the last call before the CTA exits (its shared
+ * memory must outlive the other CTAs' reads). No state is carried between calls: the kernels
+ * using it sit at their register limits. */
+template <int K>
+__device__ __forceinline__ void cluster_sum(float (&v)[K], float* buf, int n) {
+  if (n == 1) return;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) buf[k] = v[k];
+  }
+  cluster_sync();
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float s = cluster_load(buf + k, 0);
+    for (int r = 1; r < n; ++r) s += cluster_load(buf + k, r);
+    v[k] = s;
+  }
+}
+
+__device__ __forceinline__ void cluster_finish(int n) {
+  if (n > 1) cluster_sync();
+}
+
 /* Chan et al. merge of (count, mean, M2) statistics: (n, mean, m2) <- (n, mean, m2) + (nb, ...). */
 __device__ __forceinline__ void chan_merge(float& n, float& mean, float& m2, float nb, float meanb,
                                            float m2b) {

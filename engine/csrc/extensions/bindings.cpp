@@ -452,4 +452,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out_t"), py::arg("current_scaling"), py::arg("amax_epsilon"), guard());
   m.def("fp8_transpose", &fp8_transpose, "Tiled byte transpose (engine/reference.py:fp8_transpose)",
         py::arg("data"), py::arg("out_t"), guard());
+  m.def("set_max_cluster_size", &engine_set_max_cluster_size,
+        "Largest thread-block cluster a row may be split over (engine/csrc/include/engine/common.h); "
+        "returns the previous value, -1 for an invalid n",
+        py::arg("n"));
 }

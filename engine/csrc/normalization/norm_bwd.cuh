@@ -55,6 +55,7 @@ template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb, int 
 __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads))
     norm_bwd_reg_kernel(const BwdArgs a) {
   __shared__ float red_buf[2 * 32 * 2];
+  __shared__ float cl_buf[2][2]; /* [row-loop parity][c2, c1] */
   extern __shared__ __align__(16) float part[]; /* [rows_per_iter][ws_pitch] when > 1 group */
 
   const int tpr = a.tpr;
@@ -63,12 +64,17 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   const int nvec = a.cols / VEC;
   const bool has_dres_in = a.dresidual != nullptr;
   const bool has_dres_out = a.dres != nullptr;
+  /* Rows split over a cluster of a.cluster CTAs as in the forward; the cluster is one workspace
+   * row, each CTA writing its columns of it. */
+  const int ncl = kMaxThreads <= kClusterRowThreads ? a.cluster : 1;
+  const int glane = ncl > 1 ? cluster_rank() * tpr + lr : lr;
+  const int gstride = ncl * tpr;
 
   int col[NV];
   bool valid[NV];
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
-    const int v = lr + i * tpr;
+    const int v = glane + i * gstride;
     valid[i] = v < nvec;
     col[i] = v * VEC;
   }
@@ -89,7 +95,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   RowGroupSum<2> red(red_buf);
   const int G = a.rows_per_iter;
   const int64_t nblk = (a.rows + G - 1) / G;
-  for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+  for (int64_t blk = blockIdx.x / ncl; blk < nblk; blk += a.grid_clusters) {
     const int64_t row = blk * G + group;
     const bool ok = row < a.rows;
     const int64_t r = ok ? row : 0;
@@ -136,6 +142,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
       }
     }
     red(s, tpr);
+    cluster_sum<2>(s, cl_buf[blk & 1], ncl);
     const float c2 = s[0] * a.inv_n;
     const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
 #pragma unroll
@@ -162,9 +169,11 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
     }
   }
 
-  /* One workspace row of partials per CTA. */
-  float* wsd = a.ws_dw + (int64_t)blockIdx.x * a.ws_pitch;
-  float* wsb = a.ws_db != nullptr ? a.ws_db + (int64_t)blockIdx.x * a.ws_pitch : nullptr;
+  cluster_finish(ncl);
+  /* One workspace row of partials per CTA (per cluster). */
+  const int64_t ws_row = blockIdx.x / ncl;
+  float* wsd = a.ws_dw + ws_row * a.ws_pitch;
+  float* wsb = a.ws_db != nullptr ? a.ws_db + ws_row * a.ws_pitch : nullptr;
   if (G == 1) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -328,6 +337,17 @@ engine_status launch_bwd_reg(const BwdArgs& a, const LaunchCtx& ctx, int64_t max
       narrow ? reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>)
              : reinterpret_cast<const void*>(
                    &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>);
+  if (a.cluster > 1) { /* narrow CTAs, one row group each; a workspace row per cluster */
+    int active = 1;
+    ENGINE_TRY(active_clusters(fn, block, smem, a.cluster, &active));
+    int64_t ncl = persistent_clusters(a.rows, active, ctx.sm_count, ctx.sm_margin);
+    if (ncl > max_ctas) ncl = max_ctas;
+    *num_ctas = (int)ncl;
+    BwdArgs c = a;
+    c.grid_clusters = (int)ncl;
+    return launch_in_clusters(&norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>,
+                              ncl * a.cluster, block, smem, a.cluster, ctx.stream, c);
+  }
   int per_sm = 1;
   ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
   if (per_sm > kBwdMaxCtasPerSm) per_sm = kBwdMaxCtasPerSm;
@@ -336,13 +356,28 @@ engine_status launch_bwd_reg(const BwdArgs& a, const LaunchCtx& ctx, int64_t max
   if (grid > max_ctas) grid = max_ctas;
   *num_ctas = (int)grid;
   const dim3 g3((unsigned)grid), b3((unsigned)block);
+  BwdArgs c = a;
+  c.grid_clusters = (int)grid;
   if (narrow) {
-    norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256><<<g3, b3, smem, ctx.stream>>>(a);
+    norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256><<<g3, b3, smem, ctx.stream>>>(c);
   } else {
-    norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads><<<g3, b3, smem, ctx.stream>>>(a);
+    norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads><<<g3, b3, smem, ctx.stream>>>(c);
   }
   ENGINE_CHECK_LAUNCH("norm_bwd_reg_kernel");
   return ENGINE_SUCCESS;
+}
+
+/* Compile-time norm kind and dbias partials. */
+template <typename Z, typename DY, int VEC, int NV>
+engine_status launch_bwd_reg_k(const BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas,
+                               int* num_ctas, int block, size_t smem) {
+  const bool has_db = a.ws_db != nullptr;
+  if (a.is_rms) {
+    return has_db ? launch_bwd_reg<Z, DY, VEC, NV, true, true>(a, ctx, max_ctas, num_ctas, block, smem)
+                  : launch_bwd_reg<Z, DY, VEC, NV, true, false>(a, ctx, max_ctas, num_ctas, block, smem);
+  }
+  return has_db ? launch_bwd_reg<Z, DY, VEC, NV, false, true>(a, ctx, max_ctas, num_ctas, block, smem)
+                : launch_bwd_reg<Z, DY, VEC, NV, false, false>(a, ctx, max_ctas, num_ctas, block, smem);
 }
 
 template <typename Z, typename DY>
@@ -363,19 +398,22 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   const int tpr_raw = (nvec + NV - 1) / NV;
   const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
 
+  a.cluster = 1;
+  const int cluster = vec ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
+  if (cluster > 1) { /* the row over a cluster of CTAs (see the forward) */
+    a.cluster = cluster;
+    a.tpr = cluster_tpr(tpr_raw, cluster);
+    a.rows_per_iter = 1;
+    return launch_bwd_reg_k<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, a.tpr, 0);
+  }
+
   if (vec && tpr <= kMaxRowThreads) {
     const int G = pow2_floor(tpr >= 256 ? 1 : 256 / tpr);
     const int block = tpr * G;
     a.tpr = tpr;
     a.rows_per_iter = G;
     const size_t smem = G > 1 ? (size_t)G * a.ws_pitch * sizeof(float) : 0;
-    const bool has_db = a.ws_db != nullptr;
-    if (a.is_rms) {
-      return has_db ? launch_bwd_reg<Z, DY, VEC, NV, true, true>(a, ctx, max_ctas, num_ctas, block, smem)
-                    : launch_bwd_reg<Z, DY, VEC, NV, true, false>(a, ctx, max_ctas, num_ctas, block, smem);
-    }
-    return has_db ? launch_bwd_reg<Z, DY, VEC, NV, false, true>(a, ctx, max_ctas, num_ctas, block, smem)
-                  : launch_bwd_reg<Z, DY, VEC, NV, false, false>(a, ctx, max_ctas, num_ctas, block, smem);
+    return launch_bwd_reg_k<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, block, smem);
   }
 
   if (vec) {

@@ -59,6 +59,8 @@ struct FwdArgs {
   int tile_rows;     /* rows per transposed tile (0: no in-kernel transpose) */
   int tile_pitch;    /* bytes per shared-memory tile row */
   int t_vec16;       /* out_t rows are 16-byte aligned runs */
+  int cluster;       /* CTAs per thread-block cluster sharing each row (1: none; register path) */
+  int grid_clusters; /* gridDim.x / cluster, the row loop's stride (a parameter, not a register) */
 };
 
 struct BwdArgs {
@@ -88,6 +90,8 @@ struct BwdArgs {
   int zero_centered;
   int tpr;
   int rows_per_iter;
+  int cluster; /* CTAs per thread-block cluster sharing each row (1: none; register path) */
+  int grid_clusters; /* gridDim.x / cluster (see FwdArgs) */
 };
 
 struct LaunchCtx {
@@ -95,6 +99,7 @@ struct LaunchCtx {
   int sm_margin;
   int max_smem_optin;
   int smem_per_sm;
+  int max_cluster; /* largest thread-block cluster a row may be split over (1: none) */
   cudaStream_t stream;
 };
 
@@ -107,6 +112,22 @@ constexpr int kBwdElems = 16;
 /* Upper bound on backward CTAs per SM, so that the workspace size depends on (rows, cols,
  * sm_count, sm_margin) only, not on dtypes or occupancy. */
 constexpr int kBwdMaxCtasPerSm = 4;
+
+/* Rows wider than one 256-thread CTA on the register path are split over a thread-block cluster
+ * of CTAs of at most kClusterRowThreads threads each (sm_90), rather than given to one CTA of up to
+ * 512 threads (1 CTA per SM) or to the blocked path (two passes over the row): CTAs per cluster,
+ * a power of two <= max_cluster, or 0 when tpr_raw threads per row do not fit 8 such CTAs or
+ * clusters are off. */
+constexpr int kClusterRowThreads = 256;
+inline int row_cluster(int tpr_raw, int max_cluster) {
+  if (tpr_raw <= kClusterRowThreads || max_cluster < 2) return 0;
+  for (int c = 2; c <= max_cluster; c *= 2) {
+    if (tpr_raw <= c * kClusterRowThreads) return c;
+  }
+  return 0;
+}
+/* Threads per CTA of a row split over `cluster` CTAs (a multiple of 32). */
+inline int cluster_tpr(int tpr_raw, int cluster) { return (int)round_up(ceil_div(tpr_raw, cluster), 32); }
 
 inline int64_t bwd_ws_pitch(int64_t cols) { return round_up(cols, 4); }
 inline int64_t bwd_max_ctas(int64_t rows, int sm_count, int sm_margin) {

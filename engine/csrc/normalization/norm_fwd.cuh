@@ -125,6 +125,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
   constexpr int ZW = PackedWords<R, VEC>::kWords; /* z is kept as R values (exact: R holds x) */
   constexpr bool kFp8 = is_fp8_v<O>;
   __shared__ float red_buf[2 * 32];
+  __shared__ float cl_buf[2][2]; /* [row-loop parity][mean, variance] */
   __shared__ int amax_buf[32];
   extern __shared__ __align__(16) uint8_t tile[];
 
@@ -134,12 +135,18 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
   const int nvec = a.cols / VEC;
   const int mode = a.mode;
   const bool has_res = a.residual != nullptr;
+  /* A cluster of ncl CTAs shares each row (one row group per CTA then): CTA k of the cluster is
+   * lanes k * tpr .. (k + 1) * tpr - 1 of a row of ncl * tpr threads. Only 256-thread builds are
+   * launched in clusters; the 512-thread build (at its 128-register cap) compiles none of it. */
+  const int ncl = kMaxThreads <= kClusterRowThreads ? a.cluster : 1;
+  const int glane = ncl > 1 ? cluster_rank() * tpr + lr : lr;
+  const int gstride = ncl * tpr;
 
   int col[NV];
   bool valid[NV];
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
-    const int v = lr + i * tpr;
+    const int v = glane + i * gstride;
     valid[i] = v < nvec;
     col[i] = v * VEC;
   }
@@ -158,7 +165,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
   const int rpb = a.tile_rows > 0 ? a.tile_rows : G; /* a multiple of G */
   const int64_t nblk = (a.rows + rpb - 1) / rpb;
 
-  for (int64_t blk = blockIdx.x; blk < nblk; blk += gridDim.x) {
+  for (int64_t blk = blockIdx.x / ncl; blk < nblk; blk += a.grid_clusters) {
     const int64_t row0 = blk * rpb;
     for (int sub = group; sub < rpb; sub += G) { /* rpb / G iterations for every group */
       const int64_t row = row0 + sub;
@@ -217,6 +224,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
             for (int j = 0; j < VEC; ++j) s[0] += unpack_at<R, VEC>(zw[i], j); /* masked: 0 */
           }
           red(s, tpr);
+          cluster_sum<1>(s, &cl_buf[blk & 1][0], ncl);
           mean = s[0] * a.inv_n;
         }
         float q[1] = {0.0f};
@@ -232,8 +240,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
           }
         }
         red(q, tpr);
+        cluster_sum<1>(q, &cl_buf[blk & 1][1], ncl);
         rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
-        if (ok && lr == 0) {
+        if (ok && glane == 0) {
           a.rsigma[row] = rs;
           if constexpr (!kRms) a.mu[row] = mean;
         }
@@ -282,6 +291,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
       }
     }
   }
+  cluster_finish(ncl);
   if constexpr (kFp8) {
     if (mode != kApply) block_amax_atomic(amax, a.amax, amax_buf);
   }
@@ -465,15 +475,27 @@ engine_status launch_fwd_reg(const FwdArgs& a, const LaunchCtx& ctx, int block, 
       narrow ? reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>)
              : reinterpret_cast<const void*>(
                    &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>);
+  const int rpb = a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter;
+  if (a.cluster > 1) { /* narrow CTAs (kClusterRowThreads), one row group each */
+    int active = 1;
+    ENGINE_TRY(active_clusters(fn, block, smem, a.cluster, &active));
+    const int64_t ncl = persistent_clusters(a.rows, active, ctx.sm_count, ctx.sm_margin);
+    FwdArgs c = a;
+    c.grid_clusters = (int)ncl;
+    ENGINE_TRY(launch_in_clusters(&norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>,
+                                  ncl * a.cluster, block, smem, a.cluster, ctx.stream, c));
+    return ENGINE_SUCCESS;
+  }
   int per_sm = 1;
   ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
-  const int rpb = a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter;
   const int64_t grid = persistent_grid(ceil_div(a.rows, rpb), ctx.sm_count, ctx.sm_margin, per_sm);
+  FwdArgs c = a;
+  c.grid_clusters = (int)grid;
   if (narrow) {
-    norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256><<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+    norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256><<<(unsigned)grid, block, smem, ctx.stream>>>(c);
   } else {
     norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>
-        <<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+        <<<(unsigned)grid, block, smem, ctx.stream>>>(c);
   }
   ENGINE_CHECK_LAUNCH("norm_fwd_reg_kernel");
   return ENGINE_SUCCESS;
@@ -533,6 +555,19 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   const int nvec = cols / VEC;
   const int tpr_raw = (nvec + NV - 1) / NV;
   const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
+
+  a.cluster = 1;
+  const int cluster = vec ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
+  if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
+    a.cluster = cluster;
+    a.tpr = cluster_tpr(tpr_raw, cluster);
+    a.rows_per_iter = 1;
+    a.tile_rows = 0;
+    a.tile_pitch = 0;
+    a.t_vec16 = 0;
+    a.out_t = nullptr;
+    return launch_fwd_reg_k<X, R, O, NV>(a, ctx, a.tpr, 0);
+  }
 
   if (vec && tpr <= kMaxRowThreads) {
     const int G = pow2_floor(tpr >= 256 ? 1 : 256 / tpr);

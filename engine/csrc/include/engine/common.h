@@ -34,6 +34,12 @@ const char* engine_status_string(engine_status status);
 /* Detail of the last failure on the calling host thread ("" if none). Valid until the next call. */
 const char* engine_last_error(void);
 
+/* Largest thread-block cluster (CTAs) the row kernels may split one row over on sm_90 devices:
+ * 1, 2, 4 or 8 (the default). 1 keeps every row inside one CTA (the pre-cluster paths), so tests
+ * and benchmarks can run both paths on one device. Process-wide; returns the previous value, or
+ * -1 (and changes nothing) for any other n. */
+int engine_set_max_cluster_size(int n);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
