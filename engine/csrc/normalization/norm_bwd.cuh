@@ -18,6 +18,10 @@
  * dweight / dbias partials for its columns in registers across all of its CTA's rows, then the CTA
  * combines its row groups in a fixed order through shared memory and writes ONE row of fp32
  * partials to the workspace ([num_ctas, ws_pitch] for dweight, the same for dbias).
+ * Cluster path (the register kernel, sm_90): rows wider than one 256-thread CTA (4K-32K for
+ * 16-bit operands) are split over a thread-block cluster as in the forward; c1 / c2 are reduced
+ * across the cluster in distributed shared memory, and the cluster writes one workspace row, each
+ * CTA its own columns.
  * Blocked path (norm_bwd_blocked_kernel): one CTA per row at a time; pass 1 reduces c1 / c2 over
  * column chunks, pass 2 re-reads (L2) and writes dx, and read-modify-writes the CTA's own
  * workspace row (the first row of a CTA stores instead of adding).

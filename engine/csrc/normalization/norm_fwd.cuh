@@ -23,6 +23,13 @@
  *     one atomicMax of its bits per CTA; with out_t the CTA owns tiles of
  *     tile_rows rows, stages the FP8 bytes in shared memory and writes the transposed tile with
  *     16-byte stores (common/tile.cuh).
+ * Cluster path (the same kernel, sm_90): a row wider than one 256-thread CTA's registers is split
+ * over a thread-block cluster of 2, 4 or 8 such CTAs (FwdArgs::cluster; row_cluster() in
+ * norm_common.cuh), CTA k owning lanes k * tpr .. (k + 1) * tpr - 1 of the row; each row sum is
+ * reduced in the CTA, then across the cluster through distributed shared memory (cluster_sum,
+ * reduce.cuh: rank order, so all CTAs hold the same bits). 16-bit rows of up to 128K stay in
+ * registers this way (one read of x) instead of taking the blocked path (two), and rows of 16K-32K
+ * run as 3 CTAs per SM instead of one 512-thread CTA. No in-kernel transposed copy on this path.
  * Blocked path (norm_fwd_blocked_kernel), any cols: one CTA per row at a time; pass 1 walks the
  * row in chunks of blockDim * NVB * VEC elements computing the statistics (RMSNorm: sum of squares;
  * LayerNorm: per-thread Chan merge of each chunk's exact two-pass (n, mean, M2), then a block-wide
