@@ -136,17 +136,8 @@ engine_status active_clusters(const void* func, int block, size_t dyn_smem, int 
   if (found) return ENGINE_SUCCESS;
   int per_sm = 0;
   ENGINE_TRY(blocks_per_sm(func, block, dyn_smem, &per_sm)); /* raises the smem limit if needed */
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((unsigned)cluster);
-  cfg.blockDim = dim3((unsigned)block);
-  cfg.dynamicSmemBytes = dyn_smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_launch_config(cluster, block, dyn_smem, cluster, 0, &attr);
   int n = 0;
   ENGINE_CHECK_CUDA(cudaOccupancyMaxActiveClusters(&n, func, &cfg));
   if (n < 1) {

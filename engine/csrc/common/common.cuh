@@ -151,22 +151,30 @@ inline int pow2_ceil(int v) {
 
 namespace engine {
 
-/* Launch `kernel(args)` on `grid` CTAs (a multiple of `cluster`) in clusters of `cluster` CTAs. */
-template <typename Args>
-engine_status launch_in_clusters(void (*kernel)(Args), int64_t grid, int block, size_t dyn_smem,
-                                 int cluster, cudaStream_t stream, const Args& args) {
+/* A launch configuration of `grid` CTAs in clusters of `cluster` along x; *attr is its storage. */
+inline cudaLaunchConfig_t cluster_launch_config(int64_t grid, int block, size_t dyn_smem,
+                                                int cluster, cudaStream_t stream,
+                                                cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid);
   cfg.blockDim = dim3((unsigned)block);
   cfg.dynamicSmemBytes = dyn_smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = (unsigned)cluster;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = (unsigned)cluster;
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  return cfg;
+}
+
+/* Launch `kernel(args)` on `grid` CTAs (a multiple of `cluster`) in clusters of `cluster` CTAs. */
+template <typename Args>
+engine_status launch_in_clusters(void (*kernel)(Args), int64_t grid, int block, size_t dyn_smem,
+                                 int cluster, cudaStream_t stream, const Args& args) {
+  cudaLaunchAttribute attr;
+  const cudaLaunchConfig_t cfg = cluster_launch_config(grid, block, dyn_smem, cluster, stream, &attr);
   ENGINE_CHECK_CUDA(cudaLaunchKernelEx(&cfg, kernel, args));
   return ENGINE_SUCCESS;
 }
