@@ -156,13 +156,14 @@ def test_widest_rows(backend, is_rms):
 
 @pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [8184, 12296, 24584, 40000, 98312, 131072])
+@pytest.mark.parametrize("n", [8184, 12296, 24584, 40000, 65600, 98312, 131072])
 @pytest.mark.parametrize("max_cluster", [8, 1], ids=["clusters", "no-clusters"])
 def test_cluster_rows(is_rms, n, max_cluster):
     """CUDA rows split over a thread-block cluster (forward past 16K 16-bit elements, backward past
     4K; 12296 and 98312 leave the last CTA of a cluster partly idle), against float64 with poisoned
     outputs, and the same rows with clusters off (the one-CTA 512-thread paths at 8184 backward and
-    24584 forward, the blocked paths beyond). 301 rows: more
+    24584 forward, the blocked paths beyond). 65600: 8 CTAs of 160 threads, the last slots of a row
+    held by the first four only (LayerNorm merges per-CTA statistics of unequal counts). 301 rows: more
     than the resident clusters, so clusters loop and the backward sums several rows per partial.
     40000 adds an fp32 residual stream (its own vector count per thread)."""
     from engine import cuda_backend
@@ -208,7 +209,7 @@ def test_layernorm_large_mean(backend):
     """
     from tolerances import LARGE_MEAN_FP32
 
-    for n in (3571, 17389):
+    for n in (3571, 17389, 24584):  # 24584 fp32: an 8-CTA cluster on CUDA (per-CTA stats merged)
         m = 4
         x = rows_with_stride(m, n, F32, offset=1e4)
         w = torch.randn(n, device=DEVICE)

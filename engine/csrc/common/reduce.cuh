@@ -156,6 +156,35 @@ __device__ __forceinline__ void chan_merge(float& n, float& mean, float& m2, flo
   n = nt;
 }
 
+/* Chan merge of per-CTA statistics (count, mean, M2) over the n CTAs of a cluster, in rank order;
+ * every thread of every CTA gets the same bits. Each thread passes its CTA's values (the same in
+ * every thread of the CTA). `buf`: 3 floats of shared memory, reused as in cluster_sum. */
+__device__ __forceinline__ void cluster_chan(float& cnt, float& mean, float& m2, float* buf, int n) {
+  if (n == 1) return;
+  if (threadIdx.x == 0) {
+    buf[0] = cnt;
+    buf[1] = mean;
+    buf[2] = m2;
+  }
+  cluster_sync();
+  const int lane = threadIdx.x & 31;
+  float pn = 0.0f, pm = 0.0f, pq = 0.0f;
+  if (lane < n) {
+    pn = cluster_load(buf, lane);
+    pm = cluster_load(buf + 1, lane);
+    pq = cluster_load(buf + 2, lane);
+  }
+  cnt = __shfl_sync(kFullMask, pn, 0);
+  mean = __shfl_sync(kFullMask, pm, 0);
+  m2 = __shfl_sync(kFullMask, pq, 0);
+  for (int r = 1; r < n; ++r) {
+    const float nb = __shfl_sync(kFullMask, pn, r);
+    const float mb = __shfl_sync(kFullMask, pm, r);
+    const float qb = __shfl_sync(kFullMask, pq, r);
+    chan_merge(cnt, mean, m2, nb, mb, qb);
+  }
+}
+
 /* Block-wide Chan merge; every thread receives the block's (n, mean, m2). blockDim.x % 32 == 0.
  * `sm` is shared memory of 3 * 33 floats. Tree order within warps, warp order across warps. */
 __device__ __forceinline__ void block_chan(float& n, float& mean, float& m2, float* sm) {

@@ -18,16 +18,18 @@
  *     __syncthreads when a row spans several warps);
  *   - 1/N (host) and the FP8 scale are computed once, before the row loop;
  *   - LayerNorm statistics are two-pass over registers: mean first, then sum((z - mean)^2): no
- *     E[z^2] - E[z]^2 cancellation;
+ *     E[z^2] - E[z]^2 cancellation (in a cluster each CTA does this over its slice, and the
+ *     slices' (n, mean, M2) are merged by Chan's formula: cluster_chan);
  *   - FP8 out: per-thread amax (a NaN-propagating float max of |y|, masked lanes contribute 0),
  *     one atomicMax of its bits per CTA; with out_t the CTA owns tiles of
  *     tile_rows rows, stages the FP8 bytes in shared memory and writes the transposed tile with
  *     16-byte stores (common/tile.cuh).
  * Cluster path (the same kernel, sm_90): a row wider than one 256-thread CTA's registers is split
  * over a thread-block cluster of 2, 4 or 8 such CTAs (FwdArgs::cluster; row_cluster() in
- * norm_common.cuh), CTA k owning lanes k * tpr .. (k + 1) * tpr - 1 of the row; each row sum is
- * reduced in the CTA, then across the cluster through distributed shared memory (cluster_sum,
- * reduce.cuh: rank order, so all CTAs hold the same bits). 16-bit rows of up to 128K stay in
+ * norm_common.cuh), CTA k owning lanes k * tpr .. (k + 1) * tpr - 1 of the row; the row's
+ * statistics are reduced in the CTA, then across the cluster through distributed shared memory
+ * with one cluster barrier per row (cluster_sum / cluster_chan, reduce.cuh: rank order, so all
+ * CTAs hold the same bits). 16-bit rows of up to 128K stay in
  * registers this way (one read of x) instead of taking the blocked path (two), and rows of 16K-32K
  * run as 3 CTAs per SM instead of one 512-thread CTA. No in-kernel transposed copy on this path.
  * Blocked path (norm_fwd_blocked_kernel), any cols: one CTA per row at a time; pass 1 walks the
@@ -132,7 +134,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
   constexpr int ZW = PackedWords<R, VEC>::kWords; /* z is kept as R values (exact: R holds x) */
   constexpr bool kFp8 = is_fp8_v<O>;
   __shared__ float red_buf[2 * 32];
-  __shared__ float cl_buf[2][2]; /* [row-loop parity][mean, variance] */
+  __shared__ float cl_buf[2][3]; /* [row-loop parity][one cluster reduction's values] */
   __shared__ int amax_buf[32];
   extern __shared__ __align__(16) uint8_t tile[];
 
@@ -148,6 +150,13 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
   const int ncl = kMaxThreads <= kClusterRowThreads ? a.cluster : 1;
   const int glane = ncl > 1 ? cluster_rank() * tpr + lr : lr;
   const int gstride = ncl * tpr;
+  /* LayerNorm in a cluster: the elements of a row this CTA holds (its slots below nvec). */
+  float cta_n = 0.0f;
+  if (!kRms && ncl > 1) {
+    const int lane0 = glane - lr;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) cta_n += (float)(VEC * min(max(nvec - i * gstride - lane0, 0), tpr));
+  }
 
   int col[NV];
   bool valid[NV];
@@ -231,8 +240,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
             for (int j = 0; j < VEC; ++j) s[0] += unpack_at<R, VEC>(zw[i], j); /* masked: 0 */
           }
           red(s, tpr);
-          cluster_sum<1>(s, &cl_buf[blk & 1][0], ncl);
-          mean = s[0] * a.inv_n;
+          /* In a cluster each CTA centres its own slice on its own mean, and the slices' (n, mean,
+           * M2) are merged across the cluster below: one cluster barrier per row, not two. */
+          mean = ncl > 1 ? (cta_n > 0.0f ? s[0] / cta_n : 0.0f) : s[0] * a.inv_n;
         }
         float q[1] = {0.0f};
 #pragma unroll
@@ -247,7 +257,12 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
           }
         }
         red(q, tpr);
-        cluster_sum<1>(q, &cl_buf[blk & 1][1], ncl);
+        if constexpr (kRms) {
+          cluster_sum<1>(q, cl_buf[blk & 1], ncl);
+        } else {
+          float cnt = cta_n;
+          cluster_chan(cnt, mean, q[0], cl_buf[blk & 1], ncl);
+        }
         rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
         if (ok && glane == 0) {
           a.rsigma[row] = rs;
