@@ -238,7 +238,7 @@ def max_cluster_size(n: int):
     CTAs (1, 2, 4 or 8; 8 is the default). ``n = 1`` keeps every row inside one CTA, the paths
     used before clusters (and on devices or builds without them), so that tests and benchmarks can
     run both on one GPU. Process-wide, not thread-safe; restores the previous value on exit."""
-    if n not in (1, 2, 4, 8):
+    if type(n) is not int or n not in (1, 2, 4, 8):
         raise ValueError(f"max_cluster_size: n must be 1, 2, 4 or 8, got {n!r}")
     ext = _ext or _ext_or_load()
     prev = ext.set_max_cluster_size(n)

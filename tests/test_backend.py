@@ -101,6 +101,30 @@ def test_cuda_backend_rejects_cpu_tensors():
                               amax_epsilon=0.0, sm_margin=0)
 
 
+@pytest.mark.parametrize("n", [0, 3, 16, 2.0, "8", True])
+def test_max_cluster_size_rejects_bad_sizes(n):
+    """Only 1, 2, 4 and 8 CTAs per cluster; anything else raises before the extension is touched."""
+    from engine import cuda_backend
+
+    with pytest.raises(ValueError, match="1, 2, 4 or 8"):
+        with cuda_backend.max_cluster_size(n):
+            pass
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the knob lives in the CUDA extension")
+def test_max_cluster_size_restores():
+    from engine import cuda_backend
+
+    ext = cuda_backend._ext_or_load()
+    with cuda_backend.max_cluster_size(2):
+        assert ext.set_max_cluster_size(2) == 2
+        with cuda_backend.max_cluster_size(1):
+            assert ext.set_max_cluster_size(1) == 1
+        assert ext.set_max_cluster_size(2) == 2
+    assert ext.set_max_cluster_size(8) == 8  # the default is back
+    assert ext.set_max_cluster_size(3) == -1
+
+
 def test_environment_read_only_in_backend():
     """``os.environ`` / ``getenv`` appear in engine/backend.py and nowhere else in the package."""
     offenders = []

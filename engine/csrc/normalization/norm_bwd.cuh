@@ -336,38 +336,12 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb>
 engine_status launch_bwd_reg(const BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
                              int block, size_t smem) {
-  const bool narrow = block <= 256;
-  const void* fn =
-      narrow ? reinterpret_cast<const void*>(&norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>)
-             : reinterpret_cast<const void*>(
-                   &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>);
-  if (a.cluster > 1) { /* narrow CTAs, one row group each; a workspace row per cluster */
-    int active = 1;
-    ENGINE_TRY(active_clusters(fn, block, smem, a.cluster, &active));
-    int64_t ncl = persistent_clusters(a.rows, active, ctx.sm_count, ctx.sm_margin);
-    if (ncl > max_ctas) ncl = max_ctas;
-    *num_ctas = (int)ncl;
-    BwdArgs c = a;
-    c.grid_clusters = (int)ncl;
-    return launch_in_clusters(&norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>,
-                              ncl * a.cluster, block, smem, a.cluster, ctx.stream, c);
-  }
-  int per_sm = 1;
-  ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
-  if (per_sm > kBwdMaxCtasPerSm) per_sm = kBwdMaxCtasPerSm;
-  int64_t grid = persistent_grid(ceil_div(a.rows, a.rows_per_iter), ctx.sm_count, ctx.sm_margin,
-                                 per_sm);
-  if (grid > max_ctas) grid = max_ctas;
-  *num_ctas = (int)grid;
-  const dim3 g3((unsigned)grid), b3((unsigned)block);
-  BwdArgs c = a;
-  c.grid_clusters = (int)grid;
-  if (narrow) {
-    norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256><<<g3, b3, smem, ctx.stream>>>(c);
-  } else {
-    norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads><<<g3, b3, smem, ctx.stream>>>(c);
-  }
-  ENGINE_CHECK_LAUNCH("norm_bwd_reg_kernel");
+  int64_t grid = 0;
+  ENGINE_TRY(launch_row_kernel(&norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>,
+                               &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>, a,
+                               block, smem, ceil_div(a.rows, a.rows_per_iter), ctx, kBwdMaxCtasPerSm,
+                               max_ctas, &grid, "norm_bwd_reg_kernel"));
+  *num_ctas = (int)grid; /* rows of partials in the workspace (one per cluster when clustered) */
   return ENGINE_SUCCESS;
 }
 

@@ -129,6 +129,45 @@ inline int row_cluster(int tpr_raw, int max_cluster) {
 /* Threads per CTA of a row split over `cluster` CTAs (a multiple of 32). */
 inline int cluster_tpr(int tpr_raw, int cluster) { return (int)round_up(ceil_div(tpr_raw, cluster), 32); }
 
+/*
+ * Launch a register-path row kernel (forward or backward) for a configured argument block (tpr,
+ * rows_per_iter, cluster): `narrow` is its 256-thread build (blocks of up to 256 threads, and
+ * every cluster launch), `wide` its kMaxRowThreads build. The grid is persistent over `work` row
+ * blocks, with at most per_sm_cap CTAs per SM (0: occupancy alone) and max_units grid units in all
+ * (CTAs, or clusters when a.cluster > 1); *units receives it, and so does the kernel's
+ * a.grid_clusters (the row loop's stride).
+ */
+template <typename Args>
+engine_status launch_row_kernel(void (*narrow)(Args), void (*wide)(Args), Args a, int block,
+                                size_t smem, int64_t work, const LaunchCtx& ctx, int per_sm_cap,
+                                int64_t max_units, int64_t* units, const char* name) {
+  void (*kernel)(Args) = block <= kClusterRowThreads ? narrow : wide;
+  const void* fn = reinterpret_cast<const void*>(kernel);
+  int64_t grid = 1;
+  if (a.cluster > 1) {
+    if (block > kClusterRowThreads) { /* the wide build compiles no cluster code */
+      return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "%s: a cluster of %d-thread CTAs", name, block);
+    }
+    int active = 1;
+    ENGINE_TRY(active_clusters(fn, block, smem, a.cluster, &active));
+    grid = persistent_clusters(work, active, ctx.sm_count, ctx.sm_margin);
+  } else {
+    int per_sm = 1;
+    ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
+    if (per_sm_cap > 0 && per_sm > per_sm_cap) per_sm = per_sm_cap;
+    grid = persistent_grid(work, ctx.sm_count, ctx.sm_margin, per_sm);
+  }
+  if (grid > max_units) grid = max_units;
+  *units = grid;
+  a.grid_clusters = (int)grid;
+  if (a.cluster > 1) {
+    return launch_in_clusters(kernel, grid * a.cluster, block, smem, a.cluster, ctx.stream, a);
+  }
+  kernel<<<(unsigned)grid, block, smem, ctx.stream>>>(a);
+  ENGINE_CHECK_LAUNCH(name);
+  return ENGINE_SUCCESS;
+}
+
 inline int64_t bwd_ws_pitch(int64_t cols) { return round_up(cols, 4); }
 inline int64_t bwd_max_ctas(int64_t rows, int sm_count, int sm_margin) {
   int64_t sms = (int64_t)sm_count - (int64_t)(sm_margin > 0 ? sm_margin : 0);

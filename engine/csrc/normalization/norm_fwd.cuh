@@ -492,35 +492,11 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 /* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields). */
 template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV>
 engine_status launch_fwd_reg(const FwdArgs& a, const LaunchCtx& ctx, int block, size_t smem) {
-  const bool narrow = block <= 256;
-  const void* fn =
-      narrow ? reinterpret_cast<const void*>(&norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>)
-             : reinterpret_cast<const void*>(
-                   &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>);
-  const int rpb = a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter;
-  if (a.cluster > 1) { /* narrow CTAs (kClusterRowThreads), one row group each */
-    int active = 1;
-    ENGINE_TRY(active_clusters(fn, block, smem, a.cluster, &active));
-    const int64_t ncl = persistent_clusters(a.rows, active, ctx.sm_count, ctx.sm_margin);
-    FwdArgs c = a;
-    c.grid_clusters = (int)ncl;
-    ENGINE_TRY(launch_in_clusters(&norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>,
-                                  ncl * a.cluster, block, smem, a.cluster, ctx.stream, c));
-    return ENGINE_SUCCESS;
-  }
-  int per_sm = 1;
-  ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
-  const int64_t grid = persistent_grid(ceil_div(a.rows, rpb), ctx.sm_count, ctx.sm_margin, per_sm);
-  FwdArgs c = a;
-  c.grid_clusters = (int)grid;
-  if (narrow) {
-    norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256><<<(unsigned)grid, block, smem, ctx.stream>>>(c);
-  } else {
-    norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>
-        <<<(unsigned)grid, block, smem, ctx.stream>>>(c);
-  }
-  ENGINE_CHECK_LAUNCH("norm_fwd_reg_kernel");
-  return ENGINE_SUCCESS;
+  const int64_t work = ceil_div(a.rows, a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter);
+  int64_t grid = 0;
+  return launch_row_kernel(&norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>,
+                           &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>, a,
+                           block, smem, work, ctx, 0, work, &grid, "norm_fwd_reg_kernel");
 }
 
 /* The weight type: float, or x's 16-bit dtype (norm_api's check); with fp32 x, either 16-bit
