@@ -1,7 +1,7 @@
 /*
  * The C API of the norms (engine/normalization.h): parameter validation, pass orchestration and
- * the deterministic dweight / dbias reduction kernel. The row kernels live in norm_fwd.cuh /
- * norm_bwd.cuh and are instantiated in norm_{fwd,bwd}_<dtype>.cu.
+ * the deterministic dweight / dbias reduction kernel. The row kernels live in norm_fwd.cuh (their
+ * launchers in norm_fwd_launch.cuh) and norm_bwd.cuh, instantiated in norm_{fwd,bwd}_<dtype>.cu.
  *
  * Forward:
  *   high-precision out, or FP8 with delayed scaling: one kernel (kFull);

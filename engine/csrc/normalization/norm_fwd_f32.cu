@@ -4,7 +4,7 @@
  * holds the (x, residual) dtype pairs {f32/f32, f16/f16, f16/f32, bf16/bf16, bf16/f32} x
  * {register, blocked-vector, blocked-scalar} kernels.
  */
-#include "normalization/norm_fwd.cuh"
+#include "normalization/norm_fwd_launch.cuh"
 
 namespace engine {
 namespace norm {

@@ -1,0 +1,172 @@
+/*
+ * Norm forward launchers: configuration of the register / cluster / blocked paths from (cols,
+ * dtypes, alignment) and the per-dtype dispatch called by norm_fwd_{f32,f16,bf16,fp8}.cu. The
+ * kernels are in norm_fwd.cuh.
+ */
+#ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_LAUNCH_CUH_
+#define ENGINE_CSRC_NORMALIZATION_NORM_FWD_LAUNCH_CUH_
+
+#include "normalization/norm_fwd.cuh"
+
+namespace engine {
+namespace norm {
+
+/* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields). */
+template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV>
+engine_status launch_fwd_reg(const FwdArgs& a, const LaunchCtx& ctx, int block, size_t smem) {
+  const int64_t work = ceil_div(a.rows, a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter);
+  int64_t grid = 0;
+  return launch_row_kernel(&norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>,
+                           &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>, a,
+                           block, smem, work, ctx, 0, work, &grid, "norm_fwd_reg_kernel");
+}
+
+/* The weight type: float, or x's 16-bit dtype (norm_api's check); with fp32 x, either 16-bit
+ * dtype (the kApply pass of current scaling reads an fp32 residual stream as x, with the weights
+ * of the 16-bit x it came from). */
+template <typename X, typename R, typename O, bool kRms, bool kBias, int NV>
+engine_status launch_fwd_reg_w(const FwdArgs& a, const LaunchCtx& ctx, int block, size_t smem) {
+  if (a.w_dtype == ENGINE_DTYPE_FLOAT32) {
+    return launch_fwd_reg<X, R, O, float, kRms, kBias, NV>(a, ctx, block, smem);
+  }
+  if constexpr (sizeof(X) == 2) {
+    return launch_fwd_reg<X, R, O, X, kRms, kBias, NV>(a, ctx, block, smem);
+  } else if constexpr (is_fp8_v<O>) { /* 16-bit weights with fp32 x: only the kApply pass */
+    return a.w_dtype == ENGINE_DTYPE_BFLOAT16
+               ? launch_fwd_reg<X, R, O, __nv_bfloat16, kRms, kBias, NV>(a, ctx, block, smem)
+               : launch_fwd_reg<X, R, O, __half, kRms, kBias, NV>(a, ctx, block, smem);
+  } else {
+    return set_error(ENGINE_ERROR_INVALID_ARGUMENT,
+                     "norm forward: %s weights with float32 x", dtype_name(a.w_dtype));
+  }
+}
+
+/* Compile-time norm kind: (RMSNorm or LayerNorm) x (bias or not). */
+template <typename X, typename R, typename O, int NV>
+engine_status launch_fwd_reg_k(const FwdArgs& a, const LaunchCtx& ctx, int block, size_t smem) {
+  const bool bias = a.bias != nullptr;
+  if (a.is_rms) {
+    return bias ? launch_fwd_reg_w<X, R, O, true, true, NV>(a, ctx, block, smem)
+                : launch_fwd_reg_w<X, R, O, true, false, NV>(a, ctx, block, smem);
+  }
+  return bias ? launch_fwd_reg_w<X, R, O, false, true, NV>(a, ctx, block, smem)
+              : launch_fwd_reg_w<X, R, O, false, false, NV>(a, ctx, block, smem);
+}
+
+/*
+ * Launch one forward pass with the register path when the operands allow 16-byte vectors and the
+ * row fits, the blocked path otherwise. Configuration depends on cols and dtypes only, never on
+ * rows (rows only caps the grid).
+ */
+template <typename X, typename R, typename O>
+engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
+  constexpr int VEC = 16 / sizeof(X);
+  constexpr bool kFp8 = is_fp8_v<O>;
+  *transposed = false;
+  const int64_t rows = a.rows;
+  const int cols = a.cols;
+  const int wsz = dtype_size(a.w_dtype);
+  const bool vec = (cols % VEC == 0) && vec_ok(a.x, a.x_stride, rows, sizeof(X), VEC) &&
+                   vec_ok(a.residual, a.res_stride, rows, sizeof(R), VEC) &&
+                   vec_ok(a.residual_out, a.res_out_stride, rows, sizeof(R), VEC) &&
+                   (a.mode == kStats || vec_ok(a.out, a.out_stride, rows, sizeof(O), VEC)) &&
+                   vec_ok(a.weight, 0, 1, wsz, VEC) && vec_ok(a.bias, 0, 1, wsz, VEC);
+  constexpr int NV = fwd_reg_nv<X, R>();
+  const int nvec = cols / VEC;
+  const int tpr_raw = (nvec + NV - 1) / NV;
+  const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
+
+  a.cluster = 1;
+  const int cluster = vec ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
+  if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
+    a.cluster = cluster;
+    a.tpr = cluster_tpr(tpr_raw, cluster);
+    a.rows_per_iter = 1;
+    a.tile_rows = 0;
+    a.tile_pitch = 0;
+    a.t_vec16 = 0;
+    a.out_t = nullptr;
+    return launch_fwd_reg_k<X, R, O, NV>(a, ctx, a.tpr, 0);
+  }
+
+  if (vec && tpr <= kMaxRowThreads) {
+    const int G = pow2_floor(tpr >= 256 ? 1 : 256 / tpr);
+    const int block = tpr * G;
+    a.tpr = tpr;
+    a.rows_per_iter = G;
+    a.tile_rows = 0;
+    a.tile_pitch = 0;
+    a.t_vec16 = 0;
+    size_t smem = 0;
+    if (kFp8 && a.out_t != nullptr && a.mode != kStats) {
+      /* Tile of T rows x cols bytes; T = 32 gives whole 32-byte sectors per output column run,
+       * 16 halves the tile for wide rows; beyond that the caller transposes `out` afterwards. */
+      const int64_t budget = (int64_t)ctx.max_smem_optin - 1024; /* static smem of the kernel */
+      const int pitch = (int)round_up(cols, 16) + 16;
+      int T = G > 32 ? G : 32;
+      /* Prefer two resident CTAs per SM over full-sector runs. */
+      if ((int64_t)T * pitch > budget || 2 * ((int64_t)T * pitch + 1024) > ctx.smem_per_sm) {
+        T = G > 16 ? G : 16;
+      }
+      if ((int64_t)T * pitch <= budget) {
+        a.tile_rows = T;
+        a.tile_pitch = pitch;
+        a.t_vec16 = (ptr_aligned(a.out_t, 16) && rows % 16 == 0) ? 1 : 0;
+        smem = (size_t)T * pitch;
+        *transposed = true;
+      }
+    }
+    if (!*transposed) a.out_t = nullptr;
+    return launch_fwd_reg_k<X, R, O, NV>(a, ctx, block, smem);
+  }
+
+  a.out_t = nullptr;
+  a.tile_rows = 0;
+  if (vec) {
+    constexpr int NVB = 4;
+    const int block = kMaxRowThreads;
+    const void* fn = reinterpret_cast<const void*>(&norm_fwd_blocked_kernel<X, R, O, VEC, NVB>);
+    int per_sm = 1;
+    ENGINE_TRY(blocks_per_sm(fn, block, 0, &per_sm));
+    const int64_t grid = persistent_grid(rows, ctx.sm_count, ctx.sm_margin, per_sm);
+    norm_fwd_blocked_kernel<X, R, O, VEC, NVB><<<(unsigned)grid, block, 0, ctx.stream>>>(a);
+    ENGINE_CHECK_LAUNCH("norm_fwd_blocked_kernel");
+  } else {
+    constexpr int NVB = 8;
+    int64_t want = round_up(ceil_div(cols, NVB), 32);
+    const int block = (int)(want < 32 ? 32 : (want > kMaxRowThreads ? kMaxRowThreads : want));
+    const void* fn = reinterpret_cast<const void*>(&norm_fwd_blocked_kernel<X, R, O, 1, NVB>);
+    int per_sm = 1;
+    ENGINE_TRY(blocks_per_sm(fn, block, 0, &per_sm));
+    const int64_t grid = persistent_grid(rows, ctx.sm_count, ctx.sm_margin, per_sm);
+    norm_fwd_blocked_kernel<X, R, O, 1, NVB><<<(unsigned)grid, block, 0, ctx.stream>>>(a);
+    ENGINE_CHECK_LAUNCH("norm_fwd_blocked_kernel(scalar)");
+  }
+  return ENGINE_SUCCESS;
+}
+
+/* Dispatch over (x dtype, residual dtype) for one output type. */
+template <typename O>
+engine_status dispatch_fwd_xr(engine_dtype xt, engine_dtype rt, FwdArgs& a, const LaunchCtx& ctx,
+                              bool* transposed) {
+  switch (xt) {
+    case ENGINE_DTYPE_FLOAT32:
+      return launch_fwd<float, float, O>(a, ctx, transposed);
+    case ENGINE_DTYPE_FLOAT16:
+      return rt == ENGINE_DTYPE_FLOAT32 ? launch_fwd<__half, float, O>(a, ctx, transposed)
+                                        : launch_fwd<__half, __half, O>(a, ctx, transposed);
+    case ENGINE_DTYPE_BFLOAT16:
+      return rt == ENGINE_DTYPE_FLOAT32
+                 ? launch_fwd<__nv_bfloat16, float, O>(a, ctx, transposed)
+                 : launch_fwd<__nv_bfloat16, __nv_bfloat16, O>(a, ctx, transposed);
+    default:
+      break;
+  }
+  return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm forward: unsupported x dtype %s",
+                   dtype_name(xt));
+}
+
+}  // namespace norm
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_NORMALIZATION_NORM_FWD_LAUNCH_CUH_
