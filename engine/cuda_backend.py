@@ -234,8 +234,8 @@ def fp8_transpose(data: Tensor, out_t: Tensor) -> None:
 
 @contextlib.contextmanager
 def max_cluster_size(n: int):
-    """Within the block, the norm kernels split a row over thread-block clusters of at most ``n``
-    CTAs (1, 2, 4 or 8; 8 is the default). ``n = 1`` keeps every row inside one CTA, the paths
+    """Context manager: inside the ``with`` block the CUDA norm kernels split a wide row over
+    thread-block clusters of at most ``n`` CTAs (1, 2, 4 or 8; 8 is the default, sm_90 only). ``n = 1`` keeps every row inside one CTA, the paths
     used before clusters (and on devices or builds without them), so that tests and benchmarks can
     run both on one GPU. Process-wide, not thread-safe; restores the previous value on exit."""
     if type(n) is not int or n not in (1, 2, 4, 8):

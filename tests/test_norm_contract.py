@@ -144,7 +144,8 @@ def test_widest_register_rows(backend, is_rms, n):
     """Aligned rows at the one-CTA register paths' widest: CUDA's forward holds 16-bit rows of up
     to 32K (8 vectors per thread, 512 threads: 32760 uses 4095 of them), its backward 8K (8184);
     Triton's forward 32K. Both directions, poisoned outputs, G = 1 row per CTA. On sm_90 CUDA
-    splits both widths over 2-CTA clusters by default (test_cluster_rows runs both ways)."""
+    splits the 8184 backward and the 32760 forward over 2-CTA clusters by default
+    (test_cluster_rows runs both ways)."""
     check_bwd(is_rms, 5, n, BF16, BF16, BF16, bias=not is_rms)
 
 

@@ -62,8 +62,6 @@ int max_cluster_size(const DeviceInfo& info);
  */
 engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out);
 
-
-
 /* Persistent grid: min(work_items, max(1, sm_count - sm_margin) * per_sm), at least 1. */
 inline int64_t persistent_grid(int64_t work_items, int sm_count, int sm_margin, int per_sm) {
   int64_t sms = (int64_t)sm_count - (int64_t)(sm_margin > 0 ? sm_margin : 0);

@@ -67,7 +67,7 @@ struct RowGroupSum {
  * slice of the row in registers, as Quack does for wide rows; the per-row sums meet in
  * distributed shared memory. Device code compiled for an earlier architecture has no clusters:
  * there cluster_rank() is 0 and a cluster reduction traps (the launchers never ask for one there:
- * cluster_occupancy() reports clusters unsupported unless the kernel's PTX is sm_90 or newer). */
+ * DeviceInfo::clusters is set only for an sm_90+ device running sm_90+ device code). */
 __device__ __forceinline__ int cluster_rank() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   unsigned r;
@@ -122,8 +122,8 @@ __device__ __forceinline__ void cluster_sum(float (&v)[K], float* buf, int n) {
   }
   cluster_sync();
   /* Lane r of every warp loads rank r's value (n <= 32), the warp adds them in rank order by
-   * broadcast shuffles: one remote load per lane instead of n per thread (every thread loading all
-   * n values made these loads the kernels' largest stall, ncu: h200_ncu_cluster_01e796f.log). */
+   * broadcast shuffles: one remote load per lane instead of n per thread (the same bits; no
+   * measurable change in time on the H200, benchmarks/NOTES.md C3). */
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
