@@ -76,12 +76,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
 
   int col[NV];
   bool valid[NV];
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int v = glane + i * gstride;
-    valid[i] = v < nvec;
-    col[i] = v * VEC;
-  }
+  row_slots<NV, VEC>(glane, gstride, nvec, col, valid);
   /* gamma is re-read per row (L1-resident) rather than held as floats across the row loop, and
    * the dbias partials exist only when there is a bias (kHasDb): 16 + 16 registers fewer. */
   float dw[NV][VEC];

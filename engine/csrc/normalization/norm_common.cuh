@@ -129,6 +129,21 @@ inline int row_cluster(int tpr_raw, int max_cluster) {
 /* Threads per CTA of a row split over `cluster` CTAs (a multiple of 32). */
 inline int cluster_tpr(int tpr_raw, int cluster) { return (int)round_up(ceil_div(tpr_raw, cluster), 32); }
 
+/* Register paths: the thread at lane `glane` of a row of `gstride` threads (a row group of one
+ * CTA, or the CTAs of a cluster sharing the row) owns the 16-byte vectors glane, glane + gstride,
+ * ..., of the row's nvec; col[i] is the first element of its slot i, valid[i] whether it lies in
+ * the row. */
+template <int NV, int VEC>
+__device__ __forceinline__ void row_slots(int glane, int gstride, int nvec, int (&col)[NV],
+                                          bool (&valid)[NV]) {
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = glane + i * gstride;
+    valid[i] = v < nvec;
+    col[i] = v * VEC;
+  }
+}
+
 /*
  * Launch a register-path row kernel (forward or backward) for a configured argument block (tpr,
  * rows_per_iter, cluster): `narrow` is its 256-thread build (blocks of up to 256 threads, and

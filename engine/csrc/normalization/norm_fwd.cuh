@@ -160,12 +160,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
 
   int col[NV];
   bool valid[NV];
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int v = glane + i * gstride;
-    valid[i] = v < nvec;
-    col[i] = v * VEC;
-  }
+  row_slots<NV, VEC>(glane, gstride, nvec, col, valid);
 
   /* gamma / beta are not held in registers across the row loop: as floats they took 2 * NV * VEC
    * registers (64 at NV = 4), which capped the kernel at 2 CTAs of 256 threads per SM. They are
