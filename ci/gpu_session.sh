@@ -10,6 +10,7 @@
 # smoke (ci/cuda_smoke.py), bench (benchmarks/run.py), benchfull, tune (benchmarks/tune.py),
 # L2 (slow sweep + compute-sanitizer), diagT (ci/diag_transpose.py), launch (ci/launch_overhead.py),
 # profk / profkjit (benchmarks/profile_kernels.py: device time against timed time; PROFK_ARGS),
+# profkB (the same with PROFKB_ARGS, the B side of an A/B run),
 # hostprof (ci/host_profile.py: cProfile of a host-bound row; HOSTPROF_ARGS),
 # ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out ..."). Optional inputs carried from an
 # earlier call: .carry/_C*.so (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
@@ -68,6 +69,8 @@ for stage in "$@"; do
     launch) timeout 90 python3 ci/launch_overhead.py > "$OUT/launch.log" 2>&1; log "launch exit $?"; cat "$OUT/launch.log" ;;
     profk) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py --json "$OUT/profk.json" ${PROFK_ARGS:-} \
           > "$OUT/profk.log" 2>&1; log "profk exit $?"; tail -80 "$OUT/profk.log" ;;
+    profkB) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py ${PROFKB_ARGS:-} \
+          > "$OUT/profkB.log" 2>&1; log "profkB exit $?"; tail -80 "$OUT/profkB.log" ;;
     hostprof) timeout 120 python3 ci/host_profile.py ${HOSTPROF_ARGS:-} > "$OUT/hostprof.log" 2>&1; log "hostprof exit $?"
           tail -70 "$OUT/hostprof.log" ;;
     profkjit) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py --jit-launch ${PROFK_ARGS:-} \
