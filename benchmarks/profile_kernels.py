@@ -50,18 +50,12 @@ def main(argv=None) -> int:
     ap.add_argument("--max-cluster", type=int, choices=[1, 2, 4, 8],
                     help="CUDA: largest thread-block cluster a row may be split over (1: none; "
                          "engine.cuda_backend.max_cluster_size), for A/B runs of the cluster paths")
-    ap.add_argument("--no-l2-prefetch", action="store_true",
-                    help="CUDA: the norm kernels do not prefetch the next row into L2 "
-                         "(engine.cuda_backend.l2_prefetch(False)), for A/B runs")
     args = ap.parse_args(argv)
     with contextlib.ExitStack() as stack:
-        if H.on_gpu() and (args.max_cluster is not None or args.no_l2_prefetch):
+        if args.max_cluster is not None and H.on_gpu():
             from engine import cuda_backend
 
-            if args.max_cluster is not None:
-                stack.enter_context(cuda_backend.max_cluster_size(args.max_cluster))
-            if args.no_l2_prefetch:
-                stack.enter_context(cuda_backend.l2_prefetch(False))
+            stack.enter_context(cuda_backend.max_cluster_size(args.max_cluster))
         return run(args)
 
 

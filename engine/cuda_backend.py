@@ -29,7 +29,7 @@ from engine.backend import BackendUnavailableError, settings
 Tensor = torch.Tensor
 
 __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
-           "max_cluster_size", "l2_prefetch"]
+           "max_cluster_size"]
 
 _log = logging.getLogger("engine.cuda_backend")
 _lock = threading.Lock()
@@ -246,20 +246,3 @@ def max_cluster_size(n: int):
         yield
     finally:
         ext.set_max_cluster_size(prev)
-
-
-@contextlib.contextmanager
-def l2_prefetch(enabled: bool):
-    """Context manager: inside the ``with`` block the CUDA norm kernels of the register and cluster
-    paths do (``True``, the default) or do not (``False``) prefetch the next row into L2 before
-    reducing the current one. The results are the same bits either way; the knob exists so that
-    tests and benchmarks can compare both on one GPU. Process-wide, not thread-safe; restores the
-    previous value on exit."""
-    if type(enabled) is not bool:
-        raise ValueError(f"l2_prefetch: enabled must be True or False, got {enabled!r}")
-    ext = _ext or _ext_or_load()
-    prev = ext.set_l2_prefetch(int(enabled))
-    try:
-        yield
-    finally:
-        ext.set_l2_prefetch(prev)

@@ -125,30 +125,6 @@ def test_max_cluster_size_restores():
     assert ext.set_max_cluster_size(3) == -1
 
 
-@pytest.mark.parametrize("v", [0, 1, None, "yes", 1.0])
-def test_l2_prefetch_rejects_non_bools(v):
-    """Only True or False; anything else raises before the extension is touched."""
-    from engine import cuda_backend
-
-    with pytest.raises(ValueError, match="True or False"):
-        with cuda_backend.l2_prefetch(v):
-            pass
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the knob lives in the CUDA extension")
-def test_l2_prefetch_restores():
-    from engine import cuda_backend
-
-    ext = cuda_backend._ext_or_load()
-    with cuda_backend.l2_prefetch(False):
-        assert ext.set_l2_prefetch(0) == 0
-        with cuda_backend.l2_prefetch(True):
-            assert ext.set_l2_prefetch(1) == 1
-        assert ext.set_l2_prefetch(0) == 0
-    assert ext.set_l2_prefetch(1) == 1  # the default is back
-    assert ext.set_l2_prefetch(2) == -1
-
-
 def test_environment_read_only_in_backend():
     """``os.environ`` / ``getenv`` appear in engine/backend.py and nowhere else in the package."""
     offenders = []

@@ -178,37 +178,6 @@ def test_cluster_rows(is_rms, n, max_cluster):
         engine.backend.reset_for_tests()
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the L2 prefetch is in the CUDA kernels")
-@pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [1000, 4096, 24584, 131072])
-def test_l2_prefetch_same_bits(is_rms, n):
-    """Prefetching the next row into L2 is a hint: the forward (out, residual_out, statistics) and
-    the backward (dx, dweight, dbias) are the same bits with it on and off, on the one-CTA register
-    path (1000: 125 vectors a row, 4096), the cluster path (24584, and 131072 forward) and the
-    blocked backward (131072); 301 rows so that every CTA prefetches rows of the next block."""
-    from engine import cuda_backend
-
-    use_backend("cuda")
-    try:
-        x = torch.randn(301, n, device=DEVICE, dtype=BF16)
-        res = torch.randn(301, n, device=DEVICE, dtype=BF16)
-        w = torch.randn(n, device=DEVICE, dtype=BF16)
-        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
-        dy = torch.randn(301, n, device=DEVICE, dtype=BF16)
-        got = {}
-        for on in (True, False):
-            with cuda_backend.l2_prefetch(on):
-                out, res_out, mu, rsigma = run_fwd(is_rms, x, w, b, res, 1e-5, False, BF16)
-                dx, _, dw, db = run_bwd(is_rms, dy, res_out, mu, rsigma, w, None, b is not None,
-                                        False, BF16, None)
-            got[on] = [t for t in (out, res_out, mu, rsigma, dx, dw, db) if t is not None]
-        for a, c in zip(got[True], got[False]):
-            assert torch.equal(a, c)
-        assert not torch.isnan(got[True][0]).any()
-    finally:
-        engine.backend.reset_for_tests()
-
-
 @pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_cluster_path_taken(is_rms):

@@ -42,7 +42,6 @@ std::vector<OccEntry> g_occ;
 std::vector<std::pair<int, const void*>> g_smem_raised;
 
 std::atomic<int> g_max_cluster{8};
-std::atomic<int> g_l2_prefetch{1};
 
 /* Compiled like every kernel of the library: its PTX version tells whether the device code the
  * driver loads for this device was compiled for sm_90+ (where clusters exist), e.g. not when only
@@ -128,8 +127,6 @@ engine_status current_device_info(DeviceInfo* info) {
 int max_cluster_size(const DeviceInfo& info) {
   return info.clusters ? g_max_cluster.load(std::memory_order_relaxed) : 1;
 }
-
-int l2_prefetch_enabled() { return g_l2_prefetch.load(std::memory_order_relaxed); }
 
 engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out) {
   int dev = 0;
@@ -228,11 +225,6 @@ const char* engine_last_error(void) { return engine::g_last_error.c_str(); }
 int engine_set_max_cluster_size(int n) {
   if (n != 1 && n != 2 && n != 4 && n != 8) return -1;
   return engine::g_max_cluster.exchange(n);
-}
-
-int engine_set_l2_prefetch(int on) {
-  if (on != 0 && on != 1) return -1;
-  return engine::g_l2_prefetch.exchange(on);
 }
 
 }  // extern "C"

@@ -54,8 +54,6 @@ engine_status blocks_per_sm(const void* func, int block, size_t dyn_smem, int* o
 /* Largest cluster a row kernel may use now: min(engine_set_max_cluster_size, 8) where the device
  * and the compiled code have clusters (DeviceInfo::clusters), else 1. */
 int max_cluster_size(const DeviceInfo& info);
-/* engine_set_l2_prefetch: 1 (the default) or 0. */
-int l2_prefetch_enabled();
 
 /*
  * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at

@@ -23,11 +23,6 @@ namespace engine {
 
 /* ---- raw words ---------------------------------------------------------------------------- */
 
-/* Ask L2 for the line holding p ahead of its load (no register written, nothing waits on it). */
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 template <int B>
 __device__ __forceinline__ void load_words(const void* p, uint32_t (&w)[B / 4]) {
   static_assert(B % 4 == 0 && B >= 4, "vector access must be a multiple of 4 bytes");

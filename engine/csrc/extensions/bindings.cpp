@@ -456,8 +456,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Largest thread-block cluster a row may be split over (engine/csrc/include/engine/common.h); "
         "returns the previous value, -1 for an invalid n",
         py::arg("n"));
-  m.def("set_l2_prefetch", &engine_set_l2_prefetch,
-        "Whether the norm kernels prefetch the next row into L2 (engine/csrc/include/engine/common.h); "
-        "returns the previous value, -1 for a value other than 0 or 1",
-        py::arg("on"));
 }

@@ -116,13 +116,6 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
         for (int k = 0; k < PackedWords<Z, VEC>::kWords; ++k) zw[i][k] = 0u;
       }
     }
-    if (a.l2_prefetch) { /* the row this group loads next (see the forward) */
-      const int64_t nrow = row + (int64_t)a.grid_clusters * G;
-      if (nrow < a.rows) {
-        prefetch_row_slots<NV>(static_cast<const DY*>(a.dy) + nrow * a.dy_stride, col, valid);
-        prefetch_row_slots<NV>(static_cast<const Z*>(a.x) + nrow * a.x_stride, col, valid);
-      }
-    }
     float mean = 0.0f, rs = 0.0f;
     if (ok) {
       rs = a.rsigma[row];
@@ -379,7 +372,6 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
 
   a.cluster = 1;
-  a.l2_prefetch = ctx.l2_prefetch;
   const int cluster = vec ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs (see the forward) */
     a.cluster = cluster;

@@ -61,7 +61,6 @@ struct FwdArgs {
   int t_vec16;       /* out_t rows are 16-byte aligned runs */
   int cluster;       /* CTAs per thread-block cluster sharing each row (1: none; register path) */
   int grid_clusters; /* gridDim.x / cluster, the row loop's stride (a parameter, not a register) */
-  int l2_prefetch;   /* register path: prefetch the next row into L2 before this row's reductions */
 };
 
 struct BwdArgs {
@@ -93,7 +92,6 @@ struct BwdArgs {
   int rows_per_iter;
   int cluster; /* CTAs per thread-block cluster sharing each row (1: none; register path) */
   int grid_clusters; /* gridDim.x / cluster (see FwdArgs) */
-  int l2_prefetch;   /* see FwdArgs */
 };
 
 struct LaunchCtx {
@@ -102,7 +100,6 @@ struct LaunchCtx {
   int max_smem_optin;
   int smem_per_sm;
   int max_cluster; /* largest thread-block cluster a row may be split over (1: none) */
-  int l2_prefetch; /* engine_set_l2_prefetch */
   cudaStream_t stream;
 };
 
@@ -144,18 +141,6 @@ __device__ __forceinline__ void row_slots(int glane, int gstride, int nvec, int 
     const int v = glane + i * gstride;
     valid[i] = v < nvec;
     col[i] = v * VEC;
-  }
-}
-
-/* Register paths: prefetch into L2 the slots (row_slots) of the row this thread loads next, so
- * that its loads after this row's reductions (and cluster barrier) find it in L2 instead of
- * waiting for DRAM: DRAM requests stay in flight while the row group reduces. */
-template <int NV, typename T>
-__device__ __forceinline__ void prefetch_row_slots(const T* row, const int (&col)[NV],
-                                                   const bool (&valid)[NV]) {
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    if (valid[i]) prefetch_l2(row + col[i]);
   }
 }
 

@@ -221,16 +221,6 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
           }
         }
       }
-      if (a.l2_prefetch) { /* the row this group loads next (this block's or the next one's) */
-        const int64_t nrow = sub + G < rpb ? row + G : (blk + a.grid_clusters) * rpb + group;
-        if (nrow < a.rows) {
-          prefetch_row_slots<NV>(static_cast<const X*>(a.x) + nrow * a.x_stride, col, valid);
-          if (has_res) {
-            prefetch_row_slots<NV>(static_cast<const R*>(a.residual) + nrow * a.res_stride, col,
-                                   valid);
-          }
-        }
-      }
       if (mode == kApply) {
         if (ok) {
           rs = a.rsigma[row];

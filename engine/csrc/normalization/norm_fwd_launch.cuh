@@ -77,7 +77,6 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
 
   a.cluster = 1;
-  a.l2_prefetch = ctx.l2_prefetch;
   const int cluster = vec ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
     a.cluster = cluster;

@@ -40,11 +40,6 @@ const char* engine_last_error(void);
  * -1 (and changes nothing) for any other n. */
 int engine_set_max_cluster_size(int n);
 
-/* Whether the register-path norm kernels prefetch the next row into L2 before the current row's
- * reductions: 1 (the default) or 0, for A/B measurements; the results are the same bits either
- * way. Process-wide; returns the previous value, or -1 (and changes nothing) for any other value. */
-int engine_set_l2_prefetch(int on);
-
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
