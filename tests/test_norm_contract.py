@@ -155,6 +155,13 @@ def test_widest_rows(backend, is_rms):
     check_bwd(is_rms, 2, 262144, BF16, BF16, BF16, bias=not is_rms)
 
 
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_128k_rows_odd_m(backend, is_rms):
+    """N = 131072 over 3 rows: Triton's RMSNorm forward there takes tiles of two rows (the tuned
+    blocked config), so the last tile is half masked; CUDA splits the row over an 8-CTA cluster."""
+    check_bwd(is_rms, 3, 131072, BF16, BF16, BF16, bias=not is_rms)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [8184, 12296, 24584, 40000, 65600, 98312, 131072])

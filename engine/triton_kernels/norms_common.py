@@ -61,6 +61,9 @@ class NormConfig:
 _FWD_TABLE = {1024: (8, 8, 32), 2048: (16, 32, 2), 4096: (4, 16, 16), 8192: (2, 8, 32),
               16384: (2, 32, 8), 32768: (1, 32, 2)}
 _FWD_BLOCKED = (1, 32, 8)  # 64K and wider: chunks of BLOCKED_CHUNK_N
+# RMSNorm rows of 128K (high-precision out): two rows per tile at 2 programs per SM, 1.09x (h200_tune_rms_wide.log; at
+# 32K and 64K the table above stayed the best of 35-42 candidates).
+_RMS_FWD_BLOCKED_WIDE = {131072: (2, 32, 2)}
 _BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 1),
               16384: (1, 16, 1)}
 _BWD_BLOCKED = (2, 32, 1)
@@ -124,7 +127,7 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
     if override is not None:
         return override
     if p2 > MAX_FUSED_N:
-        bm, w, p = _FWD_BLOCKED
+        bm, w, p = (_RMS_FWD_BLOCKED_WIDE.get(p2) if rms and not fp8 else None) or _FWD_BLOCKED
         return NormConfig(bm, BLOCKED_CHUNK_N, True, w, p)
     bm, w, p = _FWD_TABLE[p2] if p2 >= 1024 else _small_rows(p2, _FWD_TABLE)
     return NormConfig(bm, p2, False, w, p)

@@ -91,6 +91,37 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
     }
   }
 
+  /* gamma + g_add as fp32 in shared memory when the launcher found room (gb_off >= 0; see the
+   * forward): two 16-byte LDS per 8 values instead of a converted load and an add per value,
+   * twice per row; the same floats either way. */
+  const float* gsm = nullptr;
+  if (a.gb_off >= 0) {
+    float* gw = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(part) + a.gb_off);
+    const int lane0 = glane - lr;
+    for (int k = threadIdx.x; k < NV * tpr; k += blockDim.x) {
+      const int v = lane0 + (k % tpr) + (k / tpr) * gstride;
+      if (v < nvec) {
+        float gv[VEC];
+        load_vec_dt<VEC>(a.weight, (int64_t)v * VEC, a.w_dtype, gv);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) gv[j] += g_add;
+        store_vec<float, VEC>(gw + k * VEC, gv);
+      }
+    }
+    __syncthreads();
+    gsm = gw;
+  }
+  /* gamma + g_add of slot i */
+  auto gamma_at = [&](int i, float (&gv)[VEC]) {
+    if (gsm != nullptr) {
+      load_vec<float, VEC>(gsm + (i * tpr + lr) * VEC, gv);
+    } else {
+      load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) gv[j] += g_add;
+    }
+  };
+
   RowGroupSum<2> red(red_buf);
   const int G = a.rows_per_iter;
   const int64_t nblk = (a.rows + G - 1) / G;
@@ -126,13 +157,13 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
     for (int i = 0; i < NV; ++i) {
       if (ok && valid[i]) {
         float gv[VEC];
-        load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
+        gamma_at(i, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float zj = unpack_at<Z, VEC>(zw[i], j);
           const float xhat = (kRms ? zj : zj - mean) * rs;
           const float dy = unpack_at<DY, VEC>(dw_in[i], j);
-          const float dyg = dy * (gv[j] + g_add);
+          const float dyg = dy * gv[j];
           dw[i][j] = fmaf(dy, xhat, dw[i][j]);
           if constexpr (kHasDb) db[i][j] += dy;
           s[0] = fmaf(dyg, xhat, s[0]);
@@ -148,12 +179,12 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
     for (int i = 0; i < NV; ++i) {
       if (ok && valid[i]) {
         float gv[VEC], dz[VEC];
-        load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
+        gamma_at(i, gv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float zj = unpack_at<Z, VEC>(zw[i], j);
           const float xhat = (kRms ? zj : zj - mean) * rs;
-          const float dyg = unpack_at<DY, VEC>(dw_in[i], j) * (gv[j] + g_add);
+          const float dyg = unpack_at<DY, VEC>(dw_in[i], j) * gv[j];
           dz[j] = rs * (kRms ? dyg - xhat * c2 : dyg - c1 - xhat * c2);
         }
         if (has_dres_in) {
@@ -329,12 +360,16 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 
 /* Launch the register-path kernel for a configured BwdArgs (tpr, rows_per_iter). */
 template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb>
-engine_status launch_bwd_reg(const BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
+engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
                              int block, size_t smem) {
+  auto* narrow = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>;
+  auto* wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>;
+  /* gamma + g_add as fp32 in shared memory, after the row groups' partials (as in the forward). */
+  ENGINE_TRY(gb_smem_offset(reinterpret_cast<const void*>(block <= kClusterRowThreads ? narrow : wide),
+                            block, a.cluster, (size_t)gb_floats(NV, a.tpr, VEC) * sizeof(float), ctx,
+                            &smem, &a.gb_off));
   int64_t grid = 0;
-  ENGINE_TRY(launch_row_kernel(&norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>,
-                               &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>, a,
-                               block, smem, ceil_div(a.rows, a.rows_per_iter), ctx, kBwdMaxCtasPerSm,
+  ENGINE_TRY(launch_row_kernel(narrow, wide, a, block, smem, ceil_div(a.rows, a.rows_per_iter), ctx, kBwdMaxCtasPerSm,
                                max_ctas, &grid, "norm_bwd_reg_kernel"));
   *num_ctas = (int)grid; /* rows of partials in the workspace (one per cluster when clustered) */
   return ENGINE_SUCCESS;

@@ -61,6 +61,9 @@ struct FwdArgs {
   int t_vec16;       /* out_t rows are 16-byte aligned runs */
   int cluster;       /* CTAs per thread-block cluster sharing each row (1: none; register path) */
   int grid_clusters; /* gridDim.x / cluster, the row loop's stride (a parameter, not a register) */
+  int gb_off;        /* register path: byte offset in dynamic shared memory of gamma (+ the
+                        zero-centred 1) and beta as fp32 (gb_floats per operand), or -1: the
+                        epilogue reads them from global memory (L1) per row */
 };
 
 struct BwdArgs {
@@ -92,6 +95,8 @@ struct BwdArgs {
   int rows_per_iter;
   int cluster; /* CTAs per thread-block cluster sharing each row (1: none; register path) */
   int grid_clusters; /* gridDim.x / cluster (see FwdArgs) */
+  int gb_off;        /* register path: byte offset in dynamic shared memory of gamma + the
+                        zero-centred 1 as fp32 (slots as in FwdArgs), or -1: read per row (L1) */
 };
 
 struct LaunchCtx {
@@ -128,6 +133,10 @@ inline int row_cluster(int tpr_raw, int max_cluster) {
 }
 /* Threads per CTA of a row split over `cluster` CTAs (a multiple of 32). */
 inline int cluster_tpr(int tpr_raw, int cluster) { return (int)round_up(ceil_div(tpr_raw, cluster), 32); }
+
+/* Register paths, gamma (and beta) as fp32 in shared memory: floats per operand (the slots of one
+ * row group, or of this CTA's part of a cluster's row), slot i of lane lr at (i * tpr + lr) * vec. */
+__host__ __device__ __forceinline__ int gb_floats(int nv, int tpr, int vec) { return nv * tpr * vec; }
 
 /* Register paths: the thread at lane `glane` of a row of `gstride` threads (a row group of one
  * CTA, or the CTAs of a cluster sharing the row) owns the 16-byte vectors glane, glane + gstride,
@@ -180,6 +189,30 @@ engine_status launch_row_kernel(void (*narrow)(Args), void (*wide)(Args), Args a
   }
   kernel<<<(unsigned)grid, block, smem, ctx.stream>>>(a);
   ENGINE_CHECK_LAUNCH(name);
+  return ENGINE_SUCCESS;
+}
+
+/* Register paths: where `extra` bytes of shared memory (gamma / beta as fp32) go after the launch's
+ * `smem` bytes: *off receives their 16-byte aligned offset, or -1 when they would leave fewer CTAs
+ * (clusters) of `fn` resident than without them or not fit the opt-in limit (1024 bytes are kept
+ * for the kernels' static shared memory). *smem grows by them when they are used. */
+inline engine_status gb_smem_offset(const void* fn, int block, int cluster, size_t extra,
+                                    const LaunchCtx& ctx, size_t* smem, int* off) {
+  *off = -1;
+  const size_t at = (size_t)round_up((int64_t)*smem, 16);
+  if (at + extra > (size_t)ctx.max_smem_optin - 1024) return ENGINE_SUCCESS;
+  int base = 0, more = 0;
+  if (cluster > 1) {
+    ENGINE_TRY(active_clusters(fn, block, *smem, cluster, &base));
+    ENGINE_TRY(active_clusters(fn, block, at + extra, cluster, &more));
+  } else {
+    ENGINE_TRY(blocks_per_sm(fn, block, *smem, &base));
+    ENGINE_TRY(blocks_per_sm(fn, block, at + extra, &more));
+  }
+  if (more >= base) {
+    *off = (int)at;
+    *smem = at + extra;
+  }
   return ENGINE_SUCCESS;
 }
 

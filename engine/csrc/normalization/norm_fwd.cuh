@@ -171,6 +171,36 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
   const bool e5m2 = a.e5m2 != 0;
   float amax = 0.0f;
 
+  /* gamma + g_add and beta as fp32 in shared memory when the launcher found room (gb_off >= 0):
+   * the epilogue then reads 16-byte LDS per 4 values instead of converting gamma (and beta) and
+   * adding g_add per value per row, the same floats either way (so the same bits). Filled once,
+   * slot k = i * tpr + lr of the CTA's row lanes by thread k % blockDim.x (a plain loop: unrolled
+   * over the slots it held the loads of all of them in registers at once). */
+  const float* gsm = nullptr;
+  const int nb = gb_floats(NV, tpr, VEC); /* beta's offset from gamma's, in floats */
+  if (a.gb_off >= 0) {
+    float* gw = reinterpret_cast<float*>(tile + a.gb_off);
+    const int lane0 = glane - lr; /* the CTA's first lane of the row */
+    for (int k = threadIdx.x; k < NV * tpr; k += blockDim.x) {
+      const int v = lane0 + (k % tpr) + (k / tpr) * gstride;
+      if (v < nvec) {
+        float g[VEC], b[VEC];
+        load_gamma_beta_t<W, kBias, VEC>(a, (int64_t)v * VEC, g, b);
+        float* p = gw + k * VEC;
+#pragma unroll
+        for (int j = 0; j < VEC; j += 4) {
+          *reinterpret_cast<float4*>(p + j) =
+              make_float4(g[j] + g_add, g[j + 1] + g_add, g[j + 2] + g_add, g[j + 3] + g_add);
+          if constexpr (kBias) {
+            *reinterpret_cast<float4*>(p + nb + j) = make_float4(b[j], b[j + 1], b[j + 2], b[j + 3]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+    gsm = gw;
+  }
+
   RowGroupSum<1> red(red_buf);
   const int G = a.rows_per_iter;
   const int rpb = a.tile_rows > 0 ? a.tile_rows : G; /* a multiple of G */
@@ -269,12 +299,27 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         if (ok && valid[i]) {
-          float y[VEC], g[VEC], b[VEC];
-          load_gamma_beta_t<W, kBias, VEC>(a, col[i], g, b);
+          float y[VEC];
+          const float zm = kRms ? 0.0f : mean;
+          if (gsm != nullptr) {
+            const float* p = gsm + (i * tpr + lr) * VEC;
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), kRms ? 0.0f : mean, rs, g[j] + g_add, b[j],
-                          kBias);
+            for (int j = 0; j < VEC; j += 4) {
+              const float4 g = *reinterpret_cast<const float4*>(p + j);
+              float4 b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+              if constexpr (kBias) b = *reinterpret_cast<const float4*>(p + nb + j);
+              y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), zm, rs, g.x, b.x, kBias);
+              y[j + 1] = norm_y(unpack_at<R, VEC>(zw[i], j + 1), zm, rs, g.y, b.y, kBias);
+              y[j + 2] = norm_y(unpack_at<R, VEC>(zw[i], j + 2), zm, rs, g.z, b.z, kBias);
+              y[j + 3] = norm_y(unpack_at<R, VEC>(zw[i], j + 3), zm, rs, g.w, b.w, kBias);
+            }
+          } else {
+            float g[VEC], b[VEC];
+            load_gamma_beta_t<W, kBias, VEC>(a, col[i], g, b);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), zm, rs, g[j] + g_add, b[j], kBias);
+            }
           }
           if constexpr (kFp8) {
             if (mode != kApply) {

@@ -13,12 +13,18 @@ namespace norm {
 
 /* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields). */
 template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV>
-engine_status launch_fwd_reg(const FwdArgs& a, const LaunchCtx& ctx, int block, size_t smem) {
+engine_status launch_fwd_reg(FwdArgs a, const LaunchCtx& ctx, int block, size_t smem) {
+  auto* narrow = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>;
+  auto* wide = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>;
+  /* gamma (+ g_add) and beta as fp32 in shared memory, after the transposed tile, where that
+   * leaves as many CTAs (clusters) resident as without it. */
+  const size_t gb = (size_t)gb_floats(NV, a.tpr, 16 / sizeof(X)) * sizeof(float) * (kBias ? 2 : 1);
+  ENGINE_TRY(gb_smem_offset(reinterpret_cast<const void*>(block <= kClusterRowThreads ? narrow : wide),
+                            block, a.cluster, gb, ctx, &smem, &a.gb_off));
   const int64_t work = ceil_div(a.rows, a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter);
   int64_t grid = 0;
-  return launch_row_kernel(&norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>,
-                           &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>, a,
-                           block, smem, work, ctx, 0, work, &grid, "norm_fwd_reg_kernel");
+  return launch_row_kernel(narrow, wide, a, block, smem, work, ctx, 0, work, &grid,
+                           "norm_fwd_reg_kernel");
 }
 
 /* The weight type: float, or x's 16-bit dtype (norm_api's check); with fp32 x, either 16-bit
@@ -77,6 +83,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
 
   a.cluster = 1;
+  a.gb_off = -1; /* launch_fwd_reg decides */
   const int cluster = vec ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
     a.cluster = cluster;
