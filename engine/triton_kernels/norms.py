@@ -40,12 +40,16 @@ PASS_FULL, PASS_AMAX, PASS_APPLY = 0, 1, 2
 
 @triton.jit
 def _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro,
-            HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, INTERPRETER: tl.constexpr):
+            HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, INTERPRETER: tl.constexpr,
+            EVICT: tl.constexpr = ""):
     """fp32 ``z = x (+ residual)`` of a tile; the sum is rounded to RES_OUT's dtype (and stored
-    when STORE_RES) so that what is normalised equals what the backward will read back."""
-    z = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    when STORE_RES) so that what is normalised equals what the backward will read back. EVICT: the
+    loads' L2 eviction policy (the blocked path keeps pass 1's lines for pass 2's re-read)."""
+    z = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                eviction_policy=EVICT).to(tl.float32)
     if HAS_RES:
-        z += tl.load(RES + rows64[:, None] * stride_res + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        z += tl.load(RES + rows64[:, None] * stride_res + cols[None, :], mask=mask, other=0.0,
+                     eviction_policy=EVICT).to(tl.float32)
         zr = _cast(z, RES_OUT.dtype.element_ty, INTERPRETER)
         if STORE_RES:
             tl.store(RES_OUT + rows64[:, None] * stride_ro + cols[None, :], zr, mask=mask)
@@ -202,7 +206,7 @@ def _norm_fwd_kernel(
                     cc = c0 + cols
                     mask = rmask[:, None] & (cc[None, :] < N)
                     z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
-                                HAS_RES, True, INTERPRETER)
+                                HAS_RES, True, INTERPRETER, "evict_last")
                     if IS_RMS_NORM:
                         m2 += tl.sum(z * z, axis=1)
                     else:
@@ -222,7 +226,7 @@ def _norm_fwd_kernel(
                 cc = c0 + cols
                 mask = rmask[:, None] & (cc[None, :] < N)
                 z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
-                            HAS_RES, False, INTERPRETER)
+                            HAS_RES, False, INTERPRETER, "evict_first")
                 gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED)
                 a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, N, scale,
                           fp8_max, IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T,
@@ -309,8 +313,11 @@ def _norm_bwd_kernel(
             for c0 in range(0, N, BLOCK_N):
                 cc = c0 + cols
                 mask = rmask[:, None] & (cc[None, :] < N)
-                dy = tl.load(DY + rows64[:, None] * stride_dy + cc[None, :], mask=mask, other=0.0).to(tl.float32)
-                z = tl.load(X + rows64[:, None] * stride_x + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                # evict_last: keep the lines in L2 for pass 2's re-read (evict_first there).
+                dy = tl.load(DY + rows64[:, None] * stride_dy + cc[None, :], mask=mask, other=0.0,
+                             eviction_policy="evict_last").to(tl.float32)
+                z = tl.load(X + rows64[:, None] * stride_x + cc[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_last").to(tl.float32)
                 gc = tl.load(W + cc, mask=cc < N, other=0.0).to(tl.float32)
                 if ZERO_CENTERED:
                     gc += 1.0
@@ -328,8 +335,10 @@ def _norm_bwd_kernel(
                 cc = c0 + cols
                 ccm = cc < N
                 mask = rmask[:, None] & ccm[None, :]
-                dy = tl.load(DY + rows64[:, None] * stride_dy + cc[None, :], mask=mask, other=0.0).to(tl.float32)
-                z = tl.load(X + rows64[:, None] * stride_x + cc[None, :], mask=mask, other=0.0).to(tl.float32)
+                dy = tl.load(DY + rows64[:, None] * stride_dy + cc[None, :], mask=mask, other=0.0,
+                             eviction_policy="evict_first").to(tl.float32)
+                z = tl.load(X + rows64[:, None] * stride_x + cc[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
                 gc = tl.load(W + cc, mask=ccm, other=0.0).to(tl.float32)
                 if ZERO_CENTERED:
                     gc += 1.0

@@ -194,8 +194,11 @@ engine_status launch_row_kernel(void (*narrow)(Args), void (*wide)(Args), Args a
 
 /* Register paths: where `extra` bytes of shared memory (gamma / beta as fp32) go after the launch's
  * `smem` bytes: *off receives their 16-byte aligned offset, or -1 when they would leave fewer CTAs
- * (clusters) of `fn` resident than without them or not fit the opt-in limit (1024 bytes are kept
- * for the kernels' static shared memory). *smem grows by them when they are used. */
+ * (clusters) of `fn` resident than without them, not fit the opt-in limit (1024 bytes are kept
+ * for the kernels' static shared memory), or take the resident CTAs' shared memory past half of
+ * the SM's: shared memory is carved out of the L1 the streaming loads land in, and at 3 x 64 KB
+ * (RMSNorm fwd 16K, LayerNorm fwd 8K) the kernels lost 3-9 points where 3 x 32 KB gained
+ * (benchmarks/NOTES.md, session 5, P3). *smem grows by them when they are used. */
 inline engine_status gb_smem_offset(const void* fn, int block, int cluster, size_t extra,
                                     const LaunchCtx& ctx, size_t* smem, int* off) {
   *off = -1;
@@ -209,7 +212,8 @@ inline engine_status gb_smem_offset(const void* fn, int block, int cluster, size
     ENGINE_TRY(blocks_per_sm(fn, block, *smem, &base));
     ENGINE_TRY(blocks_per_sm(fn, block, at + extra, &more));
   }
-  if (more >= base) {
+  const int per_sm = cluster > 1 ? (int)ceil_div((int64_t)more * cluster, ctx.sm_count) : more;
+  if (more >= base && (int64_t)per_sm * (int64_t)(at + extra + 1024) <= ctx.smem_per_sm / 2) {
     *off = (int)at;
     *smem = at + extra;
   }
