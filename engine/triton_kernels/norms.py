@@ -41,10 +41,12 @@ PASS_FULL, PASS_AMAX, PASS_APPLY = 0, 1, 2
 @triton.jit
 def _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro,
             HAS_RES: tl.constexpr, STORE_RES: tl.constexpr, INTERPRETER: tl.constexpr,
-            EVICT: tl.constexpr = ""):
+            EVICT: tl.constexpr):
     """fp32 ``z = x (+ residual)`` of a tile; the sum is rounded to RES_OUT's dtype (and stored
     when STORE_RES) so that what is normalised equals what the backward will read back. EVICT: the
-    loads' L2 eviction policy (the blocked path keeps pass 1's lines for pass 2's re-read)."""
+    loads' L2 eviction policy, given at every call ("": the default; the blocked path keeps pass
+    1's lines for pass 2's re-read). No default value: triton 3.6 does not wrap a constexpr
+    parameter's default, and the string then fails to compile."""
     z = tl.load(X + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
                 eviction_policy=EVICT).to(tl.float32)
     if HAS_RES:
@@ -172,7 +174,7 @@ def _norm_fwd_kernel(
         if not BLOCKED:
             mask = rmask[:, None] & (cols[None, :] < N)
             z = _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro,
-                        HAS_RES, True, INTERPRETER)
+                        HAS_RES, True, INTERPRETER, "")
             if LOAD_STATS:
                 mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
             else:
