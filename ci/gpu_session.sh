@@ -10,7 +10,8 @@
 # smoke (ci/cuda_smoke.py), bench (benchmarks/run.py), benchfull, tune (benchmarks/tune.py),
 # L2 (slow sweep + compute-sanitizer), diagT (ci/diag_transpose.py), launch (ci/launch_overhead.py),
 # profk / profkjit (benchmarks/profile_kernels.py: device time against timed time; PROFK_ARGS),
-# profkB (the same with PROFKB_ARGS, the B side of an A/B run),
+# profkB (the same with PROFKB_ARGS, the B side of an A/B run), mainjob (examples/train_llama.py
+# on both RMSNorm backends; MAINJOB_ARGS),
 # hostprof (ci/host_profile.py: cProfile of a host-bound row; HOSTPROF_ARGS),
 # ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out ..."). Optional inputs carried from an
 # earlier call: .carry/_C*.so (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
@@ -69,6 +70,10 @@ for stage in "$@"; do
     launch) timeout 90 python3 ci/launch_overhead.py > "$OUT/launch.log" 2>&1; log "launch exit $?"; cat "$OUT/launch.log" ;;
     profk) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py --json "$OUT/profk.json" ${PROFK_ARGS:-} \
           > "$OUT/profk.log" 2>&1; log "profk exit $?"; tail -80 "$OUT/profk.log" ;;
+    mainjob) for t in 0 1; do  # the README's main job on both RMSNorm backends
+          ENGINE_USE_RMSNORM_TRITON=$t timeout "${MAINJOB_LIMIT:-120}" python3 examples/train_llama.py ${MAINJOB_ARGS:-} \
+            > "$OUT/mainjob_triton$t.log" 2>&1; log "mainjob ENGINE_USE_RMSNORM_TRITON=$t exit $?"
+          tail -4 "$OUT/mainjob_triton$t.log"; done ;;
     profkB) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py ${PROFKB_ARGS:-} \
           > "$OUT/profkB.log" 2>&1; log "profkB exit $?"; tail -80 "$OUT/profkB.log" ;;
     hostprof) timeout 120 python3 ci/host_profile.py ${HOSTPROF_ARGS:-} > "$OUT/hostprof.log" 2>&1; log "hostprof exit $?"
