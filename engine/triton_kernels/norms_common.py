@@ -167,11 +167,19 @@ def _partials_reduce_kernel(
     tl.store(OUT + cols, _cast(tl.sum(acc, axis=0), OUT.dtype.element_ty, INTERPRETER), mask=cmask)
 
 
+#: Columns per program of the partial-sum reduction: the GPU wants many programs, the interpreter
+#: pays per program (wide column blocks on CPU tensors).
+REDUCE_BLOCK_N = {"cuda": 128, "interpreter": 4096}
+
+
+def _reduce_block_n(part: torch.Tensor) -> int:
+    return REDUCE_BLOCK_N["cuda" if part.is_cuda else "interpreter"]
+
+
 def reduce_partials(part: torch.Tensor, out: torch.Tensor) -> None:
     """``out[:] = part.sum(0)`` (fp32 accumulation, fixed order), cast to ``out``'s dtype."""
     p, n = part.shape
-    # The interpreter pays per program, the GPU wants many programs: wide column blocks on CPU.
-    block_n = 128 if part.is_cuda else 4096
+    block_n = _reduce_block_n(part)
     _REDUCE(-(-n // block_n), (part, out, p, n), 4, 3, BLOCK_P=32, BLOCK_N=block_n,
             INTERPRETER=interpreter_rounding())
 

@@ -1,0 +1,186 @@
+"""Compile every Triton kernel variant engine launches for sm_90, on a machine without a GPU.
+
+The L0 suite runs the Triton kernels in the interpreter, which executes their Python and never
+compiles them: an error of Triton's front end or of its backends (an unsupported construct, a
+constexpr Triton does not wrap, a type mismatch) shows up only on a GPU. This script drives
+engine's real Triton launch paths (``engine.triton_kernels``: norm forward and backward in every
+mode, cast_transpose, fp8_transpose) with CPU tensors, records what each launch would have been
+(kernel, argument types, constexpr values, num_warps, num_stages) instead of launching, and
+compiles each distinct variant with ``triton.compile`` for an sm_90 target, through PTX to a cubin
+(triton's bundled ptxas). It must run with TRITON_INTERPRET unset, so that the kernels are
+JIT functions.
+
+    python ci/triton_compile_check.py            # all variants; exit 1 if any fails to compile
+    python ci/triton_compile_check.py --list     # the variants, without compiling
+
+It checks the triton version it runs under (CI: the newest from the package index); the GPU
+machine's version is checked by L1, which compiles and runs the same launches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    sys.exit("triton_compile_check: unset TRITON_INTERPRET (the kernels must be JIT functions)")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from engine.triton_kernels import launch as launch_mod  # noqa: E402
+
+_TORCH_TO_TRITON = {
+    torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
+    torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.uint8: "u8", torch.int8: "i8",
+}
+
+
+def _arg_type(a) -> str:
+    if isinstance(a, torch.Tensor):
+        return "*" + _TORCH_TO_TRITON[a.dtype]
+    if type(a) is bool:
+        return "i1"
+    if type(a) is int:
+        return "i32" if -(1 << 31) <= a < (1 << 31) else "i64"
+    if type(a) is float:
+        return "fp32"
+    raise TypeError(f"unsupported launch argument {type(a).__name__}")
+
+
+class Recorder:
+    """Stands in for Launcher.__call__: records each launch's compile key instead of launching."""
+
+    def __init__(self):
+        self.variants = {}
+
+    def __call__(self, launcher, grid, args, num_warps, num_stages, **constexprs):
+        fn = launcher.kernel
+        names = [p.name for p in fn.params]
+        n_rt = len(names) - len(launcher._constexpr_names)
+        sig = tuple(_arg_type(a) for a in args)
+        if len(sig) != n_rt:
+            raise TypeError(f"{fn.fn.__name__}: {len(sig)} runtime arguments, {n_rt} wanted")
+        const = tuple((k, constexprs[k]) for k in launcher._constexpr_names)
+        key = (fn.fn.__name__, sig, const, num_warps, num_stages)
+        self.variants.setdefault(key, fn)
+
+
+def drive(rec: Recorder) -> None:
+    """Run engine's Triton launch paths over the dtypes, modes and row widths they dispatch on.
+    The tensors are CPU tensors; the one device-dependent constexpr (the partial-sum reduction's
+    column block) is pinned to its GPU value."""
+    from engine.triton_kernels import norms, norms_common, transpose
+
+    norms_common._reduce_block_n = lambda part: norms_common.REDUCE_BLOCK_N["cuda"]
+
+    f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
+    e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+    def t(shape, dtype):
+        return torch.empty(shape, dtype=dtype)
+
+    m = 3
+    widths = [760, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
+    for n in widths:
+        for rms in (True, False):
+            for x_dt, out_dt, w_dt, res_dt in ((bf16, bf16, bf16, None), (f16, f16, f32, None),
+                                               (f32, f32, f32, None), (bf16, bf16, bf16, bf16),
+                                               (bf16, f32, bf16, f32), (bf16, e4m3, bf16, None),
+                                               (bf16, e5m2, bf16, bf16)):
+                fp8 = out_dt in (e4m3, e5m2)
+                for current in ((False, True) if fp8 else (False,)):
+                    for trans in ((False, True) if fp8 and n <= 8192 else (False,)):
+                        x, w = t((m, n), x_dt), t((n,), w_dt)
+                        b = None if rms else t((n,), w_dt)
+                        res = t((m, n), res_dt) if res_dt is not None else None
+                        res_out = t((m, n), res_dt) if res is not None else None
+                        norms.norm_fwd(
+                            x, w, b, res, 1e-5, t((m, n), out_dt), res_out,
+                            None if rms else t((m,), f32), t((m,), f32),
+                            t((1,), f32) if fp8 else None, t((1,), f32) if fp8 else None,
+                            t((1,), f32) if fp8 else None, t((n, m), out_dt) if trans else None,
+                            is_rms_norm=rms, zero_centered_gamma=not rms, current_scaling=current,
+                            amax_epsilon=0.0, sm_margin=0)
+                if fp8:
+                    continue
+                dres = t((m, n), res_dt) if res_dt is not None else None
+                norms.norm_bwd(
+                    t((m, n), out_dt), t((m, n), x_dt), None if rms else t((m,), f32), t((m,), f32),
+                    t((n,), w_dt), dres, t((m, n), x_dt),
+                    t((m, n), res_dt) if res_dt not in (None, x_dt) else None,
+                    t((n,), w_dt), None if rms else t((n,), w_dt),
+                    is_rms_norm=rms, zero_centered_gamma=rms, sm_margin=0)
+    for n in (17, 1024, 4096, 131072):
+        for x_dt in (bf16, f16, f32):
+            for out_dt in (e4m3, e5m2):
+                for current in (False, True):
+                    for with_t in (False, True):
+                        transpose.cast_transpose(
+                            t((m, n), x_dt), t((1,), f32), t((1,), f32), t((1,), f32),
+                            t((m, n), out_dt), t((n, m), out_dt) if with_t else None,
+                            current_scaling=current, amax_epsilon=0.0)
+        transpose.fp8_transpose(t((m, n), e4m3), t((n, m), e4m3))
+
+
+def compile_variant(key, fn, target):
+    from triton.compiler import ASTSource
+
+    name, sig, const, num_warps, num_stages = key
+    params = fn.params
+    signature, constexprs = {}, {}
+    rt = iter(sig)
+    const_d = dict(const)
+    for i, p in enumerate(params):
+        if p.is_constexpr:
+            signature[p.name] = "constexpr"
+            constexprs[(i,)] = const_d[p.name]
+        else:
+            signature[p.name] = next(rt)
+    src = ASTSource(fn, signature, constexprs)
+    return triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="list the variants, do not compile")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (default 90)")
+    args = ap.parse_args(argv)
+
+    rec = Recorder()
+    orig = launch_mod.Launcher.__call__
+    launch_mod.Launcher.__call__ = lambda self, grid, a, nw, ns, **c: rec(self, grid, a, nw, ns, **c)
+    try:
+        drive(rec)
+    finally:
+        launch_mod.Launcher.__call__ = orig
+    print(f"triton {triton.__version__}: {len(rec.variants)} kernel variants")
+    if args.list:
+        for key in sorted(rec.variants, key=str):
+            print(" ", key[0], key[3], key[4], dict(key[2]))
+        return 0
+    from triton.backends.compiler import GPUTarget
+
+    target = GPUTarget("cuda", args.arch, 32)
+    failed = 0
+    t0 = time.time()
+    for key, fn in sorted(rec.variants.items(), key=lambda kv: str(kv[0])):
+        try:
+            compile_variant(key, fn, target)
+        except Exception as e:  # noqa: BLE001 - report every failing variant, then fail
+            failed += 1
+            msg = str(e).strip().splitlines()
+            print(f"FAILED {key[0]} warps={key[3]} stages={key[4]} {dict(key[2])}\n  "
+                  + "\n  ".join(msg[-6:]))
+    print(f"compiled {len(rec.variants) - failed}/{len(rec.variants)} for sm_{args.arch} "
+          f"in {time.time() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
