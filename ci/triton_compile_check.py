@@ -143,18 +143,21 @@ def compile_variant(key, fn, target):
         else:
             signature[p.name] = next(rt)
     src = ASTSource(fn, signature, constexprs)
-    return triton.compile(src, target=target, options={"num_warps": num_warps, "num_stages": num_stages})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(src, target=target, options=options)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="list the variants, do not compile")
-    ap.add_argument("--arch", type=int, default=90, help="compute capability to compile for (default 90)")
+    ap.add_argument("--arch", type=int, default=90,
+                    help="compute capability to compile for (default 90)")
     args = ap.parse_args(argv)
 
     rec = Recorder()
     orig = launch_mod.Launcher.__call__
-    launch_mod.Launcher.__call__ = lambda self, grid, a, nw, ns, **c: rec(self, grid, a, nw, ns, **c)
+    launch_mod.Launcher.__call__ = (
+        lambda self, grid, a, nw, ns, **c: rec(self, grid, a, nw, ns, **c))
     try:
         drive(rec)
     finally:

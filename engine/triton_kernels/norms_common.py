@@ -61,8 +61,8 @@ class NormConfig:
 _FWD_TABLE = {1024: (8, 8, 32), 2048: (16, 32, 2), 4096: (4, 16, 16), 8192: (2, 8, 32),
               16384: (2, 32, 8), 32768: (1, 32, 2)}
 _FWD_BLOCKED = (1, 32, 8)  # 64K and wider: chunks of BLOCKED_CHUNK_N
-# RMSNorm rows of 128K (high-precision out): two rows per tile at 2 programs per SM, 1.09x (h200_tune_rms_wide.log; at
-# 32K and 64K the table above stayed the best of 35-42 candidates).
+# RMSNorm rows of 128K (high-precision out): two rows per tile at 2 programs per SM, 1.09x
+# (h200_tune_rms_wide.log; at 32K and 64K the table above stayed the best of 35-42 candidates).
 _RMS_FWD_BLOCKED_WIDE = {131072: (2, 32, 2)}
 _BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 1),
               16384: (1, 16, 1)}

@@ -364,13 +364,14 @@ engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, 
                              int block, size_t smem) {
   auto* narrow = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>;
   auto* wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>;
-  /* gamma + g_add as fp32 in shared memory, after the row groups' partials (as in the forward). */
-  ENGINE_TRY(gb_smem_offset(reinterpret_cast<const void*>(block <= kClusterRowThreads ? narrow : wide),
-                            block, a.cluster, (size_t)gb_floats(NV, a.tpr, VEC) * sizeof(float), ctx,
-                            &smem, &a.gb_off));
+  /* gamma + g_add as fp32 in shared memory after the row groups' partials, where gb_smem_offset
+   * allows (as in the forward). */
+  const void* fn = reinterpret_cast<const void*>(block <= kClusterRowThreads ? narrow : wide);
+  const size_t gb = (size_t)gb_floats(NV, a.tpr, VEC) * sizeof(float);
+  ENGINE_TRY(gb_smem_offset(fn, block, a.cluster, gb, ctx, &smem, &a.gb_off));
   int64_t grid = 0;
-  ENGINE_TRY(launch_row_kernel(narrow, wide, a, block, smem, ceil_div(a.rows, a.rows_per_iter), ctx, kBwdMaxCtasPerSm,
-                               max_ctas, &grid, "norm_bwd_reg_kernel"));
+  ENGINE_TRY(launch_row_kernel(narrow, wide, a, block, smem, ceil_div(a.rows, a.rows_per_iter), ctx,
+                               kBwdMaxCtasPerSm, max_ctas, &grid, "norm_bwd_reg_kernel"));
   *num_ctas = (int)grid; /* rows of partials in the workspace (one per cluster when clustered) */
   return ENGINE_SUCCESS;
 }

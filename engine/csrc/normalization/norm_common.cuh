@@ -135,8 +135,11 @@ inline int row_cluster(int tpr_raw, int max_cluster) {
 inline int cluster_tpr(int tpr_raw, int cluster) { return (int)round_up(ceil_div(tpr_raw, cluster), 32); }
 
 /* Register paths, gamma (and beta) as fp32 in shared memory: floats per operand (the slots of one
- * row group, or of this CTA's part of a cluster's row), slot i of lane lr at (i * tpr + lr) * vec. */
-__host__ __device__ __forceinline__ int gb_floats(int nv, int tpr, int vec) { return nv * tpr * vec; }
+ * row group, or of this CTA's part of a cluster's row), slot i of lane lr at
+ * (i * tpr + lr) * vec. */
+__host__ __device__ __forceinline__ int gb_floats(int nv, int tpr, int vec) {
+  return nv * tpr * vec;
+}
 
 /* Register paths: the thread at lane `glane` of a row of `gstride` threads (a row group of one
  * CTA, or the CTAs of a cluster sharing the row) owns the 16-byte vectors glane, glane + gstride,

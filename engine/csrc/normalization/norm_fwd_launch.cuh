@@ -16,11 +16,11 @@ template <typename X, typename R, typename O, typename W, bool kRms, bool kBias,
 engine_status launch_fwd_reg(FwdArgs a, const LaunchCtx& ctx, int block, size_t smem) {
   auto* narrow = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>;
   auto* wide = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>;
-  /* gamma (+ g_add) and beta as fp32 in shared memory, after the transposed tile, where that
-   * leaves as many CTAs (clusters) resident as without it. */
+  /* gamma (+ g_add) and beta as fp32 in shared memory after the transposed tile, where
+   * gb_smem_offset allows (no CTA fewer per SM, at most half the SM's shared memory). */
+  const void* fn = reinterpret_cast<const void*>(block <= kClusterRowThreads ? narrow : wide);
   const size_t gb = (size_t)gb_floats(NV, a.tpr, 16 / sizeof(X)) * sizeof(float) * (kBias ? 2 : 1);
-  ENGINE_TRY(gb_smem_offset(reinterpret_cast<const void*>(block <= kClusterRowThreads ? narrow : wide),
-                            block, a.cluster, gb, ctx, &smem, &a.gb_off));
+  ENGINE_TRY(gb_smem_offset(fn, block, a.cluster, gb, ctx, &smem, &a.gb_off));
   const int64_t work = ceil_div(a.rows, a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter);
   int64_t grid = 0;
   return launch_row_kernel(narrow, wide, a, block, smem, work, ctx, 0, work, &grid,
