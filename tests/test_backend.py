@@ -142,3 +142,45 @@ def test_fixture_env_reaches_triton():
     engine.backend.reset_for_tests(backend_env("triton"))
     for fam in (OpFamily.RMSNORM, OpFamily.LAYERNORM, OpFamily.CAST_TRANSPOSE):
         assert engine.backend.select_backend(fam, torch.device("cpu")) is Backend.TRITON
+
+
+def test_triton_e4m3_below_sm89_raises(monkeypatch):
+    """Triton has no float8_e4m3fn type below sm_89 (its kernels fail to compile there with a message
+    about internal type names): the Triton backend raises BackendUnavailableError naming the fix
+    instead. e5m2, sm_89+, and CPU tensors (the interpreter) pass."""
+    pytest.importorskip("triton")
+    from engine.triton_kernels import utils
+
+    cuda0 = torch.device("cuda", 0)
+    monkeypatch.setattr(utils, "_cuda_capability", lambda index: (8, 0))
+    with pytest.raises(BackendUnavailableError, match=r"sm_80.*float8_e5m2"):
+        utils.check_fp8_output(torch.float8_e4m3fn, cuda0)
+    utils.check_fp8_output(torch.float8_e5m2, cuda0)
+    utils.check_fp8_output(torch.bfloat16, cuda0)
+    utils.check_fp8_output(torch.float8_e4m3fn, torch.device("cpu"))
+    for cap in ((8, 9), (9, 0), (10, 0)):
+        monkeypatch.setattr(utils, "_cuda_capability", lambda index, cap=cap: cap)
+        utils.check_fp8_output(torch.float8_e4m3fn, cuda0)
+
+
+@pytest.mark.skipif(not INTERPRET, reason="drives the Triton launchers on CPU tensors (interpreter)")
+def test_triton_fp8_launchers_check_the_format(monkeypatch):
+    """The norm forward and cast_transpose launchers ask check_fp8_output about their output format
+    and device before anything else (an FP8 output only)."""
+    from engine.triton_kernels import norms, transpose
+
+    seen = []
+    record = lambda dtype, device: seen.append((dtype, device.type))  # noqa: E731
+    monkeypatch.setattr(norms, "check_fp8_output", record)
+    monkeypatch.setattr(transpose, "check_fp8_output", record)
+    x, w = torch.randn(3, 64), torch.ones(64)
+    one = lambda: torch.ones(1)  # noqa: E731
+    for out_dtype in (torch.float8_e4m3fn, torch.bfloat16):
+        fp8 = out_dtype is torch.float8_e4m3fn
+        norms.norm_fwd(x, w, None, None, 1e-5, torch.empty(3, 64, dtype=out_dtype), None, None,
+                       torch.empty(3), one() if fp8 else None, one() if fp8 else None,
+                       one() if fp8 else None, None, is_rms_norm=True, zero_centered_gamma=False,
+                       current_scaling=False, amax_epsilon=0.0, sm_margin=0)
+    transpose.cast_transpose(x, one(), one(), one(), torch.empty(3, 64, dtype=torch.float8_e5m2),
+                             None, current_scaling=False, amax_epsilon=0.0)
+    assert seen == [(torch.float8_e4m3fn, "cpu"), (torch.float8_e5m2, "cpu")]

@@ -25,6 +25,7 @@ from engine.triton_kernels.utils import (
     _div_rn,
     _fp8_saturate_cast,
     _scale_from_amax,
+    check_fp8_output,
     fp8_consts,
     is_fp8,
     persistent_grid,
@@ -387,6 +388,8 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
     """``norm_fwd`` with an explicit ``config`` (None: the heuristic). Used by tuning scripts."""
     m, n = x.shape
     fp8 = is_fp8(out.dtype)
+    if fp8:
+        check_fp8_output(out.dtype, x.device)
     fp8_max, mant, min_exp = fp8_consts(out.dtype)
     if m == 0:
         if fp8:

@@ -21,6 +21,7 @@ from engine.triton_kernels.utils import (
     _div_rn,
     _fp8_saturate_cast,
     _scale_from_amax,
+    check_fp8_output,
     fp8_consts,
     persistent_grid,
     interpreter_rounding,
@@ -107,6 +108,7 @@ def cast_transpose(x, scale, amax, scale_inv, out, out_t, *, current_scaling, am
     :func:`engine.reference.cast_transpose`."""
     m, n = x.shape
     fp8_dtype = (out if out is not None else out_t).dtype
+    check_fp8_output(fp8_dtype, x.device)
     if m == 0:
         if current_scaling:
             amax.zero_()

@@ -43,6 +43,30 @@ def is_fp8(dtype: torch.dtype) -> bool:
     return dtype in FP8_DTYPES
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_capability(index: int) -> tuple:
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def check_fp8_output(dtype: torch.dtype, device: torch.device) -> None:
+    """Raise :class:`engine.backend.BackendUnavailableError` where Triton cannot write ``dtype``.
+
+    Triton has no float8_e4m3fn ("fp8e4nv") type below compute capability 8.9: on an A100 its
+    kernels fail to compile with a message about Triton's internal type names. float8_e5m2 compiles
+    everywhere, and the CUDA backend converts both formats on sm_80 (in software below sm_89).
+    Nothing to check for CPU tensors (the interpreter) or other dtypes.
+    """
+    if dtype is not torch.float8_e4m3fn or device.type != "cuda":
+        return
+    cap = _cuda_capability(device.index if device.index is not None else torch.cuda.current_device())
+    if cap < (8, 9):
+        raise backend.BackendUnavailableError(
+            f"the Triton backend cannot write float8_e4m3fn on this GPU (sm_{cap[0]}{cap[1]}): "
+            f"Triton supports that format from sm_89 on. Unset the ENGINE_USE_*_TRITON flag of "
+            f"this op to use the CUDA backend, or quantize to float8_e5m2."
+        )
+
+
 def fp8_consts(dtype: torch.dtype):
     """(fp8_max, mantissa_bits, min_normal_exp) for an FP8 dtype, zeros for anything else."""
     if not is_fp8(dtype):
