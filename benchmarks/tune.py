@@ -11,12 +11,12 @@ in-kernel transpose path, delayed scaling). Each candidate is
 launched through ``engine.triton_kernels.norms.launch_fwd`` / ``launch_bwd`` with ``config=``, its
 output poisoned beforehand and checked against ``engine.reference`` (fp32) afterwards, then timed
 with do_bench (median). Search: stage 1 over (block_m, block_n, blocked, num_warps) at two programs
-per SM; stage 2 sweeps programs_per_sm (1..32: 32 is about one program per tile, i.e. not
+per SM (16 warps' worth for 1- and 2-warp programs); stage 2 sweeps programs_per_sm (1..32: 32 is about one program per tile, i.e. not
 persistent, at M*N = 64M for small tiles) for the three best; stage 3 num_stages in {1, 2, 4} (3 is
 the default) for the best one. Candidates:
 
 * row in registers (``blocked=False``, ``block_n = next_pow2(N)``): ``block_m`` in {1, 2, 4, 8, 16}
-  with ``block_m * block_n <= 32K`` (16K for bwd), ``num_warps`` in {4, 8, 16, 32} keeping 8..64
+  with ``block_m * block_n <= 32K`` (16K for bwd), ``num_warps`` in {1, 2, 4, 8, 16, 32} keeping 8..64
   elements per thread (4..32 for bwd and fwd-fp8, whose epilogue holds more registers);
 * blocked two-pass (N >= 16K): chunk ``block_n`` in {2048, 4096, 8192}, ``block_m`` in {1, 2};
 * fwd-fp8T: ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8}.
@@ -76,11 +76,19 @@ def cfg_str(c: NormConfig) -> str:
 
 
 def _warps(tile: int, lo: int, hi: int, dry: bool) -> list:
-    """num_warps in {4, 8, 16, 32} giving lo..hi elements per thread on a tile of ``tile`` elements
-    (dry runs: 4, whatever the tile)."""
+    """num_warps in {1, 2, 4, 8, 16, 32} giving lo..hi elements per thread on a tile of ``tile``
+    elements (dry runs: 4, whatever the tile). One or two warps keep a row's sums in warp shuffles
+    (Triton spreads a 16-bit row over a warp per 256 columns, and a sum across warps goes through
+    shared memory and barriers)."""
     if dry:
         return [4]
-    return [w for w in (4, 8, 16, 32) if lo <= tile // (32 * w) <= hi]
+    return [w for w in (1, 2, 4, 8, 16, 32) if lo <= tile // (32 * w) <= hi]
+
+
+def _stage1_pps(num_warps: int) -> int:
+    """Programs per SM in stage 1: 2, or 16 warps' worth for 1- and 2-warp programs (at 2 they
+    would leave the SM nearly idle and never reach stage 2's sweep)."""
+    return 2 if num_warps >= 4 else 16 // num_warps
 
 
 def candidates(op: str, n: int, dry: bool) -> list:
@@ -97,12 +105,14 @@ def candidates(op: str, n: int, dry: bool) -> list:
         if p2 <= max_tile:
             for bm in (1, 2, 4, 8, 16):
                 if bm * p2 <= max_tile:
-                    out += [NormConfig(bm, p2, False, w, 2) for w in _warps(bm * p2, lo, hi, dry)]
+                    out += [NormConfig(bm, p2, False, w, _stage1_pps(w))
+                            for w in _warps(bm * p2, lo, hi, dry)]
         chunks = (64, 128) if dry else (2048, 4096, 8192)
         if n >= (256 if dry else 16384):
             for chunk in chunks:
                 for bm in (1, 2):
-                    out += [NormConfig(bm, chunk, True, w, 2) for w in _warps(bm * chunk, lo // 2, hi, dry)]
+                    out += [NormConfig(bm, chunk, True, w, _stage1_pps(w))
+                            for w in _warps(bm * chunk, lo // 2, hi, dry)]
     out = list(dict.fromkeys(out))
     if dry:  # the interpreter is slow: one of each kind
         out = [c for c in out if not c.blocked][:1] + [c for c in out if c.blocked][:1]
