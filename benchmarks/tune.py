@@ -11,13 +11,13 @@ in-kernel transpose path, delayed scaling). Each candidate is
 launched through ``engine.triton_kernels.norms.launch_fwd`` / ``launch_bwd`` with ``config=``, its
 output poisoned beforehand and checked against ``engine.reference`` (fp32) afterwards, then timed
 with do_bench (median). Search: stage 1 over (block_m, block_n, blocked, num_warps) at two programs
-per SM (16 warps' worth for 1- and 2-warp programs); stage 2 sweeps programs_per_sm (1..32: 32 is about one program per tile, i.e. not
-persistent, at M*N = 64M for small tiles) for the three best; stage 3 num_stages in {1, 2, 4} (3 is
-the default) for the best one. Candidates:
+per SM (16 warps' worth for 1- and 2-warp programs); stage 2 sweeps programs_per_sm (1..32: 32 is
+about one program per tile, i.e. not persistent, at M*N = 64M for small tiles) for the three best;
+stage 3 num_stages in {1, 2, 4} (3 is the default) for the best one. Candidates:
 
 * row in registers (``blocked=False``, ``block_n = next_pow2(N)``): ``block_m`` in {1, 2, 4, 8, 16}
-  with ``block_m * block_n <= 32K`` (16K for bwd), ``num_warps`` in {1, 2, 4, 8, 16, 32} keeping 8..64
-  elements per thread (4..32 for bwd and fwd-fp8, whose epilogue holds more registers);
+  with ``block_m * block_n <= 32K`` (16K for bwd), ``num_warps`` in {1, 2, 4, 8, 16, 32} keeping
+  8..64 elements per thread (4..32 for bwd and fwd-fp8, whose epilogue holds more registers);
 * blocked two-pass (N >= 16K): chunk ``block_n`` in {2048, 4096, 8192}, ``block_m`` in {1, 2};
 * fwd-fp8T: ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8}.
 

@@ -53,7 +53,7 @@ def check_fp8_output(dtype: torch.dtype, device: torch.device) -> None:
 
     Triton has no float8_e4m3fn ("fp8e4nv") type below compute capability 8.9: on an A100 its
     kernels fail to compile with a message about Triton's internal type names. float8_e5m2 compiles
-    everywhere, and the CUDA backend converts both formats on sm_80 (in software below sm_89).
+    everywhere, and the CUDA backend built for sm_80 converts both formats (in software below sm_89).
     Nothing to check for CPU tensors (the interpreter) or other dtypes.
     """
     if dtype is not torch.float8_e4m3fn or device.type != "cuda":
