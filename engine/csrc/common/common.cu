@@ -48,19 +48,17 @@ std::atomic<int> g_max_cluster{8};
  * compute_80 PTX was built and is JIT-compiled for an H100. */
 __global__ void probe_kernel() {}
 
-engine_status lookup_occ(int dev, const void* func, int block, size_t smem, int cluster, int* out,
-                         bool* found) {
+/* The cached occupancy of (dev, func, block, smem, cluster) into *out; false if not cached yet. */
+bool lookup_occ(int dev, const void* func, int block, size_t smem, int cluster, int* out) {
   std::lock_guard<std::mutex> lock(g_occ_mutex);
   for (const OccEntry& e : g_occ) {
     if (e.device == dev && e.func == func && e.block == block && e.smem == smem &&
         e.cluster == cluster) {
       *out = e.blocks;
-      *found = true;
-      return ENGINE_SUCCESS;
+      return true;
     }
   }
-  *found = false;
-  return ENGINE_SUCCESS;
+  return false;
 }
 
 }  // namespace
@@ -131,9 +129,7 @@ int max_cluster_size(const DeviceInfo& info) {
 engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out) {
   int dev = 0;
   ENGINE_CHECK_CUDA(cudaGetDevice(&dev));
-  bool found = false;
-  ENGINE_TRY(lookup_occ(dev, func, block, dyn_smem, cluster, out, &found));
-  if (found) return ENGINE_SUCCESS;
+  if (lookup_occ(dev, func, block, dyn_smem, cluster, out)) return ENGINE_SUCCESS;
   int per_sm = 0;
   ENGINE_TRY(blocks_per_sm(func, block, dyn_smem, &per_sm)); /* raises the smem limit if needed */
   cudaLaunchAttribute attr;
@@ -157,9 +153,7 @@ engine_status active_clusters(const void* func, int block, size_t dyn_smem, int 
 engine_status blocks_per_sm(const void* func, int block, size_t dyn_smem, int* out) {
   int dev = 0;
   ENGINE_CHECK_CUDA(cudaGetDevice(&dev));
-  bool found = false;
-  ENGINE_TRY(lookup_occ(dev, func, block, dyn_smem, 0, out, &found));
-  if (found) return ENGINE_SUCCESS;
+  if (lookup_occ(dev, func, block, dyn_smem, 0, out)) return ENGINE_SUCCESS;
   if (dyn_smem > 48 * 1024) {
     bool raised = false;
     {

@@ -97,18 +97,13 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   const float* gsm = nullptr;
   if (a.gb_off >= 0) {
     float* gw = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(part) + a.gb_off);
-    const int lane0 = glane - lr;
-    for (int k = threadIdx.x; k < NV * tpr; k += blockDim.x) {
-      const int v = lane0 + (k % tpr) + (k / tpr) * gstride;
-      if (v < nvec) {
-        float gv[VEC];
-        load_vec_dt<VEC>(a.weight, (int64_t)v * VEC, a.w_dtype, gv);
+    fill_row_slots(NV, tpr, glane - lr, gstride, nvec, [&](int k, int v) {
+      float gv[VEC];
+      load_vec_dt<VEC>(a.weight, (int64_t)v * VEC, a.w_dtype, gv);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) gv[j] += g_add;
-        store_vec<float, VEC>(gw + k * VEC, gv);
-      }
-    }
-    __syncthreads();
+      for (int j = 0; j < VEC; ++j) gv[j] += g_add;
+      store_vec<float, VEC>(gw + k * VEC, gv);
+    });
     gsm = gw;
   }
   /* gamma + g_add of slot i */

@@ -141,6 +141,20 @@ __host__ __device__ __forceinline__ int gb_floats(int nv, int tpr, int vec) {
   return nv * tpr * vec;
 }
 
+/* Register paths, gamma / beta in shared memory: calls fill(k, v) for every slot k = i * tpr + lr
+ * of this CTA's lanes of a row whose 16-byte vector v (= lane0 + lr + i * gstride, lane0 the CTA's
+ * first lane of the row) lies in the row, spread over the CTA's threads, then __syncthreads().
+ * Called uniformly by all threads. */
+template <typename Fill>
+__device__ __forceinline__ void fill_row_slots(int nv, int tpr, int lane0, int gstride, int nvec,
+                                               Fill&& fill) {
+  for (int k = threadIdx.x; k < nv * tpr; k += blockDim.x) {
+    const int v = lane0 + (k % tpr) + (k / tpr) * gstride;
+    if (v < nvec) fill(k, v);
+  }
+  __syncthreads();
+}
+
 /* Register paths: the thread at lane `glane` of a row of `gstride` threads (a row group of one
  * CTA, or the CTAs of a cluster sharing the row) owns the 16-byte vectors glane, glane + gstride,
  * ..., of the row's nvec; col[i] is the first element of its slot i, valid[i] whether it lies in

@@ -173,31 +173,26 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
 
   /* gamma + g_add and beta as fp32 in shared memory when the launcher found room (gb_off >= 0):
    * the epilogue then reads 16-byte LDS per 4 values instead of converting gamma (and beta) and
-   * adding g_add per value per row, the same floats either way (so the same bits). Filled once,
-   * slot k = i * tpr + lr of the CTA's row lanes by thread k % blockDim.x (a plain loop: unrolled
-   * over the slots it held the loads of all of them in registers at once). */
+   * adding g_add per value per row, the same floats either way (so the same bits). Filled once
+   * (fill_row_slots: a plain loop over the slots; unrolled over them it held the loads of all of
+   * them in registers at once). */
   const float* gsm = nullptr;
   const int nb = gb_floats(NV, tpr, VEC); /* beta's offset from gamma's, in floats */
   if (a.gb_off >= 0) {
     float* gw = reinterpret_cast<float*>(tile + a.gb_off);
-    const int lane0 = glane - lr; /* the CTA's first lane of the row */
-    for (int k = threadIdx.x; k < NV * tpr; k += blockDim.x) {
-      const int v = lane0 + (k % tpr) + (k / tpr) * gstride;
-      if (v < nvec) {
-        float g[VEC], b[VEC];
-        load_gamma_beta_t<W, kBias, VEC>(a, (int64_t)v * VEC, g, b);
-        float* p = gw + k * VEC;
+    fill_row_slots(NV, tpr, glane - lr, gstride, nvec, [&](int k, int v) {
+      float g[VEC], b[VEC];
+      load_gamma_beta_t<W, kBias, VEC>(a, (int64_t)v * VEC, g, b);
+      float* p = gw + k * VEC;
 #pragma unroll
-        for (int j = 0; j < VEC; j += 4) {
-          *reinterpret_cast<float4*>(p + j) =
-              make_float4(g[j] + g_add, g[j + 1] + g_add, g[j + 2] + g_add, g[j + 3] + g_add);
-          if constexpr (kBias) {
-            *reinterpret_cast<float4*>(p + nb + j) = make_float4(b[j], b[j + 1], b[j + 2], b[j + 3]);
-          }
+      for (int j = 0; j < VEC; j += 4) {
+        *reinterpret_cast<float4*>(p + j) =
+            make_float4(g[j] + g_add, g[j + 1] + g_add, g[j + 2] + g_add, g[j + 3] + g_add);
+        if constexpr (kBias) {
+          *reinterpret_cast<float4*>(p + nb + j) = make_float4(b[j], b[j + 1], b[j + 2], b[j + 3]);
         }
       }
-    }
-    __syncthreads();
+    });
     gsm = gw;
   }
 
