@@ -29,7 +29,7 @@ from engine.backend import BackendUnavailableError, settings
 Tensor = torch.Tensor
 
 __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
-           "max_cluster_size"]
+           "max_cluster_size", "norm_fwd_vectors"]
 
 _log = logging.getLogger("engine.cuda_backend")
 _lock = threading.Lock()
@@ -246,3 +246,21 @@ def max_cluster_size(n: int):
         yield
     finally:
         ext.set_max_cluster_size(prev)
+
+
+@contextlib.contextmanager
+def norm_fwd_vectors(n: int):
+    """Context manager: inside the ``with`` block the CUDA norm forward's register path (a row
+    inside one CTA, 16-bit x and residual stream) gives each thread ``n`` 16-byte vectors of a row
+    (2, 4 or 8), or ``n = 0``, the default, the launcher's choice per row width. Fewer vectors per
+    thread means more threads per row, more CTAs per SM and z held as floats; rows that would need
+    more than 256 threads at ``n`` keep the default. For tests and A/B benchmarks of the layouts on
+    one GPU. Process-wide, not thread-safe; restores the previous value on exit."""
+    if type(n) is not int or n not in (0, 2, 4, 8):
+        raise ValueError(f"norm_fwd_vectors: n must be 0, 2, 4 or 8, got {n!r}")
+    ext = _ext or _ext_or_load()
+    prev = ext.set_norm_fwd_vectors(n)
+    try:
+        yield
+    finally:
+        ext.set_norm_fwd_vectors(prev)

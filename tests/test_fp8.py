@@ -182,6 +182,31 @@ def test_transposed_bitwise(backend, is_rms, external, m, n, current):
         assert steps.max().item() <= 1 and (steps > 0).sum().item() <= 2 + 1e-3 * steps.numel()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("vectors", [2, 4, 8])
+@pytest.mark.parametrize("m,n", [(33, 1024), (40, 4096), (29, 2056), (301, 8200)])
+def test_fp8_vector_layouts(is_rms, vectors, m, n):
+    """Every thread layout of the CUDA forward's register path (cuda_backend.norm_fwd_vectors): the
+    FP8 bytes are the cast of the same layout's fp32 output bit for bit, amax its max, and the
+    in-kernel transposed copy (a tile of rows a multiple of the layout's row groups) equals
+    data.T bitwise."""
+    from engine import cuda_backend
+
+    use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
+    try:
+        with cuda_backend.norm_fwd_vectors(vectors):
+            x, w, b = inputs(m, n, is_rms)
+            y32 = call(is_rms, x, w, b, out_dtype=F32)
+            q = delayed(E4M3, scale=3.0, amax=0.25, columnwise=True)
+            t = call(is_rms, x, w, b, quantizer=q)
+        assert torch.equal(t.data.view(torch.uint8), fp8_quantize(y32, 3.0, E4M3).view(torch.uint8))
+        assert q.amax.item() == max(0.25, y32.abs().max().item())
+        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_fp8_with_residual(backend, is_rms):
     x, w, b = inputs(29, 760, is_rms)

@@ -209,6 +209,50 @@ def test_cluster_path_taken(is_rms):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("vectors", [2, 4, 8])
+@pytest.mark.parametrize("n", [1024, 1032, 2056, 4096, 8200, 16384])
+def test_fwd_vector_layouts(is_rms, vectors, n):
+    """Every thread layout of the CUDA forward's register path (2, 4 or 8 vectors of 16 bytes per
+    thread) against float64 with poisoned outputs: bf16 with a bias and a bf16 residual, fp16 with
+    zero-centred gamma. 1032 and 2056 leave a row group's last lanes partly idle; 16384 at 2 vectors
+    needs 1024 threads and keeps the default layout. 301 rows: CTAs loop over several row blocks."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        with cuda_backend.norm_fwd_vectors(vectors):
+            check_fwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
+            check_fwd(is_rms, 301, n, F16, F16, F32, zcg=True)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_fwd_vector_layouts_taken(is_rms):
+    """The knob changes the layout: each adds a row's values in another order, so over 301 rows of
+    4096 the statistics of the three layouts agree within rounding but not bit for bit."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        x = torch.randn(301, 4096, device=DEVICE, dtype=BF16)
+        w = torch.randn(4096, device=DEVICE, dtype=BF16)
+        b = None if is_rms else torch.randn(4096, device=DEVICE, dtype=BF16)
+        stats = {}
+        for v in (2, 4, 8):
+            with cuda_backend.norm_fwd_vectors(v):
+                _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
+            stats[v] = rsigma if is_rms else torch.cat([mu, rsigma])
+        for v in (2, 4):
+            torch.testing.assert_close(stats[v], stats[8], rtol=1e-5, atol=1e-6)
+            assert not torch.equal(stats[v], stats[8])
+    finally:
+        engine.backend.reset_for_tests()
+
+
 def test_layernorm_large_mean(backend):
     """Rows of 1e4 + unit noise in fp32: the variance must come from centred values.
 

@@ -42,6 +42,7 @@ std::vector<OccEntry> g_occ;
 std::vector<std::pair<int, const void*>> g_smem_raised;
 
 std::atomic<int> g_max_cluster{8};
+std::atomic<int> g_norm_fwd_vectors{0};
 
 /* Compiled like every kernel of the library: its PTX version tells whether the device code the
  * driver loads for this device was compiled for sm_90+ (where clusters exist), e.g. not when only
@@ -125,6 +126,8 @@ engine_status current_device_info(DeviceInfo* info) {
 int max_cluster_size(const DeviceInfo& info) {
   return info.clusters ? g_max_cluster.load(std::memory_order_relaxed) : 1;
 }
+
+int norm_fwd_vectors() { return g_norm_fwd_vectors.load(std::memory_order_relaxed); }
 
 engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out) {
   int dev = 0;
@@ -219,6 +222,11 @@ const char* engine_last_error(void) { return engine::g_last_error.c_str(); }
 int engine_set_max_cluster_size(int n) {
   if (n != 1 && n != 2 && n != 4 && n != 8) return -1;
   return engine::g_max_cluster.exchange(n);
+}
+
+int engine_set_norm_fwd_vectors(int n) {
+  if (n != 0 && n != 2 && n != 4 && n != 8) return -1;
+  return engine::g_norm_fwd_vectors.exchange(n);
 }
 
 }  // extern "C"

@@ -55,6 +55,9 @@ engine_status blocks_per_sm(const void* func, int block, size_t dyn_smem, int* o
  * and the compiled code have clusters (DeviceInfo::clusters), else 1. */
 int max_cluster_size(const DeviceInfo& info);
 
+/* engine_set_norm_fwd_vectors's value now (0: the launcher's choice). */
+int norm_fwd_vectors();
+
 /*
  * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at
  * once (cudaOccupancyMaxActiveClusters), cached like blocks_per_sm. ENGINE_ERROR_INVALID_ARGUMENT

@@ -126,12 +126,26 @@ constexpr int fwd_reg_nv() {
  * kernel is issue-bound (bf16 and FP8 outputs took the same time per element), and the run-time
  * forms cost a dual-predicated conversion per gamma / beta value, a mean subtraction per value
  * for RMSNorm and an FMUL-or-FFMA pair per value. */
+/* CTAs per SM the register kernel is compiled for (__launch_bounds__): 1 for the 512-thread build;
+ * 3 (80 registers) at 8 vectors of a 16-bit z or 4 of an fp32 z, where 4 CTAs (64 registers)
+ * spill; for 4 and 2 vectors of a bf16 z (held as 32 and 16 floats) 4 and 5 CTAs, of an fp16 z
+ * one CTA fewer (the LayerNorm kernels spill at 64 and 48 registers: ptxas -v). */
+template <typename R, int NV, int kMaxThreads>
+constexpr int fwd_min_blocks() {
+  if (kMaxThreads > 256) return 1;
+  if (sizeof(R) == 4 || NV >= 8) return 3;
+  return (NV == 4 ? 4 : 5) - (std::is_same<R, __half>::value ? 1 : 0);
+}
+
 template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV,
           int kMaxThreads>
-__global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
+__global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThreads>()))
     norm_fwd_reg_kernel(const FwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ZW = PackedWords<R, VEC>::kWords; /* z is kept as R values (exact: R holds x) */
+  /* Up to 32 values of a 16-bit z per thread are unpacked once into floats and held (32
+   * registers); more stay packed, two to a register, and are unpacked again in the epilogue. */
+  constexpr bool kZf = sizeof(R) == 2 && NV * VEC <= 32;
   constexpr bool kFp8 = is_fp8_v<O>;
   __shared__ float red_buf[2 * 32];
   __shared__ float cl_buf[2][3]; /* [row-loop parity][one cluster reduction's values] */
@@ -246,6 +260,22 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
           }
         }
       }
+      float zf[kZf ? NV : 1][kZf ? VEC : 1];
+      if constexpr (kZf) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) zf[i][j] = unpack_at<R, VEC>(zw[i], j);
+        }
+      }
+      /* z's value j of slot i (compile-time i and j after unrolling). */
+      auto zv = [&](int i, int j) -> float {
+        if constexpr (kZf) {
+          return zf[i][j];
+        } else {
+          return unpack_at<R, VEC>(zw[i], j);
+        }
+      };
       if (mode == kApply) {
         if (ok) {
           rs = a.rsigma[row];
@@ -257,7 +287,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
 #pragma unroll
           for (int i = 0; i < NV; ++i) {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) s[0] += unpack_at<R, VEC>(zw[i], j); /* masked: 0 */
+            for (int j = 0; j < VEC; ++j) s[0] += zv(i, j); /* masked: 0 */
           }
           red(s, tpr);
           /* In a cluster each CTA centres its own slice on its own mean, and the slices' (n, mean,
@@ -270,8 +300,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
           if (valid[i]) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-              const float d = kRms ? unpack_at<R, VEC>(zw[i], j)
-                                   : unpack_at<R, VEC>(zw[i], j) - mean;
+              const float d = kRms ? zv(i, j) : zv(i, j) - mean;
               q[0] = fmaf(d, d, q[0]);
             }
           }
@@ -303,17 +332,17 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads <= 256 ? 3 : 1)
               const float4 g = *reinterpret_cast<const float4*>(p + j);
               float4 b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
               if constexpr (kBias) b = *reinterpret_cast<const float4*>(p + nb + j);
-              y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), zm, rs, g.x, b.x, kBias);
-              y[j + 1] = norm_y(unpack_at<R, VEC>(zw[i], j + 1), zm, rs, g.y, b.y, kBias);
-              y[j + 2] = norm_y(unpack_at<R, VEC>(zw[i], j + 2), zm, rs, g.z, b.z, kBias);
-              y[j + 3] = norm_y(unpack_at<R, VEC>(zw[i], j + 3), zm, rs, g.w, b.w, kBias);
+              y[j] = norm_y(zv(i, j), zm, rs, g.x, b.x, kBias);
+              y[j + 1] = norm_y(zv(i, j + 1), zm, rs, g.y, b.y, kBias);
+              y[j + 2] = norm_y(zv(i, j + 2), zm, rs, g.z, b.z, kBias);
+              y[j + 3] = norm_y(zv(i, j + 3), zm, rs, g.w, b.w, kBias);
             }
           } else {
             float g[VEC], b[VEC];
             load_gamma_beta_t<W, kBias, VEC>(a, col[i], g, b);
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-              y[j] = norm_y(unpack_at<R, VEC>(zw[i], j), zm, rs, g[j] + g_add, b[j], kBias);
+              y[j] = norm_y(zv(i, j), zm, rs, g[j] + g_add, b[j], kBias);
             }
           }
           if constexpr (kFp8) {

@@ -59,6 +59,56 @@ engine_status launch_fwd_reg_k(const FwdArgs& a, const LaunchCtx& ctx, int block
               : launch_fwd_reg_w<X, R, O, false, false, NV>(a, ctx, block, smem);
 }
 
+/* Register path, one row over one CTA: NV vectors of x per thread; row groups of tpr threads
+ * (a power of two up to 32, then a multiple of 32), as many as fit 256 threads; with an FP8 output
+ * and out_t, the transposed tile when it fits shared memory (*transposed). */
+template <typename X, typename R, typename O, int NV>
+engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
+  constexpr int VEC = 16 / sizeof(X);
+  constexpr bool kFp8 = is_fp8_v<O>;
+  const int cols = a.cols;
+  const int tpr_raw = (cols / VEC + NV - 1) / NV;
+  const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
+  const int G = pow2_floor(tpr >= 256 ? 1 : 256 / tpr);
+  const int block = tpr * G;
+  a.tpr = tpr;
+  a.rows_per_iter = G;
+  a.tile_rows = 0;
+  a.tile_pitch = 0;
+  a.t_vec16 = 0;
+  size_t smem = 0;
+  if (kFp8 && a.out_t != nullptr && a.mode != kStats) {
+    /* Tile of T rows x cols bytes; T = 32 gives whole 32-byte sectors per output column run,
+     * 16 halves the tile for wide rows; beyond that the caller transposes `out` afterwards. */
+    const int64_t budget = (int64_t)ctx.max_smem_optin - 1024; /* static smem of the kernel */
+    const int pitch = (int)round_up(cols, 16) + 16;
+    int T = G > 32 ? G : 32;
+    /* Prefer two resident CTAs per SM over full-sector runs. */
+    if ((int64_t)T * pitch > budget || 2 * ((int64_t)T * pitch + 1024) > ctx.smem_per_sm) {
+      T = G > 16 ? G : 16;
+    }
+    if ((int64_t)T * pitch <= budget) {
+      a.tile_rows = T;
+      a.tile_pitch = pitch;
+      a.t_vec16 = (ptr_aligned(a.out_t, 16) && a.rows % 16 == 0) ? 1 : 0;
+      smem = (size_t)T * pitch;
+      *transposed = true;
+    }
+  }
+  if (!*transposed) a.out_t = nullptr;
+  return launch_fwd_reg_k<X, R, O, NV>(a, ctx, block, smem);
+}
+
+/* Vectors of x per thread on the register path without a cluster: fwd_reg_nv, or for a 16-bit z
+ * the requested count (engine_set_norm_fwd_vectors; 0: NV = 8) where its row group fits 256
+ * threads. */
+template <typename X, typename R>
+int fwd_vectors(int nvec, int want) {
+  constexpr int NV = fwd_reg_nv<X, R>();
+  if (sizeof(R) != 2 || want <= 0 || want == NV) return NV;
+  return ceil_div(nvec, want) <= kClusterRowThreads ? want : NV;
+}
+
 /*
  * Launch one forward pass with the register path when the operands allow 16-byte vectors and the
  * row fits, the blocked path otherwise. Configuration depends on cols and dtypes only, never on
@@ -67,7 +117,6 @@ engine_status launch_fwd_reg_k(const FwdArgs& a, const LaunchCtx& ctx, int block
 template <typename X, typename R, typename O>
 engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   constexpr int VEC = 16 / sizeof(X);
-  constexpr bool kFp8 = is_fp8_v<O>;
   *transposed = false;
   const int64_t rows = a.rows;
   const int cols = a.cols;
@@ -97,34 +146,14 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   }
 
   if (vec && tpr <= kMaxRowThreads) {
-    const int G = pow2_floor(tpr >= 256 ? 1 : 256 / tpr);
-    const int block = tpr * G;
-    a.tpr = tpr;
-    a.rows_per_iter = G;
-    a.tile_rows = 0;
-    a.tile_pitch = 0;
-    a.t_vec16 = 0;
-    size_t smem = 0;
-    if (kFp8 && a.out_t != nullptr && a.mode != kStats) {
-      /* Tile of T rows x cols bytes; T = 32 gives whole 32-byte sectors per output column run,
-       * 16 halves the tile for wide rows; beyond that the caller transposes `out` afterwards. */
-      const int64_t budget = (int64_t)ctx.max_smem_optin - 1024; /* static smem of the kernel */
-      const int pitch = (int)round_up(cols, 16) + 16;
-      int T = G > 32 ? G : 32;
-      /* Prefer two resident CTAs per SM over full-sector runs. */
-      if ((int64_t)T * pitch > budget || 2 * ((int64_t)T * pitch + 1024) > ctx.smem_per_sm) {
-        T = G > 16 ? G : 16;
-      }
-      if ((int64_t)T * pitch <= budget) {
-        a.tile_rows = T;
-        a.tile_pitch = pitch;
-        a.t_vec16 = (ptr_aligned(a.out_t, 16) && rows % 16 == 0) ? 1 : 0;
-        smem = (size_t)T * pitch;
-        *transposed = true;
+    if constexpr (sizeof(R) == 2) {
+      switch (fwd_vectors<X, R>(nvec, ctx.fwd_vectors)) {
+        case 2: return launch_fwd_rows<X, R, O, 2>(a, ctx, transposed);
+        case 4: return launch_fwd_rows<X, R, O, 4>(a, ctx, transposed);
+        default: break;
       }
     }
-    if (!*transposed) a.out_t = nullptr;
-    return launch_fwd_reg_k<X, R, O, NV>(a, ctx, block, smem);
+    return launch_fwd_rows<X, R, O, NV>(a, ctx, transposed);
   }
 
   a.out_t = nullptr;
