@@ -216,8 +216,8 @@ def test_cluster_path_taken(is_rms):
 def test_fwd_vector_layouts(is_rms, vectors, n):
     """Every thread layout of the CUDA forward's register path (2, 4 or 8 vectors of 16 bytes per
     thread) against float64 with poisoned outputs: bf16 with a bias and a bf16 residual, fp16 with
-    zero-centred gamma. 1032 and 2056 leave a row group's last lanes partly idle; 16384 at 2 vectors
-    needs 1024 threads and keeps the default layout. 301 rows: CTAs loop over several row blocks."""
+    zero-centred gamma. 1032 and 2056 leave a row group's last lanes partly idle; a layout whose
+    row group would pass 256 threads (16384 at 2 and 4, 8200 at 2) keeps the default. 301 rows: CTAs loop over several row blocks."""
     from engine import cuda_backend
 
     use_backend("cuda")
