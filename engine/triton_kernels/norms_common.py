@@ -80,6 +80,9 @@ _FWD_FP8_OVERRIDES = {
 }
 # LayerNorm (bias, mean): smaller tiles per warp; from 16K the two-pass blocked path wins.
 _LN_FWD_OVERRIDES = {
+    # 1K: two warps per 4-row tile (each row's two sums stay inside a warp: shuffles, no bar.sync),
+    # 1.28x (h200_tune_ln_1k.log; tune.py had never tried 1- or 2-warp programs before)
+    1024: NormConfig(4, 1024, False, 2, 32),
     2048: NormConfig(4, 2048, False, 4, 32),  # 1.27x; 32 programs/SM 1.06x more
     4096: NormConfig(4, 4096, False, 8, 8),  # 1.55x
     8192: NormConfig(4, 8192, False, 16, 4),  # 1.22x

@@ -7,7 +7,9 @@
  * (NV = 8: 32K elements for 16-bit x; NV = 4 when z is fp32: 8K for fp32 x, 16K for 16-bit x
  * with an fp32 residual; see fwd_reg_nv) whose operands allow 16-byte vector access:
  *   - z stays in registers between the statistics and the epilogue, packed as R values (16-bit
- *     values two to a register); gamma / beta are re-read per row in the epilogue (L1-resident),
+ *     values two to a register); with NV = 4 or 2 vectors of a 16-bit z (fwd_vectors in
+ *     norm_fwd_launch.cuh: bf16 rows of one warp) unpacked once and held as floats, compiled for
+ *     more CTAs per SM (fwd_min_blocks); gamma / beta are re-read per row in the epilogue (L1-resident),
  *     not held as floats across the row loop, and blocks of up to 256 threads are compiled for 3
  *     CTAs per SM: 80 registers instead of 128, 3 CTAs of 256 threads per SM instead of 2 (no
  *     spills; capping at 64 registers spills); rows that need 512 threads get a 1-CTA build;

@@ -100,12 +100,19 @@ engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed)
 }
 
 /* Vectors of x per thread on the register path without a cluster: fwd_reg_nv, or for a 16-bit z
- * the requested count (engine_set_norm_fwd_vectors; 0: NV = 8) where its row group fits 256
- * threads. */
+ * the requested count (engine_set_norm_fwd_vectors) where its row group fits 256 threads. The
+ * default (want = 0) for a bf16 z: 4 where that makes a row one warp (64 < nvec <= 128, bf16 rows
+ * of 520-1024), 8 elsewhere. Measured on the H200 (benchmarks/NOTES.md, P6; kernel time, % of
+ * copy): at 1K, 4 vectors gave RMSNorm 88.9 against 86.6 and LayerNorm 89.0 against 85.0 (FP8 out
+ * equal); at 2K-8K, where 4 vectors need a row reduction across warps, they lost 1-9 points
+ * against 8 (FP8 and LayerNorm most), and 2 vectors lost everywhere. fp16 keeps 8 (not measured). */
 template <typename X, typename R>
 int fwd_vectors(int nvec, int want) {
   constexpr int NV = fwd_reg_nv<X, R>();
-  if (sizeof(R) != 2 || want <= 0 || want == NV) return NV;
+  if (sizeof(R) != 2) return NV;
+  if (want <= 0) {
+    want = (std::is_same<R, __nv_bfloat16>::value && nvec > 64 && nvec <= 128) ? 4 : NV;
+  }
   return ceil_div(nvec, want) <= kClusterRowThreads ? want : NV;
 }
 
