@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-cluster", type=int, choices=[1, 2, 4, 8],
                     help="CUDA: largest thread-block cluster a row may be split over (1: none; "
                          "engine.cuda_backend.max_cluster_size), for A/B runs of the cluster paths")
-    ap.add_argument("--fwd-vectors", type=int, choices=[0, 2, 4, 8],
+    ap.add_argument("--fwd-vectors", type=int, choices=[0, 4, 8],
                     help="CUDA: 16-byte vectors per thread of the forward's register path (0: the "
                          "default; engine.cuda_backend.norm_fwd_vectors), for A/B runs of the layouts")
     args = ap.parse_args(argv)

@@ -11,7 +11,7 @@
 # L2 (slow sweep + compute-sanitizer), diagT (ci/diag_transpose.py), launch (ci/launch_overhead.py),
 # profk / profkjit (benchmarks/profile_kernels.py: device time against timed time; PROFK_ARGS),
 # profkB (the same with PROFKB_ARGS, the B side of an A/B run), profkV (PROFKV_ARGS once per
-# CUDA forward layout in PROFKV_VECTORS, default "8 4 2": --fwd-vectors; profkV.log), mainjob (examples/train_llama.py
+# CUDA forward layout in PROFKV_VECTORS, default "8 4": --fwd-vectors; profkV.log), mainjob (examples/train_llama.py
 # on both RMSNorm backends; MAINJOB_ARGS),
 # hostprof (ci/host_profile.py: cProfile of a host-bound row; HOSTPROF_ARGS),
 # ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out ..."). Optional inputs carried from an
@@ -77,7 +77,7 @@ for stage in "$@"; do
           tail -4 "$OUT/mainjob_triton$t.log"; done ;;
     profkB) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py ${PROFKB_ARGS:-} \
           > "$OUT/profkB.log" 2>&1; log "profkB exit $?"; tail -80 "$OUT/profkB.log" ;;
-    profkV) for v in ${PROFKV_VECTORS:-8 4 2}; do
+    profkV) for v in ${PROFKV_VECTORS:-8 4}; do
           echo "== --fwd-vectors $v" >> "$OUT/profkV.log"
           timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py --fwd-vectors "$v" ${PROFKV_ARGS:-} \
             >> "$OUT/profkV.log" 2>&1; log "profkV $v exit $?"; done; tail -100 "$OUT/profkV.log" ;;

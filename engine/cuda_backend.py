@@ -252,13 +252,13 @@ def max_cluster_size(n: int):
 def norm_fwd_vectors(n: int):
     """Context manager: inside the ``with`` block the CUDA norm forward's register path (a row
     inside one CTA, 16-bit x and residual stream) gives each thread ``n`` 16-byte vectors of a row
-    (2, 4 or 8), or ``n = 0``, the default, the launcher's choice per row width (4 for bf16 rows of
-    520-1024 elements, where a row is then one warp, 8 otherwise: benchmarks/NOTES.md, P6). Fewer vectors per
-    thread means more threads per row, more CTAs per SM and z held as floats; rows that would need
-    more than 256 threads at ``n`` keep the default. For tests and A/B benchmarks of the layouts on
+    (4 or 8), or ``n = 0``, the default, the launcher's choice per row width (4 for bf16 rows of
+    520-1024 elements, where a row is then one warp, 8 otherwise: benchmarks/NOTES.md, P6). Fewer
+    vectors per thread means more threads per row, more CTAs per SM and z held as floats; rows that
+    would need more than 256 threads at ``n`` keep 8. For tests and A/B benchmarks of the layouts on
     one GPU. Process-wide, not thread-safe; restores the previous value on exit."""
-    if type(n) is not int or n not in (0, 2, 4, 8):
-        raise ValueError(f"norm_fwd_vectors: n must be 0, 2, 4 or 8, got {n!r}")
+    if type(n) is not int or n not in (0, 4, 8):
+        raise ValueError(f"norm_fwd_vectors: n must be 0, 4 or 8, got {n!r}")
     ext = _ext or _ext_or_load()
     prev = ext.set_norm_fwd_vectors(n)
     try:

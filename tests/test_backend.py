@@ -125,12 +125,12 @@ def test_max_cluster_size_restores():
     assert ext.set_max_cluster_size(3) == -1
 
 
-@pytest.mark.parametrize("n", [1, 3, 16, 4.0, "4", True])
+@pytest.mark.parametrize("n", [1, 2, 3, 16, 4.0, "4", True])
 def test_norm_fwd_vectors_rejects_bad_counts(n):
-    """Only 0 (the default), 2, 4 and 8 vectors per thread; anything else raises first."""
+    """Only 0 (the default), 4 and 8 vectors per thread; anything else raises first."""
     from engine import cuda_backend
 
-    with pytest.raises(ValueError, match="0, 2, 4 or 8"):
+    with pytest.raises(ValueError, match="0, 4 or 8"):
         with cuda_backend.norm_fwd_vectors(n):
             pass
 
@@ -140,13 +140,13 @@ def test_norm_fwd_vectors_restores():
     from engine import cuda_backend
 
     ext = cuda_backend._ext_or_load()
-    with cuda_backend.norm_fwd_vectors(2):
-        assert ext.set_norm_fwd_vectors(2) == 2
+    with cuda_backend.norm_fwd_vectors(8):
+        assert ext.set_norm_fwd_vectors(8) == 8
         with cuda_backend.norm_fwd_vectors(4):
             assert ext.set_norm_fwd_vectors(4) == 4
-        assert ext.set_norm_fwd_vectors(2) == 2
+        assert ext.set_norm_fwd_vectors(8) == 8
     assert ext.set_norm_fwd_vectors(0) == 0  # the default is back
-    assert ext.set_norm_fwd_vectors(3) == -1
+    assert ext.set_norm_fwd_vectors(2) == -1
 
 
 def test_environment_read_only_in_backend():

@@ -58,7 +58,9 @@ class NormConfig:
 # Programs per SM were then swept up to 32 (h200_tune_*_pps.log): at 1K, 4K and 8K 16-32 programs
 # per SM won by 4-6 % (about one or two row tiles per program at M*N = 64M: the persistent loop
 # and its hoisting stay, and cost nothing when the loop runs once).
-_FWD_TABLE = {1024: (8, 8, 32), 2048: (16, 32, 2), 4096: (4, 16, 16), 8192: (2, 8, 32),
+# 2K: one row per 2-warp program (tune.py's 1- and 2-warp candidates, session 6: 88.1 % against
+# 82.5 % for 16 x 2048 at 32 warps; h200_tune_rmsnorm_small_warps.log).
+_FWD_TABLE = {1024: (8, 8, 32), 2048: (1, 2, 32), 4096: (4, 16, 16), 8192: (2, 8, 32),
               16384: (2, 32, 8), 32768: (1, 32, 2)}
 _FWD_BLOCKED = (1, 32, 8)  # 64K and wider: chunks of BLOCKED_CHUNK_N
 # RMSNorm rows of 128K (high-precision out): two rows per tile at 2 programs per SM, 1.09x
@@ -72,7 +74,7 @@ _BWD_BLOCKED = (2, 32, 1)
 # h200_tune_ln.log; entries only where the gain over the RMSNorm bf16 table was over 5 %).
 # FP8 rowwise outputs: the epilogue holds more registers (116 at 4K with the bf16 config).
 _FWD_FP8_OVERRIDES = {
-    1024: NormConfig(8, 1024, False, 16, 2, 4),  # 1.13x (h200_tune_rms_fp8_s3.log, new epilogue)
+    1024: NormConfig(1, 1024, False, 1, 16),  # 1.24x, a warp per row (h200_tune_rmsnorm_small_w*)
     4096: NormConfig(2, 4096, False, 8, 8),  # 1.49x
     8192: NormConfig(2, 8192, False, 8, 2),  # 1.19x (h200_tune_rms_fp8_s3.log)
     16384: NormConfig(2, 16384, False, 32, 2),  # 1.10x
@@ -92,8 +94,8 @@ _LN_FWD_OVERRIDES = {
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
 # before, the RMSNorm FP8 entries or the base table): few programs per SM, 8 warps.
 _LN_FWD_FP8_OVERRIDES = {
-    1024: NormConfig(8, 1024, False, 8, 4, 2),  # 1.13x
-    2048: NormConfig(4, 2048, False, 8, 4, 4),  # 1.27x
+    # 1K: the RMSNorm FP8 entry (a warp per row), 1.47x (h200_tune_layernorm_small_warps.log)
+    2048: NormConfig(1, 2048, False, 2, 8),  # 1.25x (the same run)
     8192: NormConfig(1, 8192, False, 8, 2),  # 1.68x
     16384: NormConfig(1, 16384, False, 16, 2, 1),  # 1.06x
 }

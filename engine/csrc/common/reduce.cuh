@@ -9,9 +9,10 @@
  * Row groups: a CTA is split into groups of `tpr` consecutive threads, each reducing its own row.
  * tpr is a power of two <= 32 (the group lives inside one warp: shuffles only) or a multiple of 32
  * (any number of warps, not necessarily a power of two: warp partials go through shared memory and
- * every thread sums its group's partials in warp order). Every thread of the CTA must call the
- * reducer the same number of times (the kernels keep their row loops uniform across the CTA and
- * mask invalid rows instead of skipping them), because the multi-warp case uses __syncthreads.
+ * every thread sums its group's partials in warp order, after a barrier over the group's warps:
+ * row_group_sync). Every thread of the CTA must call the reducer the same number of times (the
+ * kernels keep their row loops uniform across the CTA and mask invalid rows instead of skipping
+ * them), because the multi-warp case uses a barrier.
  */
 #ifndef ENGINE_CSRC_COMMON_REDUCE_CUH_
 #define ENGINE_CSRC_COMMON_REDUCE_CUH_
@@ -24,9 +25,21 @@ namespace engine {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
+/* Barrier over this thread's row group of `tpr` threads (a multiple of 32): named barrier 1 + the
+ * group's index when the CTA holds several groups (at most 8: tpr >= 64, blockDim <= 512), so a
+ * group waits for its own warps only, not for the CTA's other rows; __syncthreads otherwise.
+ * Barrier 0 (__syncthreads) stays the CTA-wide one. */
+__device__ __forceinline__ void row_group_sync(int tpr) {
+  if ((int)blockDim.x > tpr) {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + (int)threadIdx.x / tpr), "r"(tpr) : "memory");
+  } else {
+    __syncthreads();
+  }
+}
+
 /* Sum of K values over row groups of `tpr` threads; every thread gets its group's sums.
  * `buf` is shared memory of 2 * 32 * K floats; the two halves alternate between calls so that one
- * __syncthreads per call suffices (a half is rewritten only after the next call's barrier, which
+ * barrier per call suffices (a half is rewritten only after the next call's barrier, which
  * every thread reaches after finishing its reads of the previous use). */
 template <int K>
 struct RowGroupSum {
@@ -49,7 +62,7 @@ struct RowGroupSum {
 #pragma unroll
         for (int k = 0; k < K; ++k) b[warp * K + k] = v[k];
       }
-      __syncthreads();
+      row_group_sync(tpr);
       const int wpr = tpr >> 5;
       const int first = (warp / wpr) * wpr;
 #pragma unroll

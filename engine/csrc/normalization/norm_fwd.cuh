@@ -7,17 +7,18 @@
  * (NV = 8: 32K elements for 16-bit x; NV = 4 when z is fp32: 8K for fp32 x, 16K for 16-bit x
  * with an fp32 residual; see fwd_reg_nv) whose operands allow 16-byte vector access:
  *   - z stays in registers between the statistics and the epilogue, packed as R values (16-bit
- *     values two to a register); with NV = 4 or 2 vectors of a 16-bit z (fwd_vectors in
- *     norm_fwd_launch.cuh: bf16 rows of one warp) unpacked once and held as floats, compiled for
- *     more CTAs per SM (fwd_min_blocks); gamma / beta are re-read per row in the epilogue (L1-resident),
- *     not held as floats across the row loop, and blocks of up to 256 threads are compiled for 3
- *     CTAs per SM: 80 registers instead of 128, 3 CTAs of 256 threads per SM instead of 2 (no
- *     spills; capping at 64 registers spills); rows that need 512 threads get a 1-CTA build;
+ *     values two to a register); with NV = 4 vectors of a 16-bit z (fwd_vectors in
+ *     norm_fwd_launch.cuh: bf16 rows of one warp) unpacked once and held as floats, compiled
+ *     for more CTAs per SM (fwd_min_blocks); gamma / beta are re-read per row in the epilogue
+ *     (L1-resident), not held as floats across the row loop, and blocks of up to 256 threads
+ *     are compiled for 3 CTAs per SM: 80 registers instead of 128, 3 CTAs of 256 threads per
+ *     SM instead of 2 (no spills; capping at 64 registers spills); rows that need 512 threads
+ *     get a 1-CTA build;
  *   - a CTA holds rows_per_iter row groups of tpr threads; thread t of a group owns vectors
  *     t, t + tpr, ..., t + (NV - 1) tpr of the row (coalesced across the group);
  *   - persistent: grid ~ SMs * occupancy, each CTA loops over blocks of rows with a loop count
  *     that is uniform across the CTA (invalid rows are masked, never skipped: the reductions use
- *     __syncthreads when a row spans several warps);
+ *     a barrier over the row group's warps when a row spans several: row_group_sync);
  *   - 1/N (host) and the FP8 scale are computed once, before the row loop;
  *   - LayerNorm statistics are two-pass over registers: mean first, then sum((z - mean)^2): no
  *     E[z^2] - E[z]^2 cancellation (in a cluster each CTA does this over its slice, and the
@@ -122,23 +123,23 @@ constexpr int fwd_reg_nv() {
   return sizeof(R) == 4 ? kFwdNV / 2 : kFwdNV;
 }
 
+/* CTAs per SM the register kernel is compiled for (__launch_bounds__): 1 for the 512-thread build;
+ * 3 (80 registers) at 8 vectors of a 16-bit z or 4 of an fp32 z, where 4 CTAs (64 registers)
+ * spill; at 4 vectors of a bf16 z (held as 32 floats) 4 CTAs, of an fp16 z 3 (its LayerNorm
+ * kernels spill at 64 registers: ptxas -v). */
+template <typename R, int NV, int kMaxThreads>
+constexpr int fwd_min_blocks() {
+  if (kMaxThreads > 256) return 1;
+  if (sizeof(R) == 4 || NV >= 8 || std::is_same<R, __half>::value) return 3;
+  return 4;
+}
+
 /* kMaxThreads: 256 (blocks of up to 256 threads; at most 85 registers, so that 3 CTAs fit an SM:
  * the FP8 epilogue takes 113 registers otherwise) or kMaxRowThreads (rows wider than 256 threads).
  * W (the weight / bias type), kRms and kBias are template parameters, not run-time flags: this
  * kernel is issue-bound (bf16 and FP8 outputs took the same time per element), and the run-time
  * forms cost a dual-predicated conversion per gamma / beta value, a mean subtraction per value
  * for RMSNorm and an FMUL-or-FFMA pair per value. */
-/* CTAs per SM the register kernel is compiled for (__launch_bounds__): 1 for the 512-thread build;
- * 3 (80 registers) at 8 vectors of a 16-bit z or 4 of an fp32 z, where 4 CTAs (64 registers)
- * spill; for 4 and 2 vectors of a bf16 z (held as 32 and 16 floats) 4 and 5 CTAs, of an fp16 z
- * one CTA fewer (the LayerNorm kernels spill at 64 and 48 registers: ptxas -v). */
-template <typename R, int NV, int kMaxThreads>
-constexpr int fwd_min_blocks() {
-  if (kMaxThreads > 256) return 1;
-  if (sizeof(R) == 4 || NV >= 8) return 3;
-  return (NV == 4 ? 4 : 5) - (std::is_same<R, __half>::value ? 1 : 0);
-}
-
 template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV,
           int kMaxThreads>
 __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThreads>()))

@@ -105,7 +105,8 @@ engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed)
  * of 520-1024), 8 elsewhere. Measured on the H200 (benchmarks/NOTES.md, P6; kernel time, % of
  * copy): at 1K, 4 vectors gave RMSNorm 88.9 against 86.6 and LayerNorm 89.0 against 85.0 (FP8 out
  * equal); at 2K-8K, where 4 vectors need a row reduction across warps, they lost 1-9 points
- * against 8 (FP8 and LayerNorm most), and 2 vectors lost everywhere. fp16 keeps 8 (not measured). */
+ * against 8 (FP8 and LayerNorm most); 2 vectors (since removed) lost everywhere. fp16 keeps 8 (not
+ * measured). */
 template <typename X, typename R>
 int fwd_vectors(int nvec, int want) {
   constexpr int NV = fwd_reg_nv<X, R>();
@@ -155,7 +156,6 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   if (vec && tpr <= kMaxRowThreads) {
     if constexpr (sizeof(R) == 2) {
       switch (fwd_vectors<X, R>(nvec, ctx.fwd_vectors)) {
-        case 2: return launch_fwd_rows<X, R, O, 2>(a, ctx, transposed);
         case 4: return launch_fwd_rows<X, R, O, 4>(a, ctx, transposed);
         default: break;
       }

@@ -41,7 +41,7 @@ const char* engine_last_error(void);
 int engine_set_max_cluster_size(int n);
 
 /* 16-byte vectors of x per thread of the norm forward's register path (one row over one CTA) for
- * 16-bit x and residual stream: 2, 4 or 8, or 0 (the default) for the launcher's choice per row
+ * 16-bit x and residual stream: 4 or 8, or 0 (the default) for the launcher's choice per row
  * width (4 for bf16 rows of 520-1024 elements, 8 otherwise). For A/B runs of the thread layouts on one device; rows that would need more than 256
  * threads at the requested count keep the default layout. Process-wide; returns the previous value,
  * or -1 (and changes nothing) for any other n. */
