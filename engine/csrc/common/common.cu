@@ -225,7 +225,7 @@ int engine_set_max_cluster_size(int n) {
 }
 
 int engine_set_norm_fwd_vectors(int n) {
-  if (n != 0 && n != 2 && n != 4 && n != 8) return -1;
+  if (n != 0 && n != 4 && n != 8) return -1;
   return engine::g_norm_fwd_vectors.exchange(n);
 }
 
