@@ -14,7 +14,7 @@
 # CUDA forward layout in PROFKV_VECTORS, default "8 4": --fwd-vectors; profkV.log), mainjob (examples/train_llama.py
 # on both RMSNorm backends; MAINJOB_ARGS),
 # hostprof (ci/host_profile.py: cProfile of a host-bound row; HOSTPROF_ARGS),
-# ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out ..."). Optional inputs carried from an
+# ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out[:ln] ..."). Optional inputs carried from an
 # earlier call: .carry/_C*.so (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -90,8 +90,9 @@ for stage in "$@"; do
            echo "== ncu $c" >> "$OUT/ncu.log"
            timeout 120 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 \
              --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-             --section MemoryWorkloadAnalysis python3 ci/ncu_case.py $c >> "$OUT/ncu.log" 2>&1
-         done; log "ncu done"; grep -E "^== ncu|Duration|Throughput|Registers|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles|Grid Size|Block Size" "$OUT/ncu.log" | head -120 ;;
+             --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats \
+             python3 ci/ncu_case.py $c >> "$OUT/ncu.log" 2>&1
+         done; log "ncu done"; grep -E "^== ncu|Duration|Throughput|Registers|Achieved Occupancy|Stall|Warp Cycles|Executed Instructions |Issue Slots Busy|Issued Warp|No Eligible|Eligible Warps|Grid Size|Block Size" "$OUT/ncu.log" | head -150 ;;
     *) log "unknown stage $stage" ;;
   esac
 done

@@ -1,7 +1,8 @@
 """One norm forward call for an ncu profile (run by hand on the device machine):
 
-    ncu --kernel-name regex:norm_fwd -c 1 python3 ci/ncu_case.py cuda 4096 fp8
-    args: backend (cuda | triton), N, output (bf16 | fp8); M * N = 64M, bf16 input, RMSNorm.
+    ncu --kernel-name regex:norm_fwd -c 1 python3 ci/ncu_case.py cuda 4096 fp8 [ln]
+    args: backend (cuda | triton), N, output (bf16 | fp8), optionally the norm (rms, the default,
+    or ln: LayerNorm with a bias); M * N = 64M, bf16 input.
 """
 
 import sys
@@ -12,14 +13,20 @@ import engine
 from engine.fp8 import Float8Quantizer
 
 backend, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": "1" if backend == "triton" else "0"})
+ln = len(sys.argv) > 4 and sys.argv[4] == "ln"
+flag = "1" if backend == "triton" else "0"
+engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag, "ENGINE_USE_LAYERNORM_TRITON": flag})
 m = (64 << 20) // n
 x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
 q = None
 if out == "fp8":
     q = Float8Quantizer(torch.full((1,), 32.0, device="cuda"), torch.zeros(1, device="cuda"), torch.float8_e4m3fn)
 with torch.no_grad():
     for _ in range(3):
-        engine.rmsnorm(x, w, quantizer=q) if q is not None else engine.rmsnorm(x, w)
+        if ln:
+            engine.layernorm(x, w, b, quantizer=q)
+        else:
+            engine.rmsnorm(x, w, quantizer=q)
 torch.cuda.synchronize()
