@@ -14,7 +14,8 @@
 # CUDA forward layout in PROFKV_VECTORS, default "8 4": --fwd-vectors; profkV.log), mainjob (examples/train_llama.py
 # on both RMSNorm backends; MAINJOB_ARGS),
 # hostprof (ci/host_profile.py: cProfile of a host-bound row; HOSTPROF_ARGS),
-# ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out[:ln] ..."). Optional inputs carried from an
+# ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out[:ln] ..."), ncuop (the same cases:
+# executed SASS instructions per opcode). Optional inputs carried from an
 # earlier call: .carry/_C*.so (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -93,6 +94,13 @@ for stage in "$@"; do
              --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats \
              python3 ci/ncu_case.py $c >> "$OUT/ncu.log" 2>&1
          done; log "ncu done"; grep -E "^== ncu|Duration|Throughput|Registers|Achieved Occupancy|Stall|Warp Cycles|Executed Instructions |Issue Slots Busy|Issued Warp|No Eligible|Eligible Warps|Grid Size|Block Size" "$OUT/ncu.log" | head -150 ;;
+    ncuop) for c in ${NCU_CASES:-cuda:1024:fp8:ln triton:1024:fp8:ln}; do  # executed SASS per opcode
+           c="${c//:/ }"
+           echo "== ncuop $c" >> "$OUT/ncuop.log"
+           timeout 120 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --print-metric-instances values \
+             --metrics sass__inst_executed_per_opcode,smsp__inst_executed.sum \
+             python3 ci/ncu_case.py $c >> "$OUT/ncuop.log" 2>&1
+         done; log "ncuop done"; grep -vE "^==PROF==" "$OUT/ncuop.log" | head -80 ;;
     *) log "unknown stage $stage" ;;
   esac
 done
