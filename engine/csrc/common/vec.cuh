@@ -136,26 +136,6 @@ __device__ __forceinline__ float unpack_at(const uint32_t (&w)[PackedWords<T, N>
   }
 }
 
-/* unpack_at for a value to be held in a register and used in several blocks: the bf16 -> fp32
- * shift / mask is written as inline PTX, which LLVM keeps where it is. As plain integer ops feeding
- * a bitcast, CodeGenPrepare sinks a copy into every block that uses the value (it treats them
- * as free), so a row held "as floats" was unpacked again in each pass over it (PTX of the
- * LayerNorm forward: 272 unpacks for 32 values). */
-template <typename T, int N>
-__device__ __forceinline__ float unpack_held(const uint32_t (&w)[PackedWords<T, N>::kWords], int j) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    float f;
-    if (j & 1) {
-      asm("and.b32 %0, %1, 0xffff0000;" : "=f"(f) : "r"(w[j >> 1]));
-    } else {
-      asm("shl.b32 %0, %1, 16;" : "=f"(f) : "r"(w[j >> 1]));
-    }
-    return f;
-  } else {
-    return unpack_at<T, N>(w, j);
-  }
-}
-
 /* N floats -> N FP8 bytes packed little-endian into words (N a multiple of 4), one format. */
 template <int N, __nv_fp8_interpretation_t kFmt>
 __device__ __forceinline__ void pack_fp8_fmt(const float (&f)[N], uint32_t (&w)[N / 4]) {

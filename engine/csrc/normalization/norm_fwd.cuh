@@ -8,9 +8,9 @@
  * with an fp32 residual; see fwd_reg_nv) whose operands allow 16-byte vector access:
  *   - z stays in registers between the statistics and the epilogue, packed as R values (16-bit
  *     values two to a register); with NV = 4 vectors of a 16-bit z (fwd_vectors in
- *     norm_fwd_launch.cuh: bf16 rows of one warp) unpacked once and held as floats; gamma /
- *     beta are re-read per row in the epilogue (L1-resident, or shared memory: gb_off below),
- *     not held as floats across the row loop, and blocks of up to 256 threads
+ *     norm_fwd_launch.cuh: bf16 rows of one warp) unpacked once and held as floats, compiled
+ *     for more CTAs per SM (fwd_min_blocks); gamma / beta are re-read per row in the epilogue
+ *     (L1-resident), not held as floats across the row loop, and blocks of up to 256 threads
  *     are compiled for 3 CTAs per SM: 80 registers instead of 128, 3 CTAs of 256 threads per
  *     SM instead of 2 (no spills; capping at 64 registers spills); rows that need 512 threads
  *     get a 1-CTA build;
@@ -123,12 +123,15 @@ constexpr int fwd_reg_nv() {
   return sizeof(R) == 4 ? kFwdNV / 2 : kFwdNV;
 }
 
-/* CTAs per SM the register kernel is compiled for (__launch_bounds__): 1 for the 512-thread build,
- * else 3 (80 registers). 4 CTAs (64 registers) spill at 8 vectors of a 16-bit z, at 4 of an fp32
- * z, and at 4 of a 16-bit z held as 32 floats (unpack_held; ptxas -v). */
-template <int kMaxThreads>
+/* CTAs per SM the register kernel is compiled for (__launch_bounds__): 1 for the 512-thread build;
+ * 3 (80 registers) at 8 vectors of a 16-bit z or 4 of an fp32 z, where 4 CTAs (64 registers)
+ * spill; at 4 vectors of a bf16 z (held as 32 floats) 4 CTAs, of an fp16 z 3 (its LayerNorm
+ * kernels spill at 64 registers: ptxas -v). */
+template <typename R, int NV, int kMaxThreads>
 constexpr int fwd_min_blocks() {
-  return kMaxThreads > 256 ? 1 : 3;
+  if (kMaxThreads > 256) return 1;
+  if (sizeof(R) == 4 || NV >= 8 || std::is_same<R, __half>::value) return 3;
+  return 4;
 }
 
 /* kMaxThreads: 256 (blocks of up to 256 threads; at most 85 registers, so that 3 CTAs fit an SM:
@@ -139,13 +142,12 @@ constexpr int fwd_min_blocks() {
  * for RMSNorm and an FMUL-or-FFMA pair per value. */
 template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV,
           int kMaxThreads>
-__global__ void __launch_bounds__(kMaxThreads, fwd_min_blocks<kMaxThreads>())
+__global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThreads>()))
     norm_fwd_reg_kernel(const FwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ZW = PackedWords<R, VEC>::kWords; /* z is kept as R values (exact: R holds x) */
   /* Up to 32 values of a 16-bit z per thread are unpacked once into floats and held (32
-   * registers; unpack_held keeps the compiler from unpacking them again per pass); more stay
-   * packed, two to a register, and are unpacked again in each pass over the row. */
+   * registers); more stay packed, two to a register, and are unpacked again in the epilogue. */
   constexpr bool kZf = sizeof(R) == 2 && NV * VEC <= 32;
   constexpr bool kFp8 = is_fp8_v<O>;
   __shared__ float red_buf[2 * 32];
@@ -266,7 +268,7 @@ __global__ void __launch_bounds__(kMaxThreads, fwd_min_blocks<kMaxThreads>())
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) zf[i][j] = unpack_held<R, VEC>(zw[i], j);
+          for (int j = 0; j < VEC; ++j) zf[i][j] = unpack_at<R, VEC>(zw[i], j);
         }
       }
       /* z's value j of slot i (compile-time i and j after unrolling). */
