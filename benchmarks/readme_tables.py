@@ -1,10 +1,12 @@
 """README.rst result tables from a ``benchmarks/run.py`` JSON (so no number is copied by hand).
 
-    python benchmarks/readme_tables.py benchmarks/results/h200_bench_all.json
+    python benchmarks/readme_tables.py benchmarks/results/h200_bench_all.json [more.json ...]
 
 Prints three reStructuredText tables: the norms (engine's two backends and the best peer per
-cell, % of copy bandwidth), the FP8 outputs (with the in-kernel transpose rows) and the small
-shapes (µs per call, host + device).
+cell, % of copy bandwidth), the FP8 outputs (with the in-kernel transpose rows; LayerNorm's when a
+JSON of ``run.py --suite fp8 --fp8-norm layernorm`` is given too) and the small shapes (µs per
+call, host + device). With several JSON files the rows of all are used, each cell as % of the copy
+bandwidth measured in its own run.
 """
 
 from __future__ import annotations
@@ -62,13 +64,14 @@ def small_table(rows):
 
 
 def main(argv=None) -> int:
-    path = Path((argv or sys.argv[1:])[0])
-    data = json.loads(path.read_text())
-    rows = _rows(data)
+    rows = []
+    for path in (argv or sys.argv[1:]):  # several runs: their rows together, each % of its own copy
+        rows += _rows(json.loads(Path(path).read_text()))
     eng = [("cuda", "cuda"), ("triton", "triton")]
     print(large_table(rows, ["rms fwd", "rms f+b", "rms +res fwd", "ln fwd", "ln f+b", "ln +res fwd"], eng))
     print()
-    print(large_table(rows, ["rms >e4m3 dly", "rms >e4m3 cur", "rms >e4m3+T", "castT e4m3"],
+    print(large_table(rows, ["rms >e4m3 dly", "rms >e4m3 cur", "rms >e4m3+T", "ln >e4m3 dly",
+                             "ln >e4m3 cur", "ln >e4m3+T", "castT e4m3"],
                       eng + [("cuda-int", "cuda-int"), ("triton-int", "triton-int")], ("compile", "eager")))
     print()
     print(small_table(rows))
