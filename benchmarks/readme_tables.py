@@ -6,7 +6,7 @@ Prints three reStructuredText tables: the norms (engine's two backends and the b
 cell, % of copy bandwidth), the FP8 outputs (with the in-kernel transpose rows; LayerNorm's when a
 JSON of ``run.py --suite fp8 --fp8-norm layernorm`` is given too) and the small shapes (µs per
 call, host + device). With several JSON files the rows of all are used, each cell as % of the copy
-bandwidth measured in its own run.
+bandwidth measured in its own run; where two runs have the same cell the first file's is shown.
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ def large_table(rows, ops, engine_impls, peer_impls=PEERS):
     ns = sorted({r["N"] for r in rows if r.get("timing") == "device"})
     out = []
     for op in ops:
-        cells = {(r["impl"], r["N"]): r for r in rows if r["op"] == op and r.get("timing") == "device"}
+        cells = {}
+        for r in rows:  # the first run given wins where two runs have the same cell
+            if r["op"] == op and r.get("timing") == "device":
+                cells.setdefault((r["impl"], r["N"]), r)
         if not cells:
             continue
         for impl, label in engine_impls:
