@@ -233,35 +233,36 @@ def fp8_transpose(data: Tensor, out_t: Tensor) -> None:
 
 
 @contextlib.contextmanager
-def max_cluster_size(n: int):
-    """Context manager: inside the ``with`` block the CUDA norm kernels split a wide row over
-    thread-block clusters of at most ``n`` CTAs (1, 2, 4 or 8; 8 is the default, sm_90 only). ``n = 1`` keeps every row inside one CTA, the paths
-    used before clusters (and on devices or builds without them), so that tests and benchmarks can
-    run both on one GPU. Process-wide, not thread-safe; restores the previous value on exit."""
-    if type(n) is not int or n not in (1, 2, 4, 8):
-        raise ValueError(f"max_cluster_size: n must be 1, 2, 4 or 8, got {n!r}")
+def _knob(setter: str, n: int):
+    """Set a process-wide launch knob of the extension for the ``with`` block, then restore it."""
     ext = _ext or _ext_or_load()
-    prev = ext.set_max_cluster_size(n)
+    prev = getattr(ext, setter)(n)
     try:
         yield
     finally:
-        ext.set_max_cluster_size(prev)
+        getattr(ext, setter)(prev)
 
 
-@contextlib.contextmanager
+def max_cluster_size(n: int):
+    """Context manager: inside the ``with`` block the CUDA norm kernels split a wide row over
+    thread-block clusters of at most ``n`` CTAs (1, 2, 4 or 8; 8 is the default, sm_90 only).
+    ``n = 1`` keeps every row inside one CTA, the paths used before clusters (and on devices or
+    builds without them), so that tests and benchmarks can run both on one GPU. Process-wide, not
+    thread-safe; restores the previous value on exit. A bad ``n`` raises ValueError at the call."""
+    if type(n) is not int or n not in (1, 2, 4, 8):
+        raise ValueError(f"max_cluster_size: n must be 1, 2, 4 or 8, got {n!r}")
+    return _knob("set_max_cluster_size", n)
+
+
 def norm_fwd_vectors(n: int):
     """Context manager: inside the ``with`` block the CUDA norm forward's register path (a row
     inside one CTA, 16-bit x and residual stream) gives each thread ``n`` 16-byte vectors of a row
     (4 or 8), or ``n = 0``, the default, the launcher's choice per row width (4 for bf16 rows of
     520-1024 elements, where a row is then one warp, 8 otherwise: benchmarks/NOTES.md, P6). Fewer
-    vectors per thread means more threads per row, more CTAs per SM and z held as floats; rows that
-    would need more than 256 threads at ``n`` keep 8. For tests and A/B benchmarks of the layouts on
-    one GPU. Process-wide, not thread-safe; restores the previous value on exit."""
+    vectors per thread means more threads per row and more CTAs per SM; rows that would need more
+    than 256 threads at ``n`` keep 8. For tests and A/B benchmarks of the layouts on one GPU.
+    Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
+    ValueError at the call."""
     if type(n) is not int or n not in (0, 4, 8):
         raise ValueError(f"norm_fwd_vectors: n must be 0, 4 or 8, got {n!r}")
-    ext = _ext or _ext_or_load()
-    prev = ext.set_norm_fwd_vectors(n)
-    try:
-        yield
-    finally:
-        ext.set_norm_fwd_vectors(prev)
+    return _knob("set_norm_fwd_vectors", n)

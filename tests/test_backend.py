@@ -101,52 +101,42 @@ def test_cuda_backend_rejects_cpu_tensors():
                               amax_epsilon=0.0, sm_margin=0)
 
 
-@pytest.mark.parametrize("n", [0, 3, 16, 2.0, "8", True])
-def test_max_cluster_size_rejects_bad_sizes(n):
-    """Only 1, 2, 4 and 8 CTAs per cluster; anything else raises before the extension is touched."""
+# engine.cuda_backend's process-wide launch knobs: (context manager, extension setter, two valid
+# values, the default, a value the C setter refuses) and the values the Python side rejects.
+KNOBS = {
+    "max_cluster_size": ("set_max_cluster_size", 2, 1, 8, 3, [0, 3, 16, 2.0, "8", True], "1, 2, 4 or 8"),
+    "norm_fwd_vectors": ("set_norm_fwd_vectors", 8, 4, 0, 2, [1, 2, 3, 16, 4.0, "4", True], "0, 4 or 8"),
+}
+
+
+@pytest.mark.parametrize("knob,n", [(k, n) for k, v in KNOBS.items() for n in v[5]])
+def test_launch_knob_rejects_bad_values(knob, n):
+    """Only the listed values; anything else raises before the extension is touched."""
     from engine import cuda_backend
 
-    with pytest.raises(ValueError, match="1, 2, 4 or 8"):
-        with cuda_backend.max_cluster_size(n):
+    with pytest.raises(ValueError, match=KNOBS[knob][6]):
+        with getattr(cuda_backend, knob)(n):
             pass
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the knob lives in the CUDA extension")
-def test_max_cluster_size_restores():
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the knobs live in the CUDA extension")
+@pytest.mark.parametrize("knob", sorted(KNOBS))
+def test_launch_knob_restores(knob):
+    """Nested blocks set and restore the value; the default is back after them; the C setter
+    refuses a bad value itself (returns -1, changes nothing)."""
     from engine import cuda_backend
 
+    setter_name, a, b, default, bad = KNOBS[knob][:5]
     ext = cuda_backend._ext_or_load()
-    with cuda_backend.max_cluster_size(2):
-        assert ext.set_max_cluster_size(2) == 2
-        with cuda_backend.max_cluster_size(1):
-            assert ext.set_max_cluster_size(1) == 1
-        assert ext.set_max_cluster_size(2) == 2
-    assert ext.set_max_cluster_size(8) == 8  # the default is back
-    assert ext.set_max_cluster_size(3) == -1
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 16, 4.0, "4", True])
-def test_norm_fwd_vectors_rejects_bad_counts(n):
-    """Only 0 (the default), 4 and 8 vectors per thread; anything else raises first."""
-    from engine import cuda_backend
-
-    with pytest.raises(ValueError, match="0, 4 or 8"):
-        with cuda_backend.norm_fwd_vectors(n):
-            pass
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the knob lives in the CUDA extension")
-def test_norm_fwd_vectors_restores():
-    from engine import cuda_backend
-
-    ext = cuda_backend._ext_or_load()
-    with cuda_backend.norm_fwd_vectors(8):
-        assert ext.set_norm_fwd_vectors(8) == 8
-        with cuda_backend.norm_fwd_vectors(4):
-            assert ext.set_norm_fwd_vectors(4) == 4
-        assert ext.set_norm_fwd_vectors(8) == 8
-    assert ext.set_norm_fwd_vectors(0) == 0  # the default is back
-    assert ext.set_norm_fwd_vectors(2) == -1
+    setter = getattr(ext, setter_name)
+    with getattr(cuda_backend, knob)(a):
+        assert setter(a) == a
+        with getattr(cuda_backend, knob)(b):
+            assert setter(b) == b
+        assert setter(a) == a
+    assert setter(default) == default
+    assert setter(bad) == -1
+    assert setter(default) == default
 
 
 def test_environment_read_only_in_backend():

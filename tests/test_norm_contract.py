@@ -185,28 +185,35 @@ def test_cluster_rows(is_rms, n, max_cluster):
         engine.backend.reset_for_tests()
 
 
-@pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
-@pytest.mark.parametrize("is_rms", NORMS)
-def test_cluster_path_taken(is_rms):
-    """The cluster knob changes the path: the same rows give statistics within rounding of each
-    other but not bit for bit (the cluster adds per-CTA sums in rank order, the other paths in
-    another order), which over 301 rows of 65536 means both paths ran."""
+def check_knob_changes_path(is_rms, n, knob, values):
+    """CUDA: the rows' statistics under each value of a launch knob (engine.cuda_backend) agree
+    within rounding with the first value's but not bit for bit: each path adds a row's values in
+    another order, so over 301 rows of n unequal bits mean the paths differ."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
-        x = torch.randn(301, 65536, device=DEVICE, dtype=BF16)
-        w = torch.randn(65536, device=DEVICE, dtype=BF16)
-        b = None if is_rms else torch.randn(65536, device=DEVICE, dtype=BF16)
-        stats = {}
-        for c in (8, 1):
-            with cuda_backend.max_cluster_size(c):
+        x = torch.randn(301, n, device=DEVICE, dtype=BF16)
+        w = torch.randn(n, device=DEVICE, dtype=BF16)
+        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
+        stats = []
+        for v in values:
+            with getattr(cuda_backend, knob)(v):
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
-            stats[c] = rsigma if is_rms else torch.cat([mu, rsigma])
-        torch.testing.assert_close(stats[8], stats[1], rtol=1e-5, atol=1e-6)
-        assert not torch.equal(stats[8], stats[1])
+            stats.append(rsigma if is_rms else torch.cat([mu, rsigma]))
+        for other in stats[1:]:
+            torch.testing.assert_close(other, stats[0], rtol=1e-5, atol=1e-6)
+            assert not torch.equal(other, stats[0])
     finally:
         engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_cluster_path_taken(is_rms):
+    """The cluster knob changes the path (the cluster adds per-CTA sums in rank order, the other
+    paths in another order), over 301 rows of 65536."""
+    check_knob_changes_path(is_rms, 65536, "max_cluster_size", (8, 1))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")
@@ -233,24 +240,8 @@ def test_fwd_vector_layouts(is_rms, vectors, n):
 @pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_fwd_vector_layouts_taken(is_rms):
-    """The knob changes the layout: each adds a row's values in another order, so over 301 rows of
-    4096 the statistics of the two layouts agree within rounding but not bit for bit."""
-    from engine import cuda_backend
-
-    use_backend("cuda")
-    try:
-        x = torch.randn(301, 4096, device=DEVICE, dtype=BF16)
-        w = torch.randn(4096, device=DEVICE, dtype=BF16)
-        b = None if is_rms else torch.randn(4096, device=DEVICE, dtype=BF16)
-        stats = {}
-        for v in (4, 8):
-            with cuda_backend.norm_fwd_vectors(v):
-                _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
-            stats[v] = rsigma if is_rms else torch.cat([mu, rsigma])
-        torch.testing.assert_close(stats[4], stats[8], rtol=1e-5, atol=1e-6)
-        assert not torch.equal(stats[4], stats[8])
-    finally:
-        engine.backend.reset_for_tests()
+    """The layout knob changes the layout, over 301 rows of 4096 (64 or 128 threads per row)."""
+    check_knob_changes_path(is_rms, 4096, "norm_fwd_vectors", (8, 4))
 
 
 def test_layernorm_large_mean(backend):

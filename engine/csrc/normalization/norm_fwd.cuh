@@ -8,8 +8,8 @@
  * with an fp32 residual; see fwd_reg_nv) whose operands allow 16-byte vector access:
  *   - z stays in registers between the statistics and the epilogue, packed as R values (16-bit
  *     values two to a register); with NV = 4 vectors of a 16-bit z (fwd_vectors in
- *     norm_fwd_launch.cuh: bf16 rows of one warp) unpacked once and held as floats, compiled
- *     for more CTAs per SM (fwd_min_blocks); gamma / beta are re-read per row in the epilogue
+ *     norm_fwd_launch.cuh: bf16 rows of one warp) compiled for 4 CTAs per SM
+ *     (fwd_min_blocks); gamma / beta are re-read per row in the epilogue
  *     (L1-resident), not held as floats across the row loop, and blocks of up to 256 threads
  *     are compiled for 3 CTAs per SM: 80 registers instead of 128, 3 CTAs of 256 threads per
  *     SM instead of 2 (no spills; capping at 64 registers spills); rows that need 512 threads
@@ -125,8 +125,8 @@ constexpr int fwd_reg_nv() {
 
 /* CTAs per SM the register kernel is compiled for (__launch_bounds__): 1 for the 512-thread build;
  * 3 (80 registers) at 8 vectors of a 16-bit z or 4 of an fp32 z, where 4 CTAs (64 registers)
- * spill; at 4 vectors of a bf16 z (held as 32 floats) 4 CTAs, of an fp16 z 3 (its LayerNorm
- * kernels spill at 64 registers: ptxas -v). */
+ * spill; at 4 vectors of a bf16 z 4 CTAs, of an fp16 z 3 (its LayerNorm kernels spill at 64
+ * registers: ptxas -v). */
 template <typename R, int NV, int kMaxThreads>
 constexpr int fwd_min_blocks() {
   if (kMaxThreads > 256) return 1;
@@ -146,8 +146,12 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
     norm_fwd_reg_kernel(const FwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ZW = PackedWords<R, VEC>::kWords; /* z is kept as R values (exact: R holds x) */
-  /* Up to 32 values of a 16-bit z per thread are unpacked once into floats and held (32
-   * registers); more stay packed, two to a register, and are unpacked again in the epilogue. */
+  /* Up to 32 values of a 16-bit z per thread (4 vectors) are unpacked into floats right after
+   * the loads; more stay packed, two to a register, and are unpacked at each use. The floats are
+   * not held in effect: LLVM's CodeGenPrepare sinks a copy of each unpack into every later block
+   * that uses it, so each pass unpacks again (PTX). Held for real (an inline-PTX unpack), they
+   * cost a CTA per SM, which lost 2-8 points (benchmarks/NOTES.md, P9). Kept as measured on the
+   * GPU (its SASS differs from unpacking at each use). */
   constexpr bool kZf = sizeof(R) == 2 && NV * VEC <= 32;
   constexpr bool kFp8 = is_fp8_v<O>;
   __shared__ float red_buf[2 * 32];
