@@ -92,7 +92,8 @@ _LN_FWD_OVERRIDES = {
     32768: NormConfig(1, 8192, True, 8, 8),  # 1.36x
 }
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
-# before, the RMSNorm FP8 entries or the base table): few programs per SM, 8 warps.
+# before, the RMSNorm FP8 entries or the base table): few programs per SM; one row per 1-2 warps
+# at 1K-2K (session 6), 8-16 warps from 8K.
 _LN_FWD_FP8_OVERRIDES = {
     # 1K: the RMSNorm FP8 entry (a warp per row), 1.47x (h200_tune_layernorm_small_warps.log)
     2048: NormConfig(1, 2048, False, 2, 8),  # 1.25x (the same run)
