@@ -95,9 +95,10 @@ for stage in "$@"; do
              python3 ci/ncu_case.py $c >> "$OUT/ncu.log" 2>&1
          done; log "ncu done"; grep -E "^== ncu|Duration|Throughput|Registers|Achieved Occupancy|Stall|Warp Cycles|Executed Instructions |Issue Slots Busy|Issued Warp|No Eligible|Eligible Warps|Grid Size|Block Size" "$OUT/ncu.log" | head -150 ;;
     ncuop) for c in ${NCU_CASES:-cuda:1024:fp8:ln triton:1024:fp8:ln}; do  # executed SASS per opcode
+           # ("details": each count with its opcode; "values" printed the counts alone, session 6)
            c="${c//:/ }"
            echo "== ncuop $c" >> "$OUT/ncuop.log"
-           timeout 120 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --print-metric-instances values \
+           timeout 120 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --print-metric-instances details \
              --metrics sass__inst_executed_per_opcode,smsp__inst_executed.sum \
              python3 ci/ncu_case.py $c >> "$OUT/ncuop.log" 2>&1
          done; log "ncuop done"; grep -vE "^==PROF==" "$OUT/ncuop.log" | head -80 ;;
