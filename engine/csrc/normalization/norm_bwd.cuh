@@ -400,7 +400,7 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
                    vec_ok(a.weight, 0, 1, wsz, VEC);
   const int nvec = cols / VEC;
   const int tpr_raw = (nvec + NV - 1) / NV;
-  const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
+  const int tpr = row_group_tpr(tpr_raw);
 
   a.cluster = 1;
   const int cluster = vec ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
@@ -412,7 +412,7 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   }
 
   if (vec && tpr <= kMaxRowThreads) {
-    const int G = pow2_floor(tpr >= 256 ? 1 : 256 / tpr);
+    const int G = row_groups_per_cta(tpr);
     const int block = tpr * G;
     a.tpr = tpr;
     a.rows_per_iter = G;

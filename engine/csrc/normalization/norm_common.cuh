@@ -132,6 +132,14 @@ inline int row_cluster(int tpr_raw, int max_cluster) {
   }
   return 0;
 }
+/* Register paths without a cluster: threads per row group for a row that needs tpr_raw threads
+ * (a power of two up to 32, so that the group lives inside one warp; else a multiple of 32), and
+ * the row groups one CTA holds (as many as fit 256 threads, at least one). */
+inline int row_group_tpr(int tpr_raw) {
+  return tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
+}
+inline int row_groups_per_cta(int tpr) { return pow2_floor(tpr >= 256 ? 1 : 256 / tpr); }
+
 /* Threads per CTA of a row split over `cluster` CTAs (a multiple of 32). */
 inline int cluster_tpr(int tpr_raw, int cluster) { return (int)round_up(ceil_div(tpr_raw, cluster), 32); }
 

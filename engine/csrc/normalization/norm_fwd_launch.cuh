@@ -59,17 +59,17 @@ engine_status launch_fwd_reg_k(const FwdArgs& a, const LaunchCtx& ctx, int block
               : launch_fwd_reg_w<X, R, O, false, false, NV>(a, ctx, block, smem);
 }
 
-/* Register path, one row over one CTA: NV vectors of x per thread; row groups of tpr threads
- * (a power of two up to 32, then a multiple of 32), as many as fit 256 threads; with an FP8 output
- * and out_t, the transposed tile when it fits shared memory (*transposed). */
+/* Register path, one row over one CTA: NV vectors of x per thread in row groups
+ * (row_group_tpr, row_groups_per_cta); with an FP8 output and out_t, the transposed tile when it
+ * fits shared memory (*transposed). */
 template <typename X, typename R, typename O, int NV>
 engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr bool kFp8 = is_fp8_v<O>;
   const int cols = a.cols;
   const int tpr_raw = (cols / VEC + NV - 1) / NV;
-  const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
-  const int G = pow2_floor(tpr >= 256 ? 1 : 256 / tpr);
+  const int tpr = row_group_tpr(tpr_raw);
+  const int G = row_groups_per_cta(tpr);
   const int block = tpr * G;
   a.tpr = tpr;
   a.rows_per_iter = G;
@@ -137,7 +137,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   constexpr int NV = fwd_reg_nv<X, R>();
   const int nvec = cols / VEC;
   const int tpr_raw = (nvec + NV - 1) / NV;
-  const int tpr = tpr_raw <= 32 ? pow2_ceil(tpr_raw) : (int)round_up(tpr_raw, 32);
+  const int tpr = row_group_tpr(tpr_raw);
 
   a.cluster = 1;
   a.gb_off = -1; /* launch_fwd_reg decides */
