@@ -216,6 +216,44 @@ def test_cluster_path_taken(is_rms):
     check_knob_changes_path(is_rms, 65536, "max_cluster_size", (8, 1))
 
 
+@pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [40000, 65536, 131072])
+def test_wide_cluster_bwd_taken(is_rms, n):
+    """The backward past 32K 16-bit elements runs in 8-CTA clusters with 32 (40000, 65536) or 64
+    (131072) values per thread and its dweight / dbias partials in shared memory; with clusters off
+    it takes the blocked kernel. Over 301 rows the two group the rows of a column's dweight
+    differently, so fp32 dweight differs in bits, but by no more than two orderings of the same
+    301 fp32 terms can: 2 * 300 * 2**-24 * sum(|dy * xhat|) per column (the recursive-summation
+    bound), and dbias likewise. test_cluster_rows checks both paths against float64."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        m = 301
+        x = torch.randn(m, n, device=DEVICE, dtype=BF16)
+        w = torch.randn(n, device=DEVICE, dtype=F32)
+        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=F32)
+        dy = torch.randn(m, n, device=DEVICE, dtype=BF16)
+        _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
+        grads = []
+        for v in (8, 1):
+            with cuda_backend.max_cluster_size(v):
+                grads.append(run_bwd(is_rms, dy, x, mu, rsigma, w, None, b is not None, False, BF16,
+                                     None))
+        xhat = (x.double() - (0.0 if is_rms else mu.double()[:, None])) * rsigma.double()[:, None]
+        u = 2.0 ** -24
+        bounds = [2 * (m - 1) * u * (dy.double() * xhat).abs().sum(0)]
+        if b is not None:
+            bounds.append(2 * (m - 1) * u * dy.double().abs().sum(0))
+        for got, other, bound in zip(grads[0][2:], grads[1][2:], bounds):
+            assert torch.isfinite(got).all()
+            assert ((got.double() - other.double()).abs() <= bound).all()
+            assert not torch.equal(got, other)
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("vectors", [0, 4, 8])

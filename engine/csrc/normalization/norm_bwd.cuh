@@ -21,7 +21,9 @@
  * Cluster path (the register kernel, sm_90): rows wider than one 256-thread CTA (4K-32K for
  * 16-bit operands) are split over a thread-block cluster as in the forward; c1 / c2 are reduced
  * across the cluster in distributed shared memory, and the cluster writes one workspace row, each
- * CTA its own columns.
+ * CTA its own columns. Rows past 32K over 16-bit z and dy (to 128K) take the same kernel in 8-CTA
+ * clusters with 32 or 64 values per thread and the partials in shared memory
+ * (launch_bwd_wide_cluster).
  * Blocked path (norm_bwd_blocked_kernel): one CTA per row at a time; pass 1 reduces c1 / c2 over
  * column chunks, pass 2 re-reads (L2) and writes dx, and read-modify-writes the CTA's own
  * workspace row (the first row of a CTA stores instead of adding).
@@ -46,21 +48,24 @@ constexpr int bwd_vec() {
 }
 
 /* kMaxThreads: 256 or kMaxRowThreads (rows that need more than 256 threads), as in the forward.
- * Blocks of up to 256 threads over 16-bit z and dy are compiled for 3 CTAs per SM (at most 85
- * registers, no spills); with an fp32 operand that spills, so those keep 2. */
+ * Blocks of up to 256 threads over 16-bit z and dy holding kBwdElems values per thread are
+ * compiled for 3 CTAs per SM (at most 85 registers, no spills); with an fp32 operand that spills,
+ * so those keep 2. The wide-cluster builds (2x / 4x kBwdElems, rows past 32K) take what they need
+ * at one CTA per SM. */
 template <typename Z, typename DY>
-constexpr int bwd_min_blocks(int max_threads) {
-  return (max_threads <= 256 && sizeof(Z) == 2 && sizeof(DY) == 2) ? 3 : 1;
+constexpr int bwd_min_blocks(int max_threads, int elems) {
+  return (max_threads <= 256 && sizeof(Z) == 2 && sizeof(DY) == 2 && elems <= kBwdElems) ? 3 : 1;
 }
 
 /* kRms is a template parameter on the register path (the forward's reason: no mean subtraction
  * per value, twice, and no c1 for RMSNorm in an issue-bound loop). */
 template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb, int kMaxThreads>
-__global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads))
+__global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads, NV * VEC))
     norm_bwd_reg_kernel(const BwdArgs a) {
   __shared__ float red_buf[2 * 32 * 2];
   __shared__ float cl_buf[2][2]; /* [row-loop parity][c2, c1] */
-  extern __shared__ __align__(16) float part[]; /* [rows_per_iter][ws_pitch] when > 1 group */
+  /* [rows_per_iter][ws_pitch] when > 1 group; the partials of the wide-cluster builds (below) */
+  extern __shared__ __align__(16) float part[];
 
   const int tpr = a.tpr;
   const int group = threadIdx.x / tpr;
@@ -78,16 +83,47 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   bool valid[NV];
   row_slots<NV, VEC>(glane, gstride, nvec, col, valid);
   /* gamma is re-read per row (L1-resident) rather than held as floats across the row loop, and
-   * the dbias partials exist only when there is a bias (kHasDb): 16 + 16 registers fewer. */
-  float dw[NV][VEC];
-  float db[kHasDb ? NV : 1][VEC];
+   * the dbias partials exist only when there is a bias (kHasDb): 16 + 16 registers fewer.
+   * The wide-cluster builds (more than kBwdElems values per thread, rows past 32K) keep their
+   * partials in shared memory instead (kPartSmem): at 32 / 64 values per thread the packed row
+   * alone takes 32 / 64 registers, and with the partials in registers too ptxas spilled (LayerNorm
+   * with a bias at 32, everything at 64). Each thread owns its slots there, laid out
+   * [operand][slot][quad of 4 floats][tpr] so that a warp's 16-byte accesses are conflict-free;
+   * the same fmaf per value in the same order, so the same bits as in registers. */
+  constexpr bool kPartSmem = NV * VEC > kBwdElems;
+  constexpr int kRegNV = kPartSmem ? 1 : NV;
+  float dw[kRegNV][VEC];
+  float db[kHasDb ? kRegNV : 1][VEC];
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
 #pragma unroll
-  for (int i = 0; i < NV; ++i) {
+  for (int i = 0; i < kRegNV; ++i) {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       dw[i][j] = 0.0f;
       if constexpr (kHasDb) db[i][j] = 0.0f;
+    }
+  }
+  /* Slot i's partials of operand op (0: dweight, 1: dbias) in shared memory: load / store. */
+  auto part_io = [&](int op, int i, float (&v)[VEC], bool store) {
+#pragma unroll
+    for (int q = 0; q < VEC / 4; ++q) {
+      float* p = part + ((((op * NV + i) * (VEC / 4) + q) * tpr) + lr) * 4;
+      float(&v4)[4] = *reinterpret_cast<float(*)[4]>(&v[q * 4]);
+      if (store) {
+        store_vec<float, 4>(p, v4);
+      } else {
+        load_vec<float, 4>(p, v4);
+      }
+    }
+  };
+  if constexpr (kPartSmem) {
+    float zero[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) zero[j] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      part_io(0, i, zero, true);
+      if constexpr (kHasDb) part_io(1, i, zero, true);
     }
   }
 
@@ -151,18 +187,28 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       if (ok && valid[i]) {
-        float gv[VEC];
+        float gv[VEC], pw[VEC], pb[VEC];
         gamma_at(i, gv);
+        if constexpr (kPartSmem) {
+          part_io(0, i, pw, false);
+          if constexpr (kHasDb) part_io(1, i, pb, false);
+        }
+        float(&aw)[VEC] = kPartSmem ? pw : dw[kPartSmem ? 0 : i];
+        float(&ab)[VEC] = kPartSmem ? pb : db[(kPartSmem || !kHasDb) ? 0 : i];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float zj = unpack_at<Z, VEC>(zw[i], j);
           const float xhat = (kRms ? zj : zj - mean) * rs;
           const float dy = unpack_at<DY, VEC>(dw_in[i], j);
           const float dyg = dy * gv[j];
-          dw[i][j] = fmaf(dy, xhat, dw[i][j]);
-          if constexpr (kHasDb) db[i][j] += dy;
+          aw[j] = fmaf(dy, xhat, aw[j]);
+          if constexpr (kHasDb) ab[j] += dy;
           s[0] = fmaf(dyg, xhat, s[0]);
           if constexpr (!kRms) s[1] += dyg;
+        }
+        if constexpr (kPartSmem) {
+          part_io(0, i, pw, true);
+          if constexpr (kHasDb) part_io(1, i, pb, true);
         }
       }
     }
@@ -199,7 +245,20 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   const int64_t ws_row = blockIdx.x / ncl;
   float* wsd = a.ws_dw + ws_row * a.ws_pitch;
   float* wsb = a.ws_db != nullptr ? a.ws_db + ws_row * a.ws_pitch : nullptr;
-  if (G == 1) {
+  if constexpr (kPartSmem) { /* G == 1: clusters only */
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      if (valid[i]) {
+        float v[VEC];
+        part_io(0, i, v, false);
+        store_vec<float, VEC>(wsd + col[i], v);
+        if constexpr (kHasDb) {
+          part_io(1, i, v, false);
+          store_vec<float, VEC>(wsb + col[i], v);
+        }
+      }
+    }
+  } else if (G == 1) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       if (valid[i]) {
@@ -353,12 +412,17 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   }
 }
 
-/* Launch the register-path kernel for a configured BwdArgs (tpr, rows_per_iter). */
-template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb>
+/* Launch the register-path kernel for a configured BwdArgs (tpr, rows_per_iter). kClusterOnly:
+ * compile the 256-thread build only (the wide-cluster builds, which never run unclustered). */
+template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb, bool kClusterOnly>
 engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
                              int block, size_t smem) {
   auto* narrow = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>;
-  auto* wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>;
+  auto* wide = narrow;
+  if constexpr (!kClusterOnly) wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>;
+  if constexpr (NV * VEC > kBwdElems) { /* the kernel's kPartSmem: the partials in shared memory */
+    smem = (size_t)(kHasDb ? 2 : 1) * gb_floats(NV, a.tpr, VEC) * sizeof(float);
+  }
   /* gamma + g_add as fp32 in shared memory after the row groups' partials, where gb_smem_offset
    * allows (as in the forward). */
   const void* fn = reinterpret_cast<const void*>(block <= kClusterRowThreads ? narrow : wide);
@@ -372,16 +436,46 @@ engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, 
 }
 
 /* Compile-time norm kind and dbias partials. */
-template <typename Z, typename DY, int VEC, int NV>
+template <typename Z, typename DY, int VEC, int NV, bool kClusterOnly = false>
 engine_status launch_bwd_reg_k(const BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas,
                                int* num_ctas, int block, size_t smem) {
   const bool has_db = a.ws_db != nullptr;
   if (a.is_rms) {
-    return has_db ? launch_bwd_reg<Z, DY, VEC, NV, true, true>(a, ctx, max_ctas, num_ctas, block, smem)
-                  : launch_bwd_reg<Z, DY, VEC, NV, true, false>(a, ctx, max_ctas, num_ctas, block, smem);
+    return has_db ? launch_bwd_reg<Z, DY, VEC, NV, true, true, kClusterOnly>(a, ctx, max_ctas, num_ctas, block, smem)
+                  : launch_bwd_reg<Z, DY, VEC, NV, true, false, kClusterOnly>(a, ctx, max_ctas, num_ctas, block, smem);
   }
-  return has_db ? launch_bwd_reg<Z, DY, VEC, NV, false, true>(a, ctx, max_ctas, num_ctas, block, smem)
-                : launch_bwd_reg<Z, DY, VEC, NV, false, false>(a, ctx, max_ctas, num_ctas, block, smem);
+  return has_db ? launch_bwd_reg<Z, DY, VEC, NV, false, true, kClusterOnly>(a, ctx, max_ctas, num_ctas, block, smem)
+                : launch_bwd_reg<Z, DY, VEC, NV, false, false, kClusterOnly>(a, ctx, max_ctas, num_ctas, block, smem);
+}
+
+/* Rows past the widest kBwdElems cluster (8 x 256 threads x 16 = 32K elements) over 16-bit z and
+ * dy: the same cluster kernel with 2x / 4x the values per thread (64K / 128K at 8 CTAs), so that
+ * the row is read once and the dweight / dbias partials stay in registers across the CTA's rows.
+ * The blocked kernel these rows took before read-modify-writes a workspace row of N floats per
+ * row (per operand), 2.7x the backward's minimum traffic at 64K (benchmarks/NOTES.md, session 7).
+ * Returns false (nothing launched) when neither fits max_cluster. */
+template <typename Z, typename DY, int VEC, int NV>
+bool launch_bwd_wide_cluster(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
+                             engine_status* st) {
+  if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2) {
+    const int nvec = a.cols / VEC;
+    const int t2 = (int)ceil_div(nvec, 2 * NV), t4 = (int)ceil_div(nvec, 4 * NV);
+    if (const int c2 = row_cluster(t2, ctx.max_cluster)) {
+      a.cluster = c2;
+      a.tpr = cluster_tpr(t2, c2);
+      a.rows_per_iter = 1;
+      *st = launch_bwd_reg_k<Z, DY, VEC, 2 * NV, true>(a, ctx, max_ctas, num_ctas, a.tpr, 0);
+      return true;
+    }
+    if (const int c4 = row_cluster(t4, ctx.max_cluster)) {
+      a.cluster = c4;
+      a.tpr = cluster_tpr(t4, c4);
+      a.rows_per_iter = 1;
+      *st = launch_bwd_reg_k<Z, DY, VEC, 4 * NV, true>(a, ctx, max_ctas, num_ctas, a.tpr, 0);
+      return true;
+    }
+  }
+  return false;
 }
 
 template <typename Z, typename DY>
@@ -418,6 +512,11 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
     a.rows_per_iter = G;
     const size_t smem = G > 1 ? (size_t)G * a.ws_pitch * sizeof(float) : 0;
     return launch_bwd_reg_k<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, block, smem);
+  }
+
+  if (vec && tpr > kMaxRowThreads) {
+    engine_status st = ENGINE_SUCCESS;
+    if (launch_bwd_wide_cluster<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, &st)) return st;
   }
 
   if (vec) {
