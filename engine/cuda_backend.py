@@ -245,12 +245,14 @@ def _knob(setter: str, n: int):
 
 def max_cluster_size(n: int):
     """Context manager: inside the ``with`` block the CUDA norm kernels split a wide row over
-    thread-block clusters of at most ``n`` CTAs (1, 2, 4 or 8; 8 is the default, sm_90 only).
-    ``n = 1`` keeps every row inside one CTA, the paths used before clusters (and on devices or
-    builds without them), so that tests and benchmarks can run both on one GPU. Process-wide, not
-    thread-safe; restores the previous value on exit. A bad ``n`` raises ValueError at the call."""
-    if type(n) is not int or n not in (1, 2, 4, 8):
-        raise ValueError(f"max_cluster_size: n must be 1, 2, 4 or 8, got {n!r}")
+    thread-block clusters of at most ``n`` CTAs (1, 2, 4, 8 or 16; 8 is the default, sm_90 only;
+    16 is a non-portable cluster size the kernels opt into, and a launch raises where the device
+    cannot hold such a cluster). ``n = 1`` keeps every row inside one CTA, the paths used before
+    clusters (and on devices or builds without them), so that tests and benchmarks can run both on
+    one GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
+    ValueError at the call."""
+    if type(n) is not int or n not in (1, 2, 4, 8, 16):
+        raise ValueError(f"max_cluster_size: n must be 1, 2, 4, 8 or 16, got {n!r}")
     return _knob("set_max_cluster_size", n)
 
 

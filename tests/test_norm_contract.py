@@ -164,16 +164,19 @@ def test_128k_rows_odd_m(backend, is_rms):
 
 @pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [8184, 12296, 24584, 40000, 65600, 98312, 131072])
-@pytest.mark.parametrize("max_cluster", [8, 1], ids=["clusters", "no-clusters"])
+@pytest.mark.parametrize("n", [8184, 12296, 24584, 40000, 65600, 98304, 98312, 131072, 262144])
+@pytest.mark.parametrize("max_cluster", [8, 16, 1], ids=["clusters", "clusters16", "no-clusters"])
 def test_cluster_rows(is_rms, n, max_cluster):
     """CUDA rows split over a thread-block cluster (forward past 16K 16-bit elements, backward past
-    4K; 12296 and 98312 leave the last CTA of a cluster partly idle), against float64 with poisoned
+    4K; 12296 and 98312 leave the last CTA of a cluster partly idle; the RMSNorm backward at 98304
+    asks for exactly 48 KB of dynamic shared memory, which beside the kernel's static bytes needs
+    the opt-in a launch helper once skipped), against float64 with poisoned
     outputs, and the same rows with clusters off (the one-CTA 512-thread paths at 8184 backward and
     24584 forward, the blocked paths beyond). 65600: 8 CTAs of 160 threads, the last slots of a row
     held by the first four only (LayerNorm merges per-CTA statistics of unequal counts). 301 rows: more
     than the resident clusters, so clusters loop and the backward sums several rows per partial.
-    40000 adds an fp32 residual stream (its own vector count per thread)."""
+    40000 adds an fp32 residual stream (its own vector count per thread). With clusters of up to
+    16 CTAs (a non-portable size) the rows past 128K forward and 32K backward take them too."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -219,9 +222,11 @@ def test_cluster_path_taken(is_rms):
 @pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [40000, 65536, 131072])
-def test_wide_cluster_bwd_taken(is_rms, n):
+@pytest.mark.parametrize("max_cluster", [8, 16])
+def test_wide_cluster_bwd_taken(is_rms, n, max_cluster):
     """The backward past 32K 16-bit elements runs in 8-CTA clusters with 32 (40000, 65536) or 64
-    (131072) values per thread and its dweight / dbias partials in shared memory; with clusters off
+    (131072) values per thread and its dweight / dbias partials in shared memory (with clusters of
+    up to 16: 16 values per thread in registers at 40000 and 65536, 32 at 131072); with clusters off
     it takes the blocked kernel. Over 301 rows the two group the rows of a column's dweight
     differently, so fp32 dweight differs in bits, but by no more than two orderings of the same
     301 fp32 terms can: 2 * 300 * 2**-24 * sum(|dy * xhat|) per column (the recursive-summation
@@ -237,7 +242,7 @@ def test_wide_cluster_bwd_taken(is_rms, n):
         dy = torch.randn(m, n, device=DEVICE, dtype=BF16)
         _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
         grads = []
-        for v in (8, 1):
+        for v in (max_cluster, 1):
             with cuda_backend.max_cluster_size(v):
                 grads.append(run_bwd(is_rms, dy, x, mu, rsigma, w, None, b is not None, False, BF16,
                                      None))

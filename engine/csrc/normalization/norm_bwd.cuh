@@ -448,8 +448,9 @@ engine_status launch_bwd_reg_k(const BwdArgs& a, const LaunchCtx& ctx, int64_t m
                 : launch_bwd_reg<Z, DY, VEC, NV, false, false, kClusterOnly>(a, ctx, max_ctas, num_ctas, block, smem);
 }
 
-/* Rows past the widest kBwdElems cluster (8 x 256 threads x 16 = 32K elements) over 16-bit z and
- * dy: the same cluster kernel with 2x / 4x the values per thread (64K / 128K at 8 CTAs), so that
+/* Rows past the widest kBwdElems cluster (max_cluster x 256 threads x 16: 32K elements at 8 CTAs,
+ * 64K at 16) over 16-bit z and dy: the same cluster kernel with 2x / 4x the values per thread
+ * (64K / 128K at 8 CTAs, 128K / 256K at 16), so that
  * the row is read once and the dweight / dbias partials stay in registers across the CTA's rows.
  * The blocked kernel these rows took before read-modify-writes a workspace row of N floats per
  * row (per operand), 2.7x the backward's minimum traffic at 64K (benchmarks/NOTES.md, session 7).

@@ -122,8 +122,8 @@ constexpr int kBwdMaxCtasPerSm = 4;
 /* Rows wider than one 256-thread CTA on the register path are split over a thread-block cluster
  * of CTAs of at most kClusterRowThreads threads each (sm_90), rather than given to one CTA of up to
  * 512 threads (1 CTA per SM) or to the blocked path (two passes over the row): CTAs per cluster,
- * a power of two <= max_cluster, or 0 when tpr_raw threads per row do not fit 8 such CTAs or
- * clusters are off. */
+ * a power of two <= max_cluster (8 by default; 16, a non-portable size, on request), or 0 when
+ * tpr_raw threads per row do not fit max_cluster such CTAs or clusters are off. */
 constexpr int kClusterRowThreads = 256;
 inline int row_cluster(int tpr_raw, int max_cluster) {
   if (tpr_raw <= kClusterRowThreads || max_cluster < 2) return 0;
