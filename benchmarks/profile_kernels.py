@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     ap.add_argument("--jit-launch", action="store_true",
                     help="launch Triton kernels through kernel[grid] instead of engine's Launcher")
-    ap.add_argument("--max-cluster", type=int, choices=[1, 2, 4, 8, 16],
+    ap.add_argument("--max-cluster", type=int, choices=[0, 1, 2, 4, 8, 16],
                     help="CUDA: largest thread-block cluster a row may be split over (1: none; "
                          "engine.cuda_backend.max_cluster_size), for A/B runs of the cluster paths")
     ap.add_argument("--fwd-vectors", type=int, choices=[0, 4, 8],

@@ -12,9 +12,10 @@ import engine
 from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer
 
 E4M3 = torch.float8_e4m3fn
-# 8192 / 24584 / 32760 / 98312: rows CUDA splits over thread-block clusters of 2-8 CTAs (sm_90).
+# 8192 / 24584 / 32760 / 98312 / 131072 / 262144: rows CUDA splits over thread-block clusters of
+# 2-16 CTAs (sm_90); past 32K the backward's wide-cluster kernels (partials in shared memory).
 SHAPES = [(1, 1), (7, 17), (33, 760), (5, 3571), (3, 8192), (3, 17389), (3, 24584), (2, 32760),
-          (2, 70001), (2, 98312)]
+          (2, 70001), (2, 98312), (2, 131072), (2, 262144)]
 
 
 def run(external: str) -> int:

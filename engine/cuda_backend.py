@@ -245,14 +245,15 @@ def _knob(setter: str, n: int):
 
 def max_cluster_size(n: int):
     """Context manager: inside the ``with`` block the CUDA norm kernels split a wide row over
-    thread-block clusters of at most ``n`` CTAs (1, 2, 4, 8 or 16; 8 is the default, sm_90 only;
-    16 is a non-portable cluster size the kernels opt into, and a launch raises where the device
-    cannot hold such a cluster). ``n = 1`` keeps every row inside one CTA, the paths used before
+    thread-block clusters of at most ``n`` CTAs (sm_90 only): 1, 2, 4, 8 or 16, or 0, the default,
+    for 16 where the device holds a 16-CTA cluster at one CTA per SM (a non-portable size; the
+    H100 and H200 do) and 8 elsewhere. An explicit 16 on a device that cannot hold such a cluster
+    makes the launch raise. ``n = 1`` keeps every row inside one CTA, the paths used before
     clusters (and on devices or builds without them), so that tests and benchmarks can run both on
     one GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
     ValueError at the call."""
-    if type(n) is not int or n not in (1, 2, 4, 8, 16):
-        raise ValueError(f"max_cluster_size: n must be 1, 2, 4, 8 or 16, got {n!r}")
+    if type(n) is not int or n not in (0, 1, 2, 4, 8, 16):
+        raise ValueError(f"max_cluster_size: n must be 0, 1, 2, 4, 8 or 16, got {n!r}")
     return _knob("set_max_cluster_size", n)
 
 

@@ -104,7 +104,8 @@ def test_cuda_backend_rejects_cpu_tensors():
 # engine.cuda_backend's process-wide launch knobs: (context manager, extension setter, two valid
 # values, the default, a value the C setter refuses) and the values the Python side rejects.
 KNOBS = {
-    "max_cluster_size": ("set_max_cluster_size", 2, 1, 8, 3, [0, 3, 32, 2.0, "8", True], "1, 2, 4, 8 or 16"),
+    "max_cluster_size": ("set_max_cluster_size", 2, 1, 0, 3, [-1, 3, 32, 2.0, "8", True],
+                         "0, 1, 2, 4, 8 or 16"),
     "norm_fwd_vectors": ("set_norm_fwd_vectors", 8, 4, 0, 2, [1, 2, 3, 16, 4.0, "4", True], "0, 4 or 8"),
 }
 

@@ -165,7 +165,7 @@ def test_128k_rows_odd_m(backend, is_rms):
 @pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [8184, 12296, 24584, 40000, 65600, 98304, 98312, 131072, 262144])
-@pytest.mark.parametrize("max_cluster", [8, 16, 1], ids=["clusters", "clusters16", "no-clusters"])
+@pytest.mark.parametrize("max_cluster", [0, 8, 1], ids=["clusters", "clusters8", "no-clusters"])
 def test_cluster_rows(is_rms, n, max_cluster):
     """CUDA rows split over a thread-block cluster (forward past 16K 16-bit elements, backward past
     4K; 12296 and 98312 leave the last CTA of a cluster partly idle; the RMSNorm backward at 98304
@@ -175,8 +175,9 @@ def test_cluster_rows(is_rms, n, max_cluster):
     24584 forward, the blocked paths beyond). 65600: 8 CTAs of 160 threads, the last slots of a row
     held by the first four only (LayerNorm merges per-CTA statistics of unequal counts). 301 rows: more
     than the resident clusters, so clusters loop and the backward sums several rows per partial.
-    40000 adds an fp32 residual stream (its own vector count per thread). With clusters of up to
-    16 CTAs (a non-portable size) the rows past 128K forward and 32K backward take them too."""
+    40000 adds an fp32 residual stream (its own vector count per thread). The default (0) allows
+    clusters of 16 CTAs (a non-portable size) on the H100 / H200: rows past 128K forward and 64K
+    backward take them; with at most 8 the 262144 rows take the blocked kernels."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -188,10 +189,9 @@ def test_cluster_rows(is_rms, n, max_cluster):
         engine.backend.reset_for_tests()
 
 
-def check_knob_changes_path(is_rms, n, knob, values):
-    """CUDA: the rows' statistics under each value of a launch knob (engine.cuda_backend) agree
-    within rounding with the first value's but not bit for bit: each path adds a row's values in
-    another order, so over 301 rows of n unequal bits mean the paths differ."""
+def knob_stats(is_rms, n, knob, values):
+    """CUDA: the forward's row statistics of 301 random rows of n under each value of a launch
+    knob (engine.cuda_backend); each path adds a row's values in its own order."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -204,11 +204,30 @@ def check_knob_changes_path(is_rms, n, knob, values):
             with getattr(cuda_backend, knob)(v):
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
             stats.append(rsigma if is_rms else torch.cat([mu, rsigma]))
-        for other in stats[1:]:
-            torch.testing.assert_close(other, stats[0], rtol=1e-5, atol=1e-6)
-            assert not torch.equal(other, stats[0])
+        return stats
     finally:
         engine.backend.reset_for_tests()
+
+
+def check_knob_changes_path(is_rms, n, knob, values):
+    """The statistics under each value agree within rounding with the first value's but not bit
+    for bit: over 301 rows of n, unequal bits mean the paths differ."""
+    stats = knob_stats(is_rms, n, knob, values)
+    for other in stats[1:]:
+        torch.testing.assert_close(other, stats[0], rtol=1e-5, atol=1e-6)
+        assert not torch.equal(other, stats[0])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_default_cluster_16(is_rms):
+    """On the H100 / H200 (the devices this runs on) the default cluster limit is 16: rows of
+    262144 go to 16-CTA clusters, the same bits as an explicit 16, not those of the blocked kernel
+    that a limit of 8 leaves them."""
+    default, c16, c8 = knob_stats(is_rms, 262144, "max_cluster_size", (0, 16, 8))
+    assert torch.equal(default, c16)
+    torch.testing.assert_close(c8, default, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(c8, default)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")

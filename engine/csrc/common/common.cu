@@ -41,7 +41,7 @@ std::vector<OccEntry> g_occ;
 /* (device, func) pairs whose dynamic shared-memory limit was raised to the device maximum. */
 std::vector<std::pair<int, const void*>> g_smem_raised;
 
-std::atomic<int> g_max_cluster{8};
+std::atomic<int> g_max_cluster{0}; /* 0: the device's largest (max_cluster_size) */
 std::atomic<int> g_norm_fwd_vectors{0};
 
 /* Compiled like every kernel of the library: its PTX version tells whether the device code the
@@ -114,6 +114,23 @@ engine_status current_device_info(DeviceInfo* info) {
     ENGINE_CHECK_CUDA(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&probe_kernel)));
     d.clusters = (d.cc_major >= 9 && attr.ptxVersion >= 90) ? 1 : 0;
   }
+  d.cluster16 = 0;
+  if (d.clusters) {
+    /* Can a cluster of 16 CTAs be resident when each CTA takes a whole SM (the strictest case:
+     * 16 free SMs in one GPC)? Asked of the probe with more than half an SM's shared memory. */
+    const void* fn = reinterpret_cast<const void*>(&probe_kernel);
+    const size_t smem = (size_t)d.smem_per_sm / 2 + 1024;
+    int n = 0;
+    if (smem <= (size_t)d.max_smem_per_block_optin &&
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) == cudaSuccess &&
+        cudaFuncSetAttribute(fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess) {
+      cudaLaunchAttribute la;
+      const cudaLaunchConfig_t cfg = cluster_launch_config(16, 32, smem, 16, 0, &la);
+      if (cudaOccupancyMaxActiveClusters(&n, fn, &cfg) != cudaSuccess) n = 0;
+    }
+    (void)cudaGetLastError(); /* a refused query is an answer here, not an error to keep */
+    d.cluster16 = n >= 1 ? 1 : 0;
+  }
   {
     std::lock_guard<std::mutex> lock(g_device_mutex);
     g_device_info[dev] = d;
@@ -124,7 +141,9 @@ engine_status current_device_info(DeviceInfo* info) {
 }
 
 int max_cluster_size(const DeviceInfo& info) {
-  return info.clusters ? g_max_cluster.load(std::memory_order_relaxed) : 1;
+  if (!info.clusters) return 1;
+  const int n = g_max_cluster.load(std::memory_order_relaxed);
+  return n != 0 ? n : (info.cluster16 ? 16 : 8);
 }
 
 int norm_fwd_vectors() { return g_norm_fwd_vectors.load(std::memory_order_relaxed); }
@@ -226,7 +245,7 @@ const char* engine_status_string(engine_status status) {
 const char* engine_last_error(void) { return engine::g_last_error.c_str(); }
 
 int engine_set_max_cluster_size(int n) {
-  if (n != 1 && n != 2 && n != 4 && n != 8 && n != 16) return -1;
+  if (n != 0 && n != 1 && n != 2 && n != 4 && n != 8 && n != 16) return -1;
   return engine::g_max_cluster.exchange(n);
 }
 

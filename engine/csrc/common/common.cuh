@@ -40,6 +40,7 @@ struct DeviceInfo {
   int l2_bytes;
   int cc_major;  /* compute capability */
   int clusters;  /* thread-block clusters usable: sm_90+ device and sm_90+ device code */
+  int cluster16; /* clusters of 16 CTAs (non-portable) resident even at one CTA per SM */
 };
 engine_status current_device_info(DeviceInfo* info);
 
@@ -51,8 +52,9 @@ engine_status current_device_info(DeviceInfo* info);
  */
 engine_status blocks_per_sm(const void* func, int block, size_t dyn_smem, int* out);
 
-/* Largest cluster a row kernel may use now: min(engine_set_max_cluster_size, 8) where the device
- * and the compiled code have clusters (DeviceInfo::clusters), else 1. */
+/* Largest cluster a row kernel may use now: engine_set_max_cluster_size's value (0: 16 where
+ * DeviceInfo::cluster16, else 8) where the device and the compiled code have clusters
+ * (DeviceInfo::clusters), else 1. */
 int max_cluster_size(const DeviceInfo& info);
 
 /* engine_set_norm_fwd_vectors's value now (0: the launcher's choice). */

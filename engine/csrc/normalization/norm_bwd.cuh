@@ -21,8 +21,8 @@
  * Cluster path (the register kernel, sm_90): rows wider than one 256-thread CTA (4K-32K for
  * 16-bit operands) are split over a thread-block cluster as in the forward; c1 / c2 are reduced
  * across the cluster in distributed shared memory, and the cluster writes one workspace row, each
- * CTA its own columns. Rows past 32K over 16-bit z and dy (to 128K) take the same kernel in 8-CTA
- * clusters with 32 or 64 values per thread and the partials in shared memory
+ * CTA its own columns. Rows past 32K over 16-bit z and dy (to 256K) take the same kernel in
+ * clusters of 8 or 16 CTAs with 32 or 64 values per thread and the partials in shared memory
  * (launch_bwd_wide_cluster).
  * Blocked path (norm_bwd_blocked_kernel): one CTA per row at a time; pass 1 reduces c1 / c2 over
  * column chunks, pass 2 re-reads (L2) and writes dx, and read-modify-writes the CTA's own
@@ -448,29 +448,36 @@ engine_status launch_bwd_reg_k(const BwdArgs& a, const LaunchCtx& ctx, int64_t m
                 : launch_bwd_reg<Z, DY, VEC, NV, false, false, kClusterOnly>(a, ctx, max_ctas, num_ctas, block, smem);
 }
 
-/* Rows past the widest kBwdElems cluster (max_cluster x 256 threads x 16: 32K elements at 8 CTAs,
- * 64K at 16) over 16-bit z and dy: the same cluster kernel with 2x / 4x the values per thread
- * (64K / 128K at 8 CTAs, 128K / 256K at 16), so that
- * the row is read once and the dweight / dbias partials stay in registers across the CTA's rows.
- * The blocked kernel these rows took before read-modify-writes a workspace row of N floats per
- * row (per operand), 2.7x the backward's minimum traffic at 64K (benchmarks/NOTES.md, session 7).
- * Returns false (nothing launched) when neither fits max_cluster. */
+/* Rows past the widest kBwdElems cluster of portable size (8 x 256 threads x 16 = 32K elements)
+ * over 16-bit z and dy: the same cluster kernel with 2x / 4x the values per thread, so that the
+ * row is read once and the dweight / dbias partials stay on chip across the CTA's rows. The
+ * blocked kernel these rows took before read-modify-writes a workspace row of N floats per row
+ * (per operand), 2.3x the backward's minimum traffic at 64K: 1.6-2.1x slower (benchmarks/NOTES.md,
+ * session 7, P10-P11). In order, fewest values per thread first and, at equal values, portable
+ * clusters first (measured, P11: 16 values in 16 CTAs lost 1 point to 32 values in 8 at 64K;
+ * 32 values in 16 CTAs beat 64 in 8 by 3-5 at 128K, where 64 values leave one CTA per SM; at
+ * 98304, in one run, LayerNorm went the other way, 35.0 against 39.5, and RMSNorm tied):
+ *   32 values in <= 8 CTAs (to 64K), 32 in 16 (to 128K), 64 in <= 16 (to 256K).
+ * Returns false (nothing launched) when none fits max_cluster. */
 template <typename Z, typename DY, int VEC, int NV>
 bool launch_bwd_wide_cluster(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
                              engine_status* st) {
   if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2) {
     const int nvec = a.cols / VEC;
     const int t2 = (int)ceil_div(nvec, 2 * NV), t4 = (int)ceil_div(nvec, 4 * NV);
-    if (const int c2 = row_cluster(t2, ctx.max_cluster)) {
-      a.cluster = c2;
-      a.tpr = cluster_tpr(t2, c2);
+    const int portable = ctx.max_cluster < kPortableCluster ? ctx.max_cluster : kPortableCluster;
+    int c = row_cluster(t2, portable);
+    if (c == 0) c = row_cluster(t2, ctx.max_cluster);
+    if (c > 0) {
+      a.cluster = c;
+      a.tpr = cluster_tpr(t2, c);
       a.rows_per_iter = 1;
       *st = launch_bwd_reg_k<Z, DY, VEC, 2 * NV, true>(a, ctx, max_ctas, num_ctas, a.tpr, 0);
       return true;
     }
-    if (const int c4 = row_cluster(t4, ctx.max_cluster)) {
-      a.cluster = c4;
-      a.tpr = cluster_tpr(t4, c4);
+    if ((c = row_cluster(t4, ctx.max_cluster)) > 0) {
+      a.cluster = c;
+      a.tpr = cluster_tpr(t4, c);
       a.rows_per_iter = 1;
       *st = launch_bwd_reg_k<Z, DY, VEC, 4 * NV, true>(a, ctx, max_ctas, num_ctas, a.tpr, 0);
       return true;
@@ -498,7 +505,10 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   const int tpr = row_group_tpr(tpr_raw);
 
   a.cluster = 1;
-  const int cluster = vec ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
+  /* kBwdElems values per thread in clusters of portable size only: past 32K the wide-cluster
+   * kernels (below) beat 16 values in 16 CTAs (P11). */
+  const int cluster =
+      vec ? row_cluster(tpr_raw, ctx.max_cluster < kPortableCluster ? ctx.max_cluster : kPortableCluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs (see the forward) */
     a.cluster = cluster;
     a.tpr = cluster_tpr(tpr_raw, cluster);

@@ -125,6 +125,7 @@ constexpr int kBwdMaxCtasPerSm = 4;
  * a power of two <= max_cluster (8 by default; 16, a non-portable size, on request), or 0 when
  * tpr_raw threads per row do not fit max_cluster such CTAs or clusters are off. */
 constexpr int kClusterRowThreads = 256;
+constexpr int kPortableCluster = 8; /* the largest cluster size every sm_90 device guarantees */
 inline int row_cluster(int tpr_raw, int max_cluster) {
   if (tpr_raw <= kClusterRowThreads || max_cluster < 2) return 0;
   for (int c = 2; c <= max_cluster; c *= 2) {

@@ -28,8 +28,8 @@
  *     tile_rows rows, stages the FP8 bytes in shared memory and writes the transposed tile with
  *     16-byte stores (common/tile.cuh).
  * Cluster path (the same kernel, sm_90): a row wider than one 256-thread CTA's registers is split
- * over a thread-block cluster of 2, 4, 8 (or, on request, 16) such CTAs (FwdArgs::cluster; row_cluster() in
- * norm_common.cuh), CTA k owning lanes k * tpr .. (k + 1) * tpr - 1 of the row; the row's
+ * over a thread-block cluster of 2, 4, 8 (or, on request, 16) such CTAs (FwdArgs::cluster;
+ * row_cluster() in norm_common.cuh), CTA k owning lanes k * tpr .. (k + 1) * tpr - 1 of the row; the row's
  * statistics are reduced in the CTA, then across the cluster through distributed shared memory
  * with one cluster barrier per row (cluster_sum / cluster_chan, reduce.cuh: rank order, so all
  * CTAs hold the same bits). 16-bit rows of up to 128K stay in

@@ -35,9 +35,11 @@ const char* engine_status_string(engine_status status);
 const char* engine_last_error(void);
 
 /* Largest thread-block cluster (CTAs) the row kernels may split one row over on sm_90 devices:
- * 1, 2, 4 or 8 (the default). 1 keeps every row inside one CTA (the pre-cluster paths), so tests
- * and benchmarks can run both paths on one device. Process-wide; returns the previous value, or
- * -1 (and changes nothing) for any other n. */
+ * 1, 2, 4, 8 or 16, or 0 (the default): 16 where the device holds a 16-CTA cluster at one CTA per
+ * SM (a non-portable size; the H100 and H200 do), else 8. 1 keeps every row inside one CTA (the
+ * pre-cluster paths), so tests and benchmarks can run both paths on one device; an explicit 16 on
+ * a device that cannot hold such a cluster makes the launch fail. Process-wide; returns the
+ * previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_max_cluster_size(int n);
 
 /* 16-byte vectors of x per thread of the norm forward's register path (one row over one CTA) for
