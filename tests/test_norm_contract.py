@@ -314,8 +314,8 @@ def test_layernorm_large_mean(backend):
     """
     from tolerances import LARGE_MEAN_FP32
 
-    # CUDA: 3571 / 17389 the blocked kernel; 4096 fp32 a row over 8 warps of one CTA (the warps'
-    # statistics merged by Chan); 8192 / 24584 fp32 clusters of 2 / 8 CTAs (warps, then CTAs merged)
+    # CUDA: 3571 / 17389 the blocked kernel; 4096 fp32 a row over 8 warps of one CTA; 8192 / 24584
+    # fp32 clusters of 2 / 8 CTAs (each CTA centred on its own mean, CTAs merged by Chan)
     for n in (3571, 4096, 8192, 17389, 24584):
         m = 4
         x = rows_with_stride(m, n, F32, offset=1e4)

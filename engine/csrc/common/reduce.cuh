@@ -151,10 +151,7 @@ __device__ __forceinline__ void cluster_finish(int n) {
   if (n > 1) cluster_sync();
 }
 
-/* Chan et al. merge of (count, mean, M2) statistics: (n, mean, m2) <- (n, mean, m2) + (nb, ...).
- * kFastDiv: nb / nt by __fdividef (2 ulp, no IEEE slow-path call, whose call site made ptxas
- * spill in the FP8 LayerNorm forward at its 80-register cap); the counts are small integers. */
-template <bool kFastDiv = false>
+/* Chan et al. merge of (count, mean, M2) statistics: (n, mean, m2) <- (n, mean, m2) + (nb, ...). */
 __device__ __forceinline__ void chan_merge(float& n, float& mean, float& m2, float nb, float meanb,
                                            float m2b) {
   if (nb == 0.0f) return;
@@ -165,50 +162,12 @@ __device__ __forceinline__ void chan_merge(float& n, float& mean, float& m2, flo
     return;
   }
   const float nt = n + nb;
-  const float fb = kFastDiv ? __fdividef(nb, nt) : nb / nt;
+  const float fb = nb / nt;
   const float delta = meanb - mean;
   mean = fmaf(delta, fb, mean);
   m2 = m2 + m2b + delta * delta * n * fb;
   n = nt;
 }
-
-/* Row statistics (count, mean, M2) of row groups of `tpr` threads (a multiple of 32) in ONE
- * cross-warp exchange: each warp passes its own exact statistics (centred on the warp's mean: the
- * caller reduces the sum, then the squared deviations from the warp mean, inside the warp), lane 0
- * of each warp publishes them, and after one barrier over the group every thread Chan-merges its
- * group's warps in warp order, so every thread of the group gets the same bits. (Two sums over
- * the row, the mean and then the squared deviations from it, cost two such exchanges.)
- * `buf`: 2 * 32 * 2 floats of shared memory, halves alternating between calls as in RowGroupSum;
- * `counts`: each warp's element count, fixed for the kernel (cnt in: this warp's; out: the
- * group's). */
-struct RowGroupChan {
-  float* buf;
-  const float* counts;
-  int parity;
-
-  __device__ __forceinline__ RowGroupChan(float* shared_buf, const float* warp_counts)
-      : buf(shared_buf), counts(warp_counts), parity(0) {}
-
-  __device__ __forceinline__ void operator()(float& cnt, float& mean, float& m2, int tpr) {
-    const int warp = threadIdx.x >> 5;
-    const int lane = threadIdx.x & 31;
-    float* b = buf + parity * 32 * 2;
-    if (lane == 0) {
-      b[warp * 2] = mean;
-      b[warp * 2 + 1] = m2;
-    }
-    row_group_sync(tpr);
-    const int wpr = tpr >> 5;
-    const int first = (warp / wpr) * wpr;
-    cnt = counts[first];
-    mean = b[first * 2];
-    m2 = b[first * 2 + 1];
-    for (int j = 1; j < wpr; ++j) {
-      chan_merge<true>(cnt, mean, m2, counts[first + j], b[(first + j) * 2], b[(first + j) * 2 + 1]);
-    }
-    parity ^= 1;
-  }
-};
 
 /* Chan merge of per-CTA statistics (count, mean, M2) over the n CTAs of a cluster, in rank order;
  * every thread of every CTA gets the same bits. Each thread passes its CTA's values (the same in

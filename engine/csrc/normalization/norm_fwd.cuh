@@ -155,8 +155,6 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   constexpr bool kZf = sizeof(R) == 2 && NV * VEC <= 32;
   constexpr bool kFp8 = is_fp8_v<O>;
   __shared__ float red_buf[2 * 32];
-  __shared__ float chan_buf[kRms ? 1 : 2 * 32 * 2];
-  __shared__ float warp_n[kRms ? 1 : 32], warp_inv_n[kRms ? 1 : 32];
   __shared__ float cl_buf[2][3]; /* [row-loop parity][one cluster reduction's values] */
   __shared__ int amax_buf[32];
   extern __shared__ __align__(16) uint8_t tile[];
@@ -173,20 +171,12 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   const int ncl = kMaxThreads <= kClusterRowThreads ? a.cluster : 1;
   const int glane = ncl > 1 ? cluster_rank() * tpr + lr : lr;
   const int gstride = ncl * tpr;
-  /* LayerNorm where a row spans several warps or CTAs: the elements of a row each warp's
-   * centring covers (its slots below nvec) and their reciprocal, per warp in shared memory
-   * (written once here; registers would cost the 8-vector kernels a spill at their cap). */
-  const bool split_row = !kRms && (tpr > 32 || ncl > 1);
-  if (!kRms) {
-    if (split_row && (threadIdx.x & 31) == 0) {
-      const int span = tpr > 32 ? 32 : tpr;
-      const int lane0 = glane - lr + (lr & ~31);
-      float n = 0.0f;
-      for (int i = 0; i < NV; ++i) n += (float)(VEC * min(max(nvec - i * gstride - lane0, 0), span));
-      warp_n[threadIdx.x >> 5] = n;
-      warp_inv_n[threadIdx.x >> 5] = n > 0.0f ? 1.0f / n : 0.0f;
-    }
-    __syncthreads();
+  /* LayerNorm in a cluster: the elements of a row this CTA holds (its slots below nvec). */
+  float cta_n = 0.0f;
+  if (!kRms && ncl > 1) {
+    const int lane0 = glane - lr;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) cta_n += (float)(VEC * min(max(nvec - i * gstride - lane0, 0), tpr));
   }
 
   int col[NV];
@@ -228,7 +218,6 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   }
 
   RowGroupSum<1> red(red_buf);
-  RowGroupChan chan(chan_buf, warp_n);
   const int G = a.rows_per_iter;
   const int rpb = a.tile_rows > 0 ? a.tile_rows : G; /* a multiple of G */
   const int64_t nblk = (a.rows + rpb - 1) / rpb;
@@ -300,14 +289,6 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
           if constexpr (!kRms) mean = a.mu[row];
         }
       } else {
-        /* LayerNorm: the row's mean, then the squared deviations from it (never E[z^2] - E[z]^2).
-         * A row group of several warps centres each warp's values on the warp's own mean (two
-         * reductions inside the warp: shuffles only) and merges the warps' (n, mean, M2) by Chan's
-         * formula in ONE exchange across warps (RowGroupChan), instead of one exchange for the
-         * mean and another for the deviations; a row within one warp reduces twice by shuffles. In
-         * a cluster the CTAs' statistics are merged the same way (cluster_chan): one cluster
-         * barrier per row. `width`: the threads whose values one centring covers. */
-        const int width = (!kRms && tpr > 32) ? 32 : tpr;
         if constexpr (!kRms) {
           float s[1] = {0.0f};
 #pragma unroll
@@ -315,8 +296,10 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
 #pragma unroll
             for (int j = 0; j < VEC; ++j) s[0] += zv(i, j); /* masked: 0 */
           }
-          red(s, width);
-          mean = s[0] * (split_row ? warp_inv_n[threadIdx.x >> 5] : a.inv_n);
+          red(s, tpr);
+          /* In a cluster each CTA centres its own slice on its own mean, and the slices' (n, mean,
+           * M2) are merged across the cluster below: one cluster barrier per row, not two. */
+          mean = ncl > 1 ? (cta_n > 0.0f ? s[0] / cta_n : 0.0f) : s[0] * a.inv_n;
         }
         float q[1] = {0.0f};
 #pragma unroll
@@ -329,12 +312,11 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
             }
           }
         }
-        red(q, width);
+        red(q, tpr);
         if constexpr (kRms) {
           cluster_sum<1>(q, cl_buf[blk & 1], ncl);
         } else {
-          float cnt = split_row ? warp_n[threadIdx.x >> 5] : 0.0f;
-          if (tpr > 32) chan(cnt, mean, q[0], tpr);
+          float cnt = cta_n;
           cluster_chan(cnt, mean, q[0], cl_buf[blk & 1], ncl);
         }
         rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
