@@ -53,6 +53,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fwd-vectors", type=int, choices=[0, 4, 8],
                     help="CUDA: 16-byte vectors per thread of the forward's register path (0: the "
                          "default; engine.cuda_backend.norm_fwd_vectors), for A/B runs of the layouts")
+    ap.add_argument("--bwd-elems", type=int, choices=[0, 16, 32],
+                    help="CUDA: values per thread of the backward's register path (0: the default; "
+                         "engine.cuda_backend.norm_bwd_elems), for A/B runs of the layouts")
     args = ap.parse_args(argv)
     with contextlib.ExitStack() as stack:
         if args.max_cluster is not None and H.on_gpu():
@@ -63,6 +66,10 @@ def main(argv=None) -> int:
             from engine import cuda_backend
 
             stack.enter_context(cuda_backend.norm_fwd_vectors(args.fwd_vectors))
+        if args.bwd_elems is not None and H.on_gpu():
+            from engine import cuda_backend
+
+            stack.enter_context(cuda_backend.norm_bwd_elems(args.bwd_elems))
         return run(args)
 
 

@@ -29,7 +29,7 @@ from engine.backend import BackendUnavailableError, settings
 Tensor = torch.Tensor
 
 __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
-           "max_cluster_size", "norm_fwd_vectors"]
+           "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems"]
 
 _log = logging.getLogger("engine.cuda_backend")
 _lock = threading.Lock()
@@ -269,3 +269,17 @@ def norm_fwd_vectors(n: int):
     if type(n) is not int or n not in (0, 4, 8):
         raise ValueError(f"norm_fwd_vectors: n must be 0, 4 or 8, got {n!r}")
     return _knob("set_norm_fwd_vectors", n)
+
+
+def norm_bwd_elems(n: int):
+    """Context manager: inside the ``with`` block the CUDA norm backward's register path (16-bit
+    x and dy) holds ``n`` values of a row per thread (16 or 32), or ``n = 0``, the default, the
+    launcher's choice (16; 32 and 64 past 32K). At 32, rows past 4K take 32 values per thread:
+    one CTA per row to 8K, thread-block clusters of half the size beyond, the dweight / dbias
+    partials in shared memory; at 16, rows wider than 16-value clusters hold take the blocked
+    kernel. For tests and A/B benchmarks of the layouts on one GPU.
+    Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
+    ValueError at the call."""
+    if type(n) is not int or n not in (0, 16, 32):
+        raise ValueError(f"norm_bwd_elems: n must be 0, 16 or 32, got {n!r}")
+    return _knob("set_norm_bwd_elems", n)

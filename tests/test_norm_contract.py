@@ -238,18 +238,11 @@ def test_cluster_path_taken(is_rms):
     check_knob_changes_path(is_rms, 65536, "max_cluster_size", (8, 1))
 
 
-@pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
-@pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [40000, 65536, 131072])
-@pytest.mark.parametrize("max_cluster", [8, 16])
-def test_wide_cluster_bwd_taken(is_rms, n, max_cluster):
-    """The backward past 32K 16-bit elements runs in 8-CTA clusters with 32 (40000, 65536) or 64
-    (131072) values per thread and its dweight / dbias partials in shared memory (with clusters of
-    up to 16: 16 values per thread in registers at 40000 and 65536, 32 at 131072); with clusters off
-    it takes the blocked kernel. Over 301 rows the two group the rows of a column's dweight
-    differently, so fp32 dweight differs in bits, but by no more than two orderings of the same
-    301 fp32 terms can: 2 * 300 * 2**-24 * sum(|dy * xhat|) per column (the recursive-summation
-    bound), and dbias likewise. test_cluster_rows checks both paths against float64."""
+def check_bwd_knob_changes_path(is_rms, n, knob, values):
+    """CUDA backward under two values of a launch knob, over 301 rows of n: the two paths group
+    the rows of a column's fp32 dweight (and dbias) differently, so the sums differ in bits, but by
+    no more than two orderings of the same 301 fp32 terms can: 2 * 300 * 2**-24 * sum(|dy * xhat|)
+    per column (the recursive-summation bound), and dbias likewise."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -261,8 +254,8 @@ def test_wide_cluster_bwd_taken(is_rms, n, max_cluster):
         dy = torch.randn(m, n, device=DEVICE, dtype=BF16)
         _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
         grads = []
-        for v in (max_cluster, 1):
-            with cuda_backend.max_cluster_size(v):
+        for v in values:
+            with getattr(cuda_backend, knob)(v):
                 grads.append(run_bwd(is_rms, dy, x, mu, rsigma, w, None, b is not None, False, BF16,
                                      None))
         xhat = (x.double() - (0.0 if is_rms else mu.double()[:, None])) * rsigma.double()[:, None]
@@ -276,6 +269,46 @@ def test_wide_cluster_bwd_taken(is_rms, n, max_cluster):
             assert not torch.equal(got, other)
     finally:
         engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="thread-block clusters are a CUDA path (sm_90)")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [40000, 65536, 131072])
+@pytest.mark.parametrize("max_cluster", [8, 16])
+def test_wide_cluster_bwd_taken(is_rms, n, max_cluster):
+    """The backward past 32K 16-bit elements runs in 8-CTA clusters with 32 (40000, 65536) or 64
+    (131072) values per thread and its dweight / dbias partials in shared memory (with clusters of
+    up to 16: 32 values at 131072); with clusters off it takes the blocked kernel
+    (check_bwd_knob_changes_path). test_cluster_rows checks both paths against float64."""
+    check_bwd_knob_changes_path(is_rms, n, "max_cluster_size", (max_cluster, 1))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA backward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("elems", [0, 16, 32])
+@pytest.mark.parametrize("n", [4096, 4104, 8192, 12296, 16384, 32768, 65600])
+def test_bwd_elems_layouts(is_rms, elems, n):
+    """Every layout of the CUDA backward's register path (cuda_backend.norm_bwd_elems: 16 or 32
+    values per thread, 0 the default) against float64 with poisoned outputs, over 301 rows (CTAs
+    loop, the partials sum several rows): 4104 and 12296 leave lanes idle (32 values: a CTA of
+    160 threads; a 2-CTA cluster of 224); 65600 at 16 takes the blocked kernel."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        with cuda_backend.norm_bwd_elems(elems):
+            check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA backward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [8192, 16384])
+def test_bwd_elems_taken(is_rms, n):
+    """The backward knob changes the layout (8192: one CTA of 256 threads at 32 values, a 2-CTA
+    cluster at 16; 16384: 2 against 4 CTAs)."""
+    check_bwd_knob_changes_path(is_rms, n, "norm_bwd_elems", (32, 16))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")

@@ -43,6 +43,7 @@ std::vector<std::pair<int, const void*>> g_smem_raised;
 
 std::atomic<int> g_max_cluster{0}; /* 0: the device's largest (max_cluster_size) */
 std::atomic<int> g_norm_fwd_vectors{0};
+std::atomic<int> g_norm_bwd_elems{0};
 
 /* Compiled like every kernel of the library: its PTX version tells whether the device code the
  * driver loads for this device was compiled for sm_90+ (where clusters exist), e.g. not when only
@@ -148,6 +149,8 @@ int max_cluster_size(const DeviceInfo& info) {
 
 int norm_fwd_vectors() { return g_norm_fwd_vectors.load(std::memory_order_relaxed); }
 
+int norm_bwd_elems() { return g_norm_bwd_elems.load(std::memory_order_relaxed); }
+
 engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out) {
   int dev = 0;
   ENGINE_CHECK_CUDA(cudaGetDevice(&dev));
@@ -247,6 +250,11 @@ const char* engine_last_error(void) { return engine::g_last_error.c_str(); }
 int engine_set_max_cluster_size(int n) {
   if (n != 0 && n != 1 && n != 2 && n != 4 && n != 8 && n != 16) return -1;
   return engine::g_max_cluster.exchange(n);
+}
+
+int engine_set_norm_bwd_elems(int n) {
+  if (n != 0 && n != 16 && n != 32) return -1;
+  return engine::g_norm_bwd_elems.exchange(n);
 }
 
 int engine_set_norm_fwd_vectors(int n) {

@@ -60,6 +60,9 @@ int max_cluster_size(const DeviceInfo& info);
 /* engine_set_norm_fwd_vectors's value now (0: the launcher's choice). */
 int norm_fwd_vectors();
 
+/* engine_set_norm_bwd_elems's value now (0: the launcher's choice). */
+int norm_bwd_elems();
+
 /*
  * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at
  * once (cudaOccupancyMaxActiveClusters), cached like blocks_per_sm. ENGINE_ERROR_INVALID_ARGUMENT

@@ -456,6 +456,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Largest thread-block cluster a row may be split over (engine/csrc/include/engine/common.h); "
         "returns the previous value, -1 for an invalid n",
         py::arg("n"));
+  m.def("set_norm_bwd_elems", &engine_set_norm_bwd_elems,
+        "Values per thread of the norm backward's register path, 0 for the default "
+        "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
+        py::arg("n"));
   m.def("set_norm_fwd_vectors", &engine_set_norm_fwd_vectors,
         "Vectors of x per thread of the norm forward's register path, 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",

@@ -458,19 +458,22 @@ engine_status launch_bwd_reg_k(const BwdArgs& a, const LaunchCtx& ctx, int64_t m
  * 32 values in 16 CTAs beat 64 in 8 by 3-5 at 128K, where 64 values leave one CTA per SM; at
  * 98304, in one run, LayerNorm went the other way, 35.0 against 39.5, and RMSNorm tied):
  *   32 values in <= 8 CTAs (to 64K), 32 in 16 (to 128K), 64 in <= 16 (to 256K).
+ * one_cta: 32 values in one CTA where they fit 256 threads (only with engine_set_norm_bwd_elems
+ * at 32, for rows of 4K-8K; the caller passes rows needing more than 128 threads at 32 values, so
+ * that a CTA holds one row and the partials have the shared memory to themselves).
  * Returns false (nothing launched) when none fits max_cluster. */
 template <typename Z, typename DY, int VEC, int NV>
 bool launch_bwd_wide_cluster(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
-                             engine_status* st) {
+                             bool one_cta, engine_status* st) {
   if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2) {
     const int nvec = a.cols / VEC;
     const int t2 = (int)ceil_div(nvec, 2 * NV), t4 = (int)ceil_div(nvec, 4 * NV);
     const int portable = ctx.max_cluster < kPortableCluster ? ctx.max_cluster : kPortableCluster;
-    int c = row_cluster(t2, portable);
+    int c = (one_cta && t2 <= kClusterRowThreads) ? 1 : row_cluster(t2, portable);
     if (c == 0) c = row_cluster(t2, ctx.max_cluster);
     if (c > 0) {
       a.cluster = c;
-      a.tpr = cluster_tpr(t2, c);
+      a.tpr = c == 1 ? (int)round_up(t2, 32) : cluster_tpr(t2, c);
       a.rows_per_iter = 1;
       *st = launch_bwd_reg_k<Z, DY, VEC, 2 * NV, true>(a, ctx, max_ctas, num_ctas, a.tpr, 0);
       return true;
@@ -505,6 +508,10 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   const int tpr = row_group_tpr(tpr_raw);
 
   a.cluster = 1;
+  if (ctx.bwd_elems == 32 && vec && tpr_raw > 256) { /* the knob: 32 values per thread past 4K */
+    engine_status st = ENGINE_SUCCESS;
+    if (launch_bwd_wide_cluster<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, true, &st)) return st;
+  }
   /* kBwdElems values per thread in clusters of portable size only: past 32K the wide-cluster
    * kernels (below) beat 16 values in 16 CTAs (P11). */
   const int cluster =
@@ -525,9 +532,9 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
     return launch_bwd_reg_k<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, block, smem);
   }
 
-  if (vec && tpr > kMaxRowThreads) {
+  if (vec && tpr > kMaxRowThreads && ctx.bwd_elems != 16) { /* 16: the knob's 16 values only */
     engine_status st = ENGINE_SUCCESS;
-    if (launch_bwd_wide_cluster<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, &st)) return st;
+    if (launch_bwd_wide_cluster<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, false, &st)) return st;
   }
 
   if (vec) {

@@ -107,6 +107,7 @@ struct LaunchCtx {
   int max_cluster; /* largest thread-block cluster a row may be split over (1: none) */
   cudaStream_t stream;
   int fwd_vectors; /* forward register path, 16-bit z: vectors per thread (0: by row width) */
+  int bwd_elems;   /* backward register path, 16-bit z and dy: values per thread (0: by width) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x
