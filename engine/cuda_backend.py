@@ -274,7 +274,8 @@ def norm_fwd_vectors(n: int):
 def norm_bwd_elems(n: int):
     """Context manager: inside the ``with`` block the CUDA norm backward's register path (16-bit
     x and dy) holds ``n`` values of a row per thread (16 or 32), or ``n = 0``, the default, the
-    launcher's choice (16; 32 and 64 past 32K). At 32, rows past 4K take 32 values per thread:
+    launcher's choice (32 in one CTA for rows of 4K-8K, 16 up to 32K, 32 and 64 past: NOTES P11,
+    P14). At 32, rows past 4K take 32 values per thread:
     one CTA per row to 8K, thread-block clusters of half the size beyond, the dweight / dbias
     partials in shared memory; at 16, rows wider than 16-value clusters hold take the blocked
     kernel. For tests and A/B benchmarks of the layouts on one GPU.

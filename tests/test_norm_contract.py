@@ -144,8 +144,8 @@ def test_widest_register_rows(backend, is_rms, n):
     """Aligned rows at the one-CTA register paths' widest: CUDA's forward holds 16-bit rows of up
     to 32K (8 vectors per thread, 512 threads: 32760 uses 4095 of them), its backward 8K (8184);
     Triton's forward 32K. Both directions, poisoned outputs, G = 1 row per CTA. On sm_90 CUDA
-    splits the 8184 backward and the 32760 forward over 2-CTA clusters by default
-    (test_cluster_rows runs both ways)."""
+    splits the 32760 forward over a 2-CTA cluster by default and gives the 8184 backward 32 values
+    per thread in one CTA (test_cluster_rows and test_bwd_elems_layouts run the other paths)."""
     check_bwd(is_rms, 5, n, BF16, BF16, BF16, bias=not is_rms)
 
 
@@ -168,7 +168,8 @@ def test_128k_rows_odd_m(backend, is_rms):
 @pytest.mark.parametrize("max_cluster", [0, 8, 1], ids=["clusters", "clusters8", "no-clusters"])
 def test_cluster_rows(is_rms, n, max_cluster):
     """CUDA rows split over a thread-block cluster (forward past 16K 16-bit elements, backward past
-    4K; 12296 and 98312 leave the last CTA of a cluster partly idle; the RMSNorm backward at 98304
+    8K, 8184 there in one CTA at 32 values; 12296 and 98312 leave the last CTA of a cluster partly
+    idle; the RMSNorm backward at 98304
     asks for exactly 48 KB of dynamic shared memory, which beside the kernel's static bytes needs
     the opt-in a launch helper once skipped), against float64 with poisoned
     outputs, and the same rows with clusters off (the one-CTA 512-thread paths at 8184 backward and
@@ -238,11 +239,12 @@ def test_cluster_path_taken(is_rms):
     check_knob_changes_path(is_rms, 65536, "max_cluster_size", (8, 1))
 
 
-def check_bwd_knob_changes_path(is_rms, n, knob, values):
+def check_bwd_knob_changes_path(is_rms, n, knob, values, same=None):
     """CUDA backward under two values of a launch knob, over 301 rows of n: the two paths group
     the rows of a column's fp32 dweight (and dbias) differently, so the sums differ in bits, but by
     no more than two orderings of the same 301 fp32 terms can: 2 * 300 * 2**-24 * sum(|dy * xhat|)
-    per column (the recursive-summation bound), and dbias likewise."""
+    per column (the recursive-summation bound), and dbias likewise. `same`: a third value whose
+    results must equal the first value's bit for bit (the default taking that path)."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -254,7 +256,7 @@ def check_bwd_knob_changes_path(is_rms, n, knob, values):
         dy = torch.randn(m, n, device=DEVICE, dtype=BF16)
         _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
         grads = []
-        for v in values:
+        for v in values + ((same,) if same is not None else ()):
             with getattr(cuda_backend, knob)(v):
                 grads.append(run_bwd(is_rms, dy, x, mu, rsigma, w, None, b is not None, False, BF16,
                                      None))
@@ -267,6 +269,9 @@ def check_bwd_knob_changes_path(is_rms, n, knob, values):
             assert torch.isfinite(got).all()
             assert ((got.double() - other.double()).abs() <= bound).all()
             assert not torch.equal(got, other)
+        if same is not None:
+            for got, again in zip(grads[0], grads[2]):
+                assert got is None or torch.equal(got, again)
     finally:
         engine.backend.reset_for_tests()
 
@@ -307,8 +312,9 @@ def test_bwd_elems_layouts(is_rms, elems, n):
 @pytest.mark.parametrize("n", [8192, 16384])
 def test_bwd_elems_taken(is_rms, n):
     """The backward knob changes the layout (8192: one CTA of 256 threads at 32 values, a 2-CTA
-    cluster at 16; 16384: 2 against 4 CTAs)."""
-    check_bwd_knob_changes_path(is_rms, n, "norm_bwd_elems", (32, 16))
+    cluster at 16; 16384: 2 against 4 CTAs), and the default takes 32 at 8192, 16 at 16384."""
+    values = (32, 16) if n == 8192 else (16, 32)
+    check_bwd_knob_changes_path(is_rms, n, "norm_bwd_elems", values, same=0)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")

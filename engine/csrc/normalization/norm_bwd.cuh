@@ -458,9 +458,10 @@ engine_status launch_bwd_reg_k(const BwdArgs& a, const LaunchCtx& ctx, int64_t m
  * 32 values in 16 CTAs beat 64 in 8 by 3-5 at 128K, where 64 values leave one CTA per SM; at
  * 98304, in one run, LayerNorm went the other way, 35.0 against 39.5, and RMSNorm tied):
  *   32 values in <= 8 CTAs (to 64K), 32 in 16 (to 128K), 64 in <= 16 (to 256K).
- * one_cta: 32 values in one CTA where they fit 256 threads (only with engine_set_norm_bwd_elems
- * at 32, for rows of 4K-8K; the caller passes rows needing more than 128 threads at 32 values, so
- * that a CTA holds one row and the partials have the shared memory to themselves).
+ * one_cta: 32 values in one CTA where they fit 256 threads (rows of 4K-8K by default, and past
+ * 4K with engine_set_norm_bwd_elems at 32; the caller passes rows needing more than 128 threads
+ * at 32 values, so that a CTA holds one row and the partials have the shared memory to
+ * themselves).
  * Returns false (nothing launched) when none fits max_cluster. */
 template <typename Z, typename DY, int VEC, int NV>
 bool launch_bwd_wide_cluster(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
@@ -508,7 +509,12 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   const int tpr = row_group_tpr(tpr_raw);
 
   a.cluster = 1;
-  if (ctx.bwd_elems == 32 && vec && tpr_raw > 256) { /* the knob: 32 values per thread past 4K */
+  /* 32 values per thread in one CTA for 16-bit rows of 4K-8K (tpr_raw 257-512), where 16 would
+   * need a 2-CTA cluster: +2.3-2.5 points of fwd+bwd at 8K in an A/B/A run (P14); at 16K-32K
+   * clusters of half the size at 32 values lost 2-3 points, so those keep 16 (the knob: 32
+   * values past 4K everywhere, 16 nowhere). */
+  const bool elems32 = ctx.bwd_elems == 32 || (ctx.bwd_elems == 0 && tpr_raw <= 2 * kClusterRowThreads);
+  if (elems32 && vec && tpr_raw > kClusterRowThreads) {
     engine_status st = ENGINE_SUCCESS;
     if (launch_bwd_wide_cluster<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, true, &st)) return st;
   }
