@@ -172,8 +172,8 @@ def test_cluster_rows(is_rms, n, max_cluster):
     idle; the RMSNorm backward at 98304
     asks for exactly 48 KB of dynamic shared memory, which beside the kernel's static bytes needs
     the opt-in a launch helper once skipped), against float64 with poisoned
-    outputs, and the same rows with clusters off (the one-CTA 512-thread paths at 8184 backward and
-    24584 forward, the blocked paths beyond). 65600: 8 CTAs of 160 threads, the last slots of a row
+    outputs, and the same rows with clusters off (the 512-thread forward at 24584, the blocked paths
+    beyond; test_bwd_elems_layouts runs the 512-thread backward). 65600: 8 CTAs of 160 threads, the last slots of a row
     held by the first four only (LayerNorm merges per-CTA statistics of unequal counts). 301 rows: more
     than the resident clusters, so clusters loop and the backward sums several rows per partial.
     40000 adds an fp32 residual stream (its own vector count per thread). The default (0) allows
@@ -292,16 +292,18 @@ def test_wide_cluster_bwd_taken(is_rms, n, max_cluster):
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("elems", [0, 16, 32])
 @pytest.mark.parametrize("n", [4096, 4104, 8192, 12296, 16384, 32768, 65600])
-def test_bwd_elems_layouts(is_rms, elems, n):
+@pytest.mark.parametrize("max_cluster", [0, 1], ids=["clusters", "no-clusters"])
+def test_bwd_elems_layouts(is_rms, elems, n, max_cluster):
     """Every layout of the CUDA backward's register path (cuda_backend.norm_bwd_elems: 16 or 32
     values per thread, 0 the default) against float64 with poisoned outputs, over 301 rows (CTAs
     loop, the partials sum several rows): 4104 and 12296 leave lanes idle (32 values: a CTA of
-    160 threads; a 2-CTA cluster of 224); 65600 at 16 takes the blocked kernel."""
+    160 threads; a 2-CTA cluster of 224); 65600 at 16 takes the blocked kernel. With clusters off,
+    16 values at 4104-8192 take the one-CTA 512-thread kernel, 32 values one CTA of 256."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
-        with cuda_backend.norm_bwd_elems(elems):
+        with cuda_backend.norm_bwd_elems(elems), cuda_backend.max_cluster_size(max_cluster):
             check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
     finally:
         engine.backend.reset_for_tests()

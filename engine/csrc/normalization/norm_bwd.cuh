@@ -18,12 +18,12 @@
  * dweight / dbias partials for its columns in registers across all of its CTA's rows, then the CTA
  * combines its row groups in a fixed order through shared memory and writes ONE row of fp32
  * partials to the workspace ([num_ctas, ws_pitch] for dweight, the same for dbias).
- * Cluster path (the register kernel, sm_90): rows wider than one 256-thread CTA (4K-32K for
+ * Cluster path (the register kernel, sm_90): rows wider than one 256-thread CTA (8K-32K for
  * 16-bit operands) are split over a thread-block cluster as in the forward; c1 / c2 are reduced
  * across the cluster in distributed shared memory, and the cluster writes one workspace row, each
- * CTA its own columns. Rows past 32K over 16-bit z and dy (to 256K) take the same kernel in
- * clusters of 8 or 16 CTAs with 32 or 64 values per thread and the partials in shared memory
- * (launch_bwd_wide_cluster).
+ * CTA its own columns. Rows of 4K-8K over 16-bit z and dy take the same kernel with 32 values
+ * per thread in one CTA, and rows past 32K (to 256K) in clusters of 8 or 16 CTAs with 32 or 64,
+ * the partials in shared memory (launch_bwd_wide_cluster).
  * Blocked path (norm_bwd_blocked_kernel): one CTA per row at a time; pass 1 reduces c1 / c2 over
  * column chunks, pass 2 re-reads (L2) and writes dx, and read-modify-writes the CTA's own
  * workspace row (the first row of a CTA stores instead of adding).
@@ -50,8 +50,8 @@ constexpr int bwd_vec() {
 /* kMaxThreads: 256 or kMaxRowThreads (rows that need more than 256 threads), as in the forward.
  * Blocks of up to 256 threads over 16-bit z and dy holding kBwdElems values per thread are
  * compiled for 3 CTAs per SM (at most 85 registers, no spills); with an fp32 operand that spills,
- * so those keep 2. The wide-cluster builds (2x / 4x kBwdElems, rows past 32K) take what they need
- * at one CTA per SM. */
+ * so those keep 2. The 32- and 64-value builds (2x / 4x kBwdElems) have no minimum: ptxas gives
+ * them 95-179 registers, 2 CTAs per SM at 32 values, 1 at 64. */
 template <typename Z, typename DY>
 constexpr int bwd_min_blocks(int max_threads, int elems) {
   return (max_threads <= 256 && sizeof(Z) == 2 && sizeof(DY) == 2 && elems <= kBwdElems) ? 3 : 1;
@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   row_slots<NV, VEC>(glane, gstride, nvec, col, valid);
   /* gamma is re-read per row (L1-resident) rather than held as floats across the row loop, and
    * the dbias partials exist only when there is a bias (kHasDb): 16 + 16 registers fewer.
-   * The wide-cluster builds (more than kBwdElems values per thread, rows past 32K) keep their
-   * partials in shared memory instead (kPartSmem): at 32 / 64 values per thread the packed row
+   * The 32- and 64-value builds (more than kBwdElems values per thread: launch_bwd_wide_cluster)
+   * keep their partials in shared memory instead (kPartSmem): at 32 / 64 values per thread the packed row
    * alone takes 32 / 64 registers, and with the partials in registers too ptxas spilled (LayerNorm
    * with a bias at 32, everything at 64). Each thread owns its slots there, laid out
    * [operand][slot][quad of 4 floats][tpr] so that a warp's 16-byte accesses are conflict-free;
@@ -245,7 +245,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   const int64_t ws_row = blockIdx.x / ncl;
   float* wsd = a.ws_dw + ws_row * a.ws_pitch;
   float* wsb = a.ws_db != nullptr ? a.ws_db + ws_row * a.ws_pitch : nullptr;
-  if constexpr (kPartSmem) { /* G == 1: clusters only */
+  if constexpr (kPartSmem) { /* G == 1: one row per CTA or cluster */
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       if (valid[i]) {
@@ -413,7 +413,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 }
 
 /* Launch the register-path kernel for a configured BwdArgs (tpr, rows_per_iter). kClusterOnly:
- * compile the 256-thread build only (the wide-cluster builds, which never run unclustered). */
+ * compile the 256-thread build only (the 32- and 64-value builds, which run in clusters or in one
+ * CTA of at most 256 threads). */
 template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb, bool kClusterOnly>
 engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
                              int block, size_t smem) {
