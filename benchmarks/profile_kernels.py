@@ -48,8 +48,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jit-launch", action="store_true",
                     help="launch Triton kernels through kernel[grid] instead of engine's Launcher")
     ap.add_argument("--max-cluster", type=int, choices=[0, 1, 2, 4, 8, 16],
-                    help="CUDA: largest thread-block cluster a row may be split over (1: none; "
-                         "engine.cuda_backend.max_cluster_size), for A/B runs of the cluster paths")
+                    help="CUDA: largest thread-block cluster a row may be split over (0: the "
+                         "default, 16 on the H100 / H200; 1: none; engine.cuda_backend."
+                         "max_cluster_size), for A/B runs of the cluster paths")
     ap.add_argument("--fwd-vectors", type=int, choices=[0, 4, 8],
                     help="CUDA: 16-byte vectors per thread of the forward's register path (0: the "
                          "default; engine.cuda_backend.norm_fwd_vectors), for A/B runs of the layouts")

@@ -50,11 +50,11 @@ int engine_set_max_cluster_size(int n);
 int engine_set_norm_fwd_vectors(int n);
 
 /* Values per thread of the norm backward's register path for 16-bit x and dy: 16 or 32, or 0 (the
- * default) for the launcher's choice (32 in one CTA at 4K-8K, 16 to 32K, 32 / 64 past). At 32, rows past 4K hold 32
- * values per thread (a row in one CTA to 8K, clusters of half the size beyond), with the
- * dweight / dbias partials in shared memory; at 16, rows past what 16-value clusters hold take the
- * blocked kernel. For A/B runs of the layouts on one device.
- * Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
+ * default) for the launcher's choice (32 in one CTA at 4K-8K, 16 to 32K, 32 / 64 past). At 32,
+ * rows past 4K hold 32 values per thread (a row in one CTA to 8K, clusters of half the size
+ * beyond), with the dweight / dbias partials in shared memory; at 16, rows past what 16-value
+ * clusters hold take the blocked kernel. For A/B runs of the layouts on one device. Process-wide;
+ * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_bwd_elems(int n);
 
 #ifdef __cplusplus
