@@ -168,17 +168,18 @@ def test_128k_rows_odd_m(backend, is_rms):
 @pytest.mark.parametrize("max_cluster", [0, 8, 1], ids=["clusters", "clusters8", "no-clusters"])
 def test_cluster_rows(is_rms, n, max_cluster):
     """CUDA rows split over a thread-block cluster (forward past 16K 16-bit elements, backward past
-    8K, 8184 there in one CTA at 32 values; 12296 and 98312 leave the last CTA of a cluster partly
-    idle; the RMSNorm backward at 98304
+    8K; the 8184 backward runs in one CTA at 32 values), against float64 with poisoned outputs,
+    and the same rows with clusters off (the 512-thread forward at 24584, the blocked paths beyond;
+    test_bwd_elems_layouts runs the 512-thread backward).
+    12296 and 98312 leave the last CTA of a cluster partly idle. The RMSNorm backward at 98304
     asks for exactly 48 KB of dynamic shared memory, which beside the kernel's static bytes needs
-    the opt-in a launch helper once skipped), against float64 with poisoned
-    outputs, and the same rows with clusters off (the 512-thread forward at 24584, the blocked paths
-    beyond; test_bwd_elems_layouts runs the 512-thread backward). 65600: 8 CTAs of 160 threads, the last slots of a row
-    held by the first four only (LayerNorm merges per-CTA statistics of unequal counts). 301 rows: more
-    than the resident clusters, so clusters loop and the backward sums several rows per partial.
-    40000 adds an fp32 residual stream (its own vector count per thread). The default (0) allows
-    clusters of 16 CTAs (a non-portable size) on the H100 / H200: rows past 128K forward and 64K
-    backward take them; with at most 8 the 262144 rows take the blocked kernels."""
+    the opt-in a launch helper once skipped. 65600: 8 CTAs of 160 threads, the last slots of a row
+    held by the first four only (LayerNorm merges per-CTA statistics of unequal counts). 40000
+    adds an fp32 residual stream (its own vector count per thread). 301 rows: more than the
+    resident clusters, so clusters loop and the backward sums several rows per partial.
+    The default (0) allows clusters of 16 CTAs (a non-portable size) on the H100 / H200: rows past
+    128K forward and 64K backward take them; with at most 8 the 262144 rows take the blocked
+    kernels."""
     from engine import cuda_backend
 
     use_backend("cuda")
