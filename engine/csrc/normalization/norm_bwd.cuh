@@ -23,7 +23,7 @@
  * across the cluster in distributed shared memory, and the cluster writes one workspace row, each
  * CTA its own columns. Rows of 4K-8K over 16-bit z and dy take the same kernel with 32 values
  * per thread in one CTA, and rows past 32K (to 256K) in clusters of 8 or 16 CTAs with 32 or 64,
- * the partials in shared memory (launch_bwd_wide_cluster).
+ * the partials in shared memory (launch_bwd_wide).
  * Blocked path (norm_bwd_blocked_kernel): one CTA per row at a time; pass 1 reduces c1 / c2 over
  * column chunks, pass 2 re-reads (L2) and writes dx, and read-modify-writes the CTA's own
  * workspace row (the first row of a CTA stores instead of adding).
@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   row_slots<NV, VEC>(glane, gstride, nvec, col, valid);
   /* gamma is re-read per row (L1-resident) rather than held as floats across the row loop, and
    * the dbias partials exist only when there is a bias (kHasDb): 16 + 16 registers fewer.
-   * The 32- and 64-value builds (more than kBwdElems values per thread: launch_bwd_wide_cluster)
+   * The 32- and 64-value builds (more than kBwdElems values per thread: launch_bwd_wide)
    * keep their partials in shared memory instead (kPartSmem): at 32 / 64 values per thread the packed row
    * alone takes 32 / 64 registers, and with the partials in registers too ptxas spilled (LayerNorm
    * with a bias at 32, everything at 64). Each thread owns its slots there, laid out
@@ -412,15 +412,15 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   }
 }
 
-/* Launch the register-path kernel for a configured BwdArgs (tpr, rows_per_iter). kClusterOnly:
+/* Launch the register-path kernel for a configured BwdArgs (tpr, rows_per_iter). kNarrowOnly:
  * compile the 256-thread build only (the 32- and 64-value builds, which run in clusters or in one
  * CTA of at most 256 threads). */
-template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb, bool kClusterOnly>
+template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb, bool kNarrowOnly>
 engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
                              int block, size_t smem) {
   auto* narrow = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>;
   auto* wide = narrow;
-  if constexpr (!kClusterOnly) wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>;
+  if constexpr (!kNarrowOnly) wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>;
   if constexpr (NV * VEC > kBwdElems) { /* the kernel's kPartSmem: the partials in shared memory */
     smem = (size_t)(kHasDb ? 2 : 1) * gb_floats(NV, a.tpr, VEC) * sizeof(float);
   }
@@ -437,16 +437,16 @@ engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, 
 }
 
 /* Compile-time norm kind and dbias partials. */
-template <typename Z, typename DY, int VEC, int NV, bool kClusterOnly = false>
+template <typename Z, typename DY, int VEC, int NV, bool kNarrowOnly = false>
 engine_status launch_bwd_reg_k(const BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas,
                                int* num_ctas, int block, size_t smem) {
   const bool has_db = a.ws_db != nullptr;
   if (a.is_rms) {
-    return has_db ? launch_bwd_reg<Z, DY, VEC, NV, true, true, kClusterOnly>(a, ctx, max_ctas, num_ctas, block, smem)
-                  : launch_bwd_reg<Z, DY, VEC, NV, true, false, kClusterOnly>(a, ctx, max_ctas, num_ctas, block, smem);
+    return has_db ? launch_bwd_reg<Z, DY, VEC, NV, true, true, kNarrowOnly>(a, ctx, max_ctas, num_ctas, block, smem)
+                  : launch_bwd_reg<Z, DY, VEC, NV, true, false, kNarrowOnly>(a, ctx, max_ctas, num_ctas, block, smem);
   }
-  return has_db ? launch_bwd_reg<Z, DY, VEC, NV, false, true, kClusterOnly>(a, ctx, max_ctas, num_ctas, block, smem)
-                : launch_bwd_reg<Z, DY, VEC, NV, false, false, kClusterOnly>(a, ctx, max_ctas, num_ctas, block, smem);
+  return has_db ? launch_bwd_reg<Z, DY, VEC, NV, false, true, kNarrowOnly>(a, ctx, max_ctas, num_ctas, block, smem)
+                : launch_bwd_reg<Z, DY, VEC, NV, false, false, kNarrowOnly>(a, ctx, max_ctas, num_ctas, block, smem);
 }
 
 /* Rows past the widest kBwdElems cluster of portable size (8 x 256 threads x 16 = 32K elements)
@@ -459,19 +459,18 @@ engine_status launch_bwd_reg_k(const BwdArgs& a, const LaunchCtx& ctx, int64_t m
  * 32 values in 16 CTAs beat 64 in 8 by 3-5 at 128K, where 64 values leave one CTA per SM; at
  * 98304, in one run, LayerNorm went the other way, 35.0 against 39.5, and RMSNorm tied):
  *   32 values in <= 8 CTAs (to 64K), 32 in 16 (to 128K), 64 in <= 16 (to 256K).
- * one_cta: 32 values in one CTA where they fit 256 threads (rows of 4K-8K by default, and past
- * 4K with engine_set_norm_bwd_elems at 32; the caller passes rows needing more than 128 threads
- * at 32 values, so that a CTA holds one row and the partials have the shared memory to
- * themselves).
+ * Where 32 values fit 256 threads, one CTA and no cluster (rows of 4K-8K by default, and past
+ * 4K with engine_set_norm_bwd_elems at 32; callers pass rows needing more than 128 threads at 32
+ * values, so that a CTA holds one row and the partials have the shared memory to themselves).
  * Returns false (nothing launched) when none fits max_cluster. */
 template <typename Z, typename DY, int VEC, int NV>
-bool launch_bwd_wide_cluster(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
-                             bool one_cta, engine_status* st) {
+bool launch_bwd_wide(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
+                     engine_status* st) {
   if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2) {
     const int nvec = a.cols / VEC;
     const int t2 = (int)ceil_div(nvec, 2 * NV), t4 = (int)ceil_div(nvec, 4 * NV);
     const int portable = ctx.max_cluster < kPortableCluster ? ctx.max_cluster : kPortableCluster;
-    int c = (one_cta && t2 <= kClusterRowThreads) ? 1 : row_cluster(t2, portable);
+    int c = t2 <= kClusterRowThreads ? 1 : row_cluster(t2, portable);
     if (c == 0) c = row_cluster(t2, ctx.max_cluster);
     if (c > 0) {
       a.cluster = c;
@@ -517,7 +516,7 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   const bool elems32 = ctx.bwd_elems == 32 || (ctx.bwd_elems == 0 && tpr_raw <= 2 * kClusterRowThreads);
   if (elems32 && vec && tpr_raw > kClusterRowThreads) {
     engine_status st = ENGINE_SUCCESS;
-    if (launch_bwd_wide_cluster<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, true, &st)) return st;
+    if (launch_bwd_wide<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, &st)) return st;
   }
   /* kBwdElems values per thread in clusters of portable size only: past 32K the wide-cluster
    * kernels (below) beat 16 values in 16 CTAs (P11). */
@@ -541,7 +540,7 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
 
   if (vec && tpr > kMaxRowThreads && ctx.bwd_elems != 16) { /* 16: the knob's 16 values only */
     engine_status st = ENGINE_SUCCESS;
-    if (launch_bwd_wide_cluster<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, false, &st)) return st;
+    if (launch_bwd_wide<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, &st)) return st;
   }
 
   if (vec) {
