@@ -1,8 +1,9 @@
 """One norm forward call for an ncu profile (run by hand on the device machine):
 
     ncu --kernel-name regex:norm_fwd -c 1 python3 ci/ncu_case.py cuda 4096 fp8 [ln]
-    args: backend (cuda | triton), N, output (bf16 | fp8), optionally the norm (rms, the default,
-    or ln: LayerNorm with a bias); M * N = 64M, bf16 input.
+    args: backend (cuda | triton), N, output (bf16 | fp8 | fp8T: e4m3 with the transposed copy
+    written by the norm kernel, ENGINE_NORM_EXTERNAL_TRANSPOSE=0), optionally the norm (rms, the
+    default, or ln: LayerNorm with a bias); M * N = 64M, bf16 input.
 """
 
 import sys
@@ -15,14 +16,16 @@ from engine.fp8 import Float8Quantizer
 backend, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 ln = len(sys.argv) > 4 and sys.argv[4] == "ln"
 flag = "1" if backend == "triton" else "0"
-engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag, "ENGINE_USE_LAYERNORM_TRITON": flag})
+engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag, "ENGINE_USE_LAYERNORM_TRITON": flag,
+                                "ENGINE_NORM_EXTERNAL_TRANSPOSE": "0" if out == "fp8T" else "1"})
 m = (64 << 20) // n
 x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
 q = None
-if out == "fp8":
-    q = Float8Quantizer(torch.full((1,), 32.0, device="cuda"), torch.zeros(1, device="cuda"), torch.float8_e4m3fn)
+if out in ("fp8", "fp8T"):
+    q = Float8Quantizer(torch.full((1,), 32.0, device="cuda"), torch.zeros(1, device="cuda"), torch.float8_e4m3fn,
+                        columnwise=out == "fp8T")
 with torch.no_grad():
     for _ in range(3):
         if ln:
