@@ -57,20 +57,20 @@ def main(argv=None) -> int:
     ap.add_argument("--bwd-elems", type=int, choices=[0, 16, 32],
                     help="CUDA: values per thread of the backward's register path (0: the default; "
                          "engine.cuda_backend.norm_bwd_elems), for A/B runs of the layouts")
+    ap.add_argument("--fwd-general", type=int, choices=[0, 1],
+                    help="CUDA: 1 runs the forward's general row loop for every launch (0: the "
+                         "default, the fast loop where it applies; engine.cuda_backend."
+                         "norm_fwd_general_loop), for A/B runs of the two loops")
     args = ap.parse_args(argv)
+    # (argument, engine.cuda_backend knob): each set for the whole run when given
+    knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
+             ("bwd_elems", "norm_bwd_elems"), ("fwd_general", "norm_fwd_general_loop"))
     with contextlib.ExitStack() as stack:
-        if args.max_cluster is not None and H.on_gpu():
-            from engine import cuda_backend
+        for arg, knob in knobs:
+            if getattr(args, arg) is not None and H.on_gpu():
+                from engine import cuda_backend
 
-            stack.enter_context(cuda_backend.max_cluster_size(args.max_cluster))
-        if args.fwd_vectors is not None and H.on_gpu():
-            from engine import cuda_backend
-
-            stack.enter_context(cuda_backend.norm_fwd_vectors(args.fwd_vectors))
-        if args.bwd_elems is not None and H.on_gpu():
-            from engine import cuda_backend
-
-            stack.enter_context(cuda_backend.norm_bwd_elems(args.bwd_elems))
+                stack.enter_context(getattr(cuda_backend, knob)(getattr(args, arg)))
         return run(args)
 
 

@@ -283,3 +283,16 @@ def norm_bwd_elems(n: int):
     if type(n) is not int or n not in (0, 16, 32):
         raise ValueError(f"norm_bwd_elems: n must be 0, 16 or 32, got {n!r}")
     return _knob("set_norm_bwd_elems", n)
+
+
+def norm_fwd_general_loop(n: int):
+    """Context manager: with ``n = 1`` inside the ``with`` block the CUDA norm forward's register
+    kernels run their general row loop (every mode; run-time tests per slot) for every launch;
+    ``n = 0``, the default, runs the fast loop where it applies (delayed scaling and
+    high-precision outputs with gamma / beta in shared memory: benchmarks/NOTES.md, P15). Both
+    compute the same bits. For tests and A/B benchmarks on one GPU. Process-wide, not
+    thread-safe; restores the previous value on exit. A bad ``n`` raises ValueError at the
+    call."""
+    if type(n) is not int or n not in (0, 1):
+        raise ValueError(f"norm_fwd_general_loop: n must be 0 or 1, got {n!r}")
+    return _knob("set_norm_fwd_general_loop", n)

@@ -207,6 +207,76 @@ def test_fp8_vector_layouts(is_rms, vectors, m, n):
         engine.backend.reset_for_tests()
 
 
+def fwd_kernel_names(fn):
+    """Names of the CUDA kernels one call of ``fn`` launches (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the row loops of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("m,n", [(33, 1024), (29, 1032), (40, 4096), (41, 5120), (301, 8200),
+                                 (17, 16384), (37, 40000)])
+def test_fwd_fast_loop_same_bits(is_rms, m, n):
+    """The CUDA forward's fast row loop (FwdPath: mode kFull, gamma / beta in shared memory) and
+    its general loop (cuda_backend.norm_fwd_general_loop(1)) write the same bits: bf16 and fp32
+    outputs (LayerNorm with a bias; a bf16 residual), e4m3 and e5m2 with amax and the in-kernel
+    transposed copy. 1032, 5120 and 8200 leave slots outside the row (zeros there in the fast
+    loop), 40000 splits rows over a cluster; m is odd where row groups share a CTA, so a row
+    block ends in masked rows. Both are checked against float64 by the tests that run the
+    default (the fast loop) and by test_fwd_general_loop below."""
+    from engine import cuda_backend
+
+    use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
+    try:
+        x, w, b = inputs(m, n, is_rms)
+        r = torch.randn(m, n, device=DEVICE, dtype=BF16)
+        runs = []
+        for general in (0, 1):
+            with cuda_backend.norm_fwd_general_loop(general):
+                outs = [call(is_rms, x, w, b, residual=r), call(is_rms, x, w, b, out_dtype=F32)]
+                for fmt in (E4M3, E5M2):
+                    q = delayed(fmt, scale=3.0, amax=0.25, columnwise=True)
+                    t = call(is_rms, x, w, b, quantizer=q)
+                    outs += [t.data.view(torch.uint8), t.transpose_data.view(torch.uint8), q.amax]
+            runs.append(outs)
+        for fast, general in zip(*runs):
+            for u, v in zip(fast if isinstance(fast, tuple) else (fast,),
+                            general if isinstance(general, tuple) else (general,)):
+                assert torch.equal(u, v)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the row loops of the CUDA forward")
+@pytest.mark.parametrize("general", [0, 1], ids=["fast", "general"])
+def test_fwd_loop_taken(general):
+    """The knob picks the kernel: by default an e4m3 / bf16 forward of 4096 runs the fast loop's
+    build (FwdPath 2 / 1, the last template argument), with the knob the general one (0); current
+    scaling runs the general loop either way."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        x, w, _ = inputs(64, 4096, True)
+        with cuda_backend.norm_fwd_general_loop(general):
+            e4m3 = fwd_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3)))
+            bf16 = fwd_kernel_names(lambda: call(True, x, w))
+            cur = fwd_kernel_names(lambda: call(True, x, w, quantizer=Float8CurrentScalingQuantizer(E4M3)))
+        def loops(names):
+            return {n.split("(")[0].rsplit(",", 1)[1].strip(" >") for n in names if "norm_fwd_reg_kernel" in n}
+        assert loops(e4m3) == ({"0"} if general else {"2"})
+        assert loops(bf16) == ({"0"} if general else {"1"})
+        assert loops(cur) == {"0"}
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_fp8_with_residual(backend, is_rms):
     x, w, b = inputs(29, 760, is_rms)

@@ -63,6 +63,9 @@ int norm_fwd_vectors();
 /* engine_set_norm_bwd_elems's value now (0: the launcher's choice). */
 int norm_bwd_elems();
 
+/* engine_set_norm_fwd_general_loop's value now (0: the fast loop where it applies). */
+int norm_fwd_general_loop();
+
 /*
  * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at
  * once (cudaOccupancyMaxActiveClusters), cached like blocks_per_sm. ENGINE_ERROR_INVALID_ARGUMENT

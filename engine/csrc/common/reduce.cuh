@@ -49,10 +49,15 @@ struct RowGroupSum {
   __device__ __forceinline__ explicit RowGroupSum(float* shared_buf) : buf(shared_buf), parity(0) {}
 
   __device__ __forceinline__ void operator()(float (&v)[K], int tpr) {
+    /* Unrolled with a uniform predicate per level rather than a loop over a run-time count (a
+     * compare and a branch per level); the levels run in the same order, so the same bits. */
     const int width = tpr < 32 ? tpr : 32;
-    for (int off = width >> 1; off > 0; off >>= 1) {
 #pragma unroll
-      for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(kFullMask, v[k], off);
+    for (int off = 16; off > 0; off >>= 1) {
+      if (off < width) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(kFullMask, v[k], off);
+      }
     }
     if (tpr > 32) {
       const int warp = threadIdx.x >> 5;

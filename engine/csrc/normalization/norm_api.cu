@@ -159,7 +159,8 @@ extern "C" engine_status engine_norm_fwd(const engine_norm_fwd_params* p, int sm
   DeviceInfo info;
   ENGINE_TRY(current_device_info(&info));
   const LaunchCtx ctx{sm_count, sm_margin, info.max_smem_per_block_optin, info.smem_per_sm,
-                      max_cluster_size(info), stream, norm_fwd_vectors()};
+                      max_cluster_size(info), stream, norm_fwd_vectors(), 0,
+                      norm_fwd_general_loop()};
 
   FwdArgs a{};
   a.rows = rows;

@@ -134,10 +134,12 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   if (a.gb_off >= 0) {
     float* gw = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(part) + a.gb_off);
     fill_row_slots(NV, tpr, glane - lr, gstride, nvec, [&](int k, int v) {
-      float gv[VEC];
-      load_vec_dt<VEC>(a.weight, (int64_t)v * VEC, a.w_dtype, gv);
+      float gv[VEC] = {};
+      if (v >= 0) {
+        load_vec_dt<VEC>(a.weight, (int64_t)v * VEC, a.w_dtype, gv);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) gv[j] += g_add;
+        for (int j = 0; j < VEC; ++j) gv[j] += g_add;
+      }
       store_vec<float, VEC>(gw + k * VEC, gv);
     });
     gsm = gw;

@@ -108,6 +108,7 @@ struct LaunchCtx {
   cudaStream_t stream;
   int fwd_vectors; /* forward register path, 16-bit z: vectors per thread (0: by row width) */
   int bwd_elems;   /* backward register path, 16-bit z and dy: values per thread (0: by width) */
+  int fwd_general; /* forward register path: 1 runs the general row loop for every launch */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x
@@ -153,15 +154,16 @@ __host__ __device__ __forceinline__ int gb_floats(int nv, int tpr, int vec) {
 }
 
 /* Register paths, gamma / beta in shared memory: calls fill(k, v) for every slot k = i * tpr + lr
- * of this CTA's lanes of a row whose 16-byte vector v (= lane0 + lr + i * gstride, lane0 the CTA's
- * first lane of the row) lies in the row, spread over the CTA's threads, then __syncthreads().
- * Called uniformly by all threads. */
+ * of this CTA's lanes of a row, v being the slot's 16-byte vector (lane0 + lr + i * gstride, lane0
+ * the CTA's first lane of the row) where it lies in the row and -1 where it does not (the callers
+ * store zeros there: a slot outside the row then computes 0 without a branch), spread over the
+ * CTA's threads, then __syncthreads(). Called uniformly by all threads. */
 template <typename Fill>
 __device__ __forceinline__ void fill_row_slots(int nv, int tpr, int lane0, int gstride, int nvec,
                                                Fill&& fill) {
   for (int k = threadIdx.x; k < nv * tpr; k += blockDim.x) {
     const int v = lane0 + (k % tpr) + (k / tpr) * gstride;
-    if (v < nvec) fill(k, v);
+    fill(k, v < nvec ? v : -1);
   }
   __syncthreads();
 }

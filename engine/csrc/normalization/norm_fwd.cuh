@@ -134,6 +134,25 @@ constexpr int fwd_min_blocks() {
   return 4;
 }
 
+/*
+ * The register kernel's row loop comes in two builds (template parameter kPath), chosen per launch
+ * by the launcher (fwd_path in norm_fwd_launch.cuh):
+ *   kPathGeneral: every mode (current scaling's kStats / kApply too), gamma / beta from shared
+ *     memory or, where the launcher found no room, from global memory; each slot of each row
+ *     tests its mode, operands and bounds at run time.
+ *   kPathFast (16- or 32-bit output), kPathFastE4M3, kPathFastE5M2 (FP8 output, the format fixed):
+ *     mode kFull with gamma / beta in shared memory (delayed scaling and high-precision outputs
+ *     with the 256-thread builds: the common and benchmarked cases). The epilogue tests the row
+ *     once; a slot outside the row computes 0 (z = 0, zeros in shared memory, centred on 0), only
+ *     its stores are predicated. ncu at 1K (RMSNorm to e4m3, the general loop): of 18.4 executed
+ *     instructions per value, 1.6 were branches, 1.8 compares, 0.9 convergence barriers and 1.1
+ *     parameter loads, nearly all from the per-slot tests (benchmarks/NOTES.md, P15).
+ * Separate kernels rather than both loops in one: ptxas spilled the FP8 builds (up to 64 bytes)
+ * when one kernel held both at the 80-register cap; alone, neither spills. Both compute the same
+ * values in the same order (the same bits: tests compare both paths).
+ */
+enum FwdPath : int { kPathGeneral = 0, kPathFast = 1, kPathFastE4M3 = 2, kPathFastE5M2 = 3 };
+
 /* kMaxThreads: 256 (blocks of up to 256 threads; at most 85 registers, so that 3 CTAs fit an SM:
  * the FP8 epilogue takes 113 registers otherwise) or kMaxRowThreads (rows wider than 256 threads).
  * W (the weight / bias type), kRms and kBias are template parameters, not run-time flags: this
@@ -141,7 +160,7 @@ constexpr int fwd_min_blocks() {
  * forms cost a dual-predicated conversion per gamma / beta value, a mean subtraction per value
  * for RMSNorm and an FMUL-or-FFMA pair per value. */
 template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV,
-          int kMaxThreads>
+          int kMaxThreads, int kPath>
 __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThreads>()))
     norm_fwd_reg_kernel(const FwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
@@ -196,19 +215,22 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
    * the epilogue then reads 16-byte LDS per 4 values instead of converting gamma (and beta) and
    * adding g_add per value per row, the same floats either way (so the same bits). Filled once
    * (fill_row_slots: a plain loop over the slots; unrolled over them it held the loads of all of
-   * them in registers at once). */
+   * them in registers at once); slots outside the row hold zeros. */
   const float* gsm = nullptr;
   const int nb = gb_floats(NV, tpr, VEC); /* beta's offset from gamma's, in floats */
   if (a.gb_off >= 0) {
     float* gw = reinterpret_cast<float*>(tile + a.gb_off);
     fill_row_slots(NV, tpr, glane - lr, gstride, nvec, [&](int k, int v) {
-      float g[VEC], b[VEC];
-      load_gamma_beta_t<W, kBias, VEC>(a, (int64_t)v * VEC, g, b);
+      float g[VEC] = {}, b[VEC] = {};
+      if (v >= 0) {
+        load_gamma_beta_t<W, kBias, VEC>(a, (int64_t)v * VEC, g, b);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) g[j] += g_add;
+      }
       float* p = gw + k * VEC;
 #pragma unroll
       for (int j = 0; j < VEC; j += 4) {
-        *reinterpret_cast<float4*>(p + j) =
-            make_float4(g[j] + g_add, g[j + 1] + g_add, g[j + 2] + g_add, g[j + 3] + g_add);
+        *reinterpret_cast<float4*>(p + j) = make_float4(g[j], g[j + 1], g[j + 2], g[j + 3]);
         if constexpr (kBias) {
           *reinterpret_cast<float4*>(p + nb + j) = make_float4(b[j], b[j + 1], b[j + 2], b[j + 3]);
         }
@@ -222,6 +244,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   const int rpb = a.tile_rows > 0 ? a.tile_rows : G; /* a multiple of G */
   const int64_t nblk = (a.rows + rpb - 1) / rpb;
 
+  constexpr bool kFast = kPath != kPathGeneral; /* see FwdPath */
   for (int64_t blk = blockIdx.x / ncl; blk < nblk; blk += a.grid_clusters) {
     const int64_t row0 = blk * rpb;
     for (int sub = group; sub < rpb; sub += G) { /* rpb / G iterations for every group */
@@ -267,7 +290,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
           }
         }
       }
-      float zf[kZf ? NV : 1][kZf ? VEC : 1];
+      [[maybe_unused]] float zf[kZf ? NV : 1][kZf ? VEC : 1];
       if constexpr (kZf) {
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
@@ -283,7 +306,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
           return unpack_at<R, VEC>(zw[i], j);
         }
       };
-      if (mode == kApply) {
+      if (!kFast && mode == kApply) {
         if (ok) {
           rs = a.rsigma[row];
           if constexpr (!kRms) mean = a.mu[row];
@@ -297,17 +320,20 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
             for (int j = 0; j < VEC; ++j) s[0] += zv(i, j); /* masked: 0 */
           }
           red(s, tpr);
-          /* In a cluster each CTA centres its own slice on its own mean, and the slices' (n, mean,
-           * M2) are merged across the cluster below: one cluster barrier per row, not two. */
+          /* In a cluster each CTA centres its own slice on its own mean, and the slices' (n,
+           * mean, M2) are merged across the cluster below: one cluster barrier per row. */
           mean = ncl > 1 ? (cta_n > 0.0f ? s[0] / cta_n : 0.0f) : s[0] * a.inv_n;
         }
         float q[1] = {0.0f};
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
-          if (valid[i]) {
+          /* A masked slot (z = 0) adds nothing: centred on 0 (a select per slot, not a branch
+           * in kFast), or skipped. */
+          const float m = kRms ? 0.0f : (valid[i] ? mean : 0.0f);
+          if (kFast || valid[i]) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-              const float d = kRms ? zv(i, j) : zv(i, j) - mean;
+              const float d = kRms ? zv(i, j) : zv(i, j) - m;
               q[0] = fmaf(d, d, q[0]);
             }
           }
@@ -326,13 +352,19 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
         }
       }
 
-      /* Epilogue. */
+      /* Epilogue: kFast tests the row once (no barrier below), the general path each slot. */
+      if (kFast && !ok) continue;
+      O* const out_row = kFast ? static_cast<O*>(a.out) + r * a.out_stride : nullptr;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        if (ok && valid[i]) {
+        const bool on = ok && valid[i];
+        /* kFast: the row's pointer, held; general: recomputed per slot (no spills at the cap) */
+        O* const orow = kFast ? out_row : static_cast<O*>(a.out) + row * a.out_stride;
+        if (kFast || on) {
           float y[VEC];
-          const float zm = kRms ? 0.0f : mean;
-          if (gsm != nullptr) {
+          /* kFast: a masked slot has z = 0, gamma = beta = 0 and is centred on 0: y = 0 */
+          const float zm = kRms ? 0.0f : (kFast && !valid[i] ? 0.0f : mean);
+          if (kFast || gsm != nullptr) {
             const float* p = gsm + (i * tpr + lr) * VEC;
 #pragma unroll
             for (int j = 0; j < VEC; j += 4) {
@@ -353,22 +385,28 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
             }
           }
           if constexpr (kFp8) {
-            if (mode != kApply) {
+            if (kFast || mode != kApply) {
 #pragma unroll
               for (int j = 0; j < VEC; ++j) amax = amax_update(amax, y[j]);
             }
-            if (mode != kStats) {
+            if (kFast || mode != kStats) {
 #pragma unroll
               for (int j = 0; j < VEC; ++j) y[j] *= scale;
               uint32_t w[VEC / 4];
-              pack_fp8<VEC>(y, e5m2, w);
-              uint8_t* orow = static_cast<uint8_t*>(a.out) + row * a.out_stride;
-              store_words<VEC>(orow + col[i], w);
-              if (a.tile_rows > 0) store_words<VEC>(tile + sub * a.tile_pitch + col[i], w);
+              if constexpr (kPath == kPathFastE4M3) {
+                pack_fp8_fmt<VEC, __NV_E4M3>(y, w);
+              } else if constexpr (kPath == kPathFastE5M2) {
+                pack_fp8_fmt<VEC, __NV_E5M2>(y, w);
+              } else {
+                pack_fp8<VEC>(y, e5m2, w);
+              }
+              if (on) {
+                store_words<VEC>(reinterpret_cast<uint8_t*>(orow) + col[i], w);
+                if (a.tile_rows > 0) store_words<VEC>(tile + sub * a.tile_pitch + col[i], w);
+              }
             }
           } else {
-            O* orow = static_cast<O*>(a.out) + row * a.out_stride;
-            store_vec<O, VEC>(orow + col[i], y);
+            if (on) store_vec<O, VEC>(orow + col[i], y);
           }
         }
       }

@@ -11,16 +11,27 @@
 namespace engine {
 namespace norm {
 
-/* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields). */
+/* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields):
+ * the fast row loop (FwdPath) for mode kFull in blocks of up to 256 threads when gamma / beta go
+ * to shared memory, the general one otherwise. */
 template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV>
 engine_status launch_fwd_reg(FwdArgs a, const LaunchCtx& ctx, int block, size_t smem) {
-  auto* narrow = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256>;
-  auto* wide = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads>;
+  constexpr int kFastPath = !is_fp8_v<O> ? kPathFast : kPathFastE4M3;
+  auto* narrow = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kPathGeneral>;
+  auto* wide = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads, kPathGeneral>;
+  auto* fast = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kFastPath>;
+  if constexpr (is_fp8_v<O>) {
+    if (a.e5m2) fast = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kPathFastE5M2>;
+  }
+  const bool want_fast = a.mode == kFull && block <= kClusterRowThreads && !ctx.fwd_general;
   /* gamma (+ g_add) and beta as fp32 in shared memory after the transposed tile, where
-   * gb_smem_offset allows (no CTA fewer per SM, at most half the SM's shared memory). */
-  const void* fn = reinterpret_cast<const void*>(block <= kClusterRowThreads ? narrow : wide);
+   * gb_smem_offset allows (no CTA fewer per SM, at most half the SM's shared memory), asked of
+   * the kernel that will run with them. */
+  const void* fn = reinterpret_cast<const void*>(
+      want_fast ? fast : (block <= kClusterRowThreads ? narrow : wide));
   const size_t gb = (size_t)gb_floats(NV, a.tpr, 16 / sizeof(X)) * sizeof(float) * (kBias ? 2 : 1);
   ENGINE_TRY(gb_smem_offset(fn, block, a.cluster, gb, ctx, &smem, &a.gb_off));
+  if (want_fast && a.gb_off >= 0) narrow = fast;
   const int64_t work = ceil_div(a.rows, a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter);
   int64_t grid = 0;
   return launch_row_kernel(narrow, wide, a, block, smem, work, ctx, 0, work, &grid,
