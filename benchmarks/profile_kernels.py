@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                          "engine.cuda_backend.norm_bwd_elems), for A/B runs of the layouts")
     ap.add_argument("--fwd-general", type=int, choices=[0, 1],
                     help="CUDA: 1 runs the forward's general row loop for every launch (0: the "
-                         "default, the fast loop where it applies; engine.cuda_backend."
+                         "default, the fast FP8 loop where it applies; engine.cuda_backend."
                          "norm_fwd_general_loop), for A/B runs of the two loops")
     args = ap.parse_args(argv)
     # (argument, engine.cuda_backend knob): each set for the whole run when given

@@ -287,12 +287,11 @@ def norm_bwd_elems(n: int):
 
 def norm_fwd_general_loop(n: int):
     """Context manager: with ``n = 1`` inside the ``with`` block the CUDA norm forward's register
-    kernels run their general row loop (every mode; run-time tests per slot) for every launch;
-    ``n = 0``, the default, runs the fast loop where it applies (delayed scaling and
-    high-precision outputs with gamma / beta in shared memory: benchmarks/NOTES.md, P15). Both
-    compute the same bits. For tests and A/B benchmarks on one GPU. Process-wide, not
-    thread-safe; restores the previous value on exit. A bad ``n`` raises ValueError at the
-    call."""
+    kernels run their general row loop (every mode and output; run-time tests per slot) for
+    every launch; ``n = 0``, the default, runs the fast loop where it applies (FP8 outputs with
+    delayed scaling in the 256-thread builds: benchmarks/NOTES.md, P15 and P16). Both compute the
+    same bits. For tests and A/B benchmarks on one GPU. Process-wide, not thread-safe; restores
+    the previous value on exit. A bad ``n`` raises ValueError at the call."""
     if type(n) is not int or n not in (0, 1):
         raise ValueError(f"norm_fwd_general_loop: n must be 0 or 1, got {n!r}")
     return _knob("set_norm_fwd_general_loop", n)

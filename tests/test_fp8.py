@@ -223,13 +223,13 @@ def fwd_kernel_names(fn):
 @pytest.mark.parametrize("m,n", [(33, 1024), (29, 1032), (40, 4096), (41, 5120), (301, 8200),
                                  (17, 16384), (37, 40000)])
 def test_fwd_fast_loop_same_bits(is_rms, m, n):
-    """The CUDA forward's fast row loop (FwdPath: mode kFull, gamma / beta in shared memory) and
-    its general loop (cuda_backend.norm_fwd_general_loop(1)) write the same bits: bf16 and fp32
-    outputs (LayerNorm with a bias; a bf16 residual), e4m3 and e5m2 with amax and the in-kernel
-    transposed copy. 1032, 5120 and 8200 leave slots outside the row (zeros there in the fast
-    loop), 40000 splits rows over a cluster; m is odd where row groups share a CTA, so a row
-    block ends in masked rows. Both are checked against float64 by the tests that run the
-    default (the fast loop) and by test_fwd_general_loop below."""
+    """The CUDA forward's fast row loop (FwdPath: FP8 in mode kFull, gamma / beta in shared or
+    global memory) and its general loop (cuda_backend.norm_fwd_general_loop(1)) write the same
+    bits: e4m3 and e5m2 bytes, amax and the in-kernel transposed copy, with and without a bf16
+    residual (LayerNorm with a bias). 1032, 5120 and 8200 leave slots outside the row (zeros
+    there in the fast loop), 16384 reads gamma from global memory, 40000 splits rows over a
+    cluster; m is odd where row groups share a CTA, so a row block ends in masked rows. The fast
+    loop runs in every FP8 test of the default against float64 and the fp32 output's cast."""
     from engine import cuda_backend
 
     use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
@@ -238,17 +238,19 @@ def test_fwd_fast_loop_same_bits(is_rms, m, n):
         r = torch.randn(m, n, device=DEVICE, dtype=BF16)
         runs = []
         for general in (0, 1):
+            outs = []
             with cuda_backend.norm_fwd_general_loop(general):
-                outs = [call(is_rms, x, w, b, residual=r), call(is_rms, x, w, b, out_dtype=F32)]
                 for fmt in (E4M3, E5M2):
-                    q = delayed(fmt, scale=3.0, amax=0.25, columnwise=True)
-                    t = call(is_rms, x, w, b, quantizer=q)
-                    outs += [t.data.view(torch.uint8), t.transpose_data.view(torch.uint8), q.amax]
+                    for res in (None, r):
+                        q = delayed(fmt, scale=3.0, amax=0.25, columnwise=True)
+                        t = call(is_rms, x, w, b, quantizer=q, residual=res)
+                        if res is not None:
+                            t, res_out = t
+                            outs.append(res_out)
+                        outs += [t.data.view(torch.uint8), t.transpose_data.view(torch.uint8), q.amax]
             runs.append(outs)
         for fast, general in zip(*runs):
-            for u, v in zip(fast if isinstance(fast, tuple) else (fast,),
-                            general if isinstance(general, tuple) else (general,)):
-                assert torch.equal(u, v)
+            assert torch.equal(fast, general)
     finally:
         engine.backend.reset_for_tests()
 
@@ -256,22 +258,31 @@ def test_fwd_fast_loop_same_bits(is_rms, m, n):
 @pytest.mark.skipif(not ON_GPU, reason="the row loops of the CUDA forward")
 @pytest.mark.parametrize("general", [0, 1], ids=["fast", "general"])
 def test_fwd_loop_taken(general):
-    """The knob picks the kernel: by default an e4m3 / bf16 forward of 4096 runs the fast loop's
-    build (FwdPath 2 / 1, the last template argument), with the knob the general one (0); current
-    scaling runs the general loop either way."""
+    """The launcher picks the build (FwdPath, the kernel's last template argument): by default an
+    RMSNorm to e4m3 of 4096 runs the fast loop with gamma in shared memory (1), of 16384 (gamma
+    past the shared memory the launcher allows) the fast loop reading it from global memory (3;
+    4 for e5m2); with the knob, and for bf16 outputs and current scaling always, the general
+    loop (0)."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
         x, w, _ = inputs(64, 4096, True)
+        xw, ww, _ = inputs(16, 16384, True)
         with cuda_backend.norm_fwd_general_loop(general):
             e4m3 = fwd_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3)))
+            wide = fwd_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E4M3)))
+            wide5 = fwd_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E5M2)))
             bf16 = fwd_kernel_names(lambda: call(True, x, w))
             cur = fwd_kernel_names(lambda: call(True, x, w, quantizer=Float8CurrentScalingQuantizer(E4M3)))
+
         def loops(names):
             return {n.split("(")[0].rsplit(",", 1)[1].strip(" >") for n in names if "norm_fwd_reg_kernel" in n}
-        assert loops(e4m3) == ({"0"} if general else {"2"})
-        assert loops(bf16) == ({"0"} if general else {"1"})
+
+        assert loops(e4m3) == ({"0"} if general else {"1"})
+        assert loops(wide) == ({"0"} if general else {"3"})
+        assert loops(wide5) == ({"0"} if general else {"4"})
+        assert loops(bf16) == {"0"}
         assert loops(cur) == {"0"}
     finally:
         engine.backend.reset_for_tests()

@@ -341,25 +341,6 @@ def test_fwd_vector_layouts(is_rms, vectors, n):
         engine.backend.reset_for_tests()
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the row loops of the CUDA forward")
-@pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [1024, 1032, 4096, 5120, 8200, 24584])
-def test_fwd_general_loop(is_rms, n):
-    """The CUDA forward's general row loop (cuda_backend.norm_fwd_general_loop(1)), which the
-    defaults now run only for current scaling and where gamma / beta find no room in shared
-    memory, against float64 with poisoned outputs: bf16 with a bias and a bf16 residual, fp16
-    with zero-centred gamma and an fp32 output. 301 rows: CTAs loop over several row blocks."""
-    from engine import cuda_backend
-
-    use_backend("cuda")
-    try:
-        with cuda_backend.norm_fwd_general_loop(1):
-            check_fwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
-            check_fwd(is_rms, 301, n, F16, F16, F32, zcg=True)
-    finally:
-        engine.backend.reset_for_tests()
-
-
 @pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_fwd_vector_layouts_taken(is_rms):

@@ -466,7 +466,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("n"));
   m.def("set_norm_fwd_general_loop", &engine_set_norm_fwd_general_loop,
         "1: the norm forward's register kernels run their general row loop for every launch, 0 "
-        "(the default): the fast loop where it applies (engine/csrc/include/engine/common.h); "
+        "(the default): the fast FP8 loop where it applies (engine/csrc/include/engine/common.h); "
         "returns the previous value, -1 for an invalid n",
         py::arg("n"));
 }

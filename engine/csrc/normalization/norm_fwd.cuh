@@ -26,7 +26,8 @@
  *   - FP8 out: per-thread amax (a NaN-propagating float max of |y|, masked lanes contribute 0),
  *     one atomicMax of its bits per CTA; with out_t the CTA owns tiles of
  *     tile_rows rows, stages the FP8 bytes in shared memory and writes the transposed tile with
- *     16-byte stores (common/tile.cuh).
+ *     16-byte stores (common/tile.cuh); with delayed scaling in the 256-thread builds, a row loop
+ *     without run-time tests per slot (FwdPath, below).
  * Cluster path (the same kernel, sm_90): a row wider than one 256-thread CTA's registers is split
  * over a thread-block cluster of 2, 4, 8 (or, on request, 16) such CTAs (FwdArgs::cluster;
  * row_cluster() in norm_common.cuh), CTA k owning lanes k * tpr .. (k + 1) * tpr - 1 of the row; the row's
@@ -135,23 +136,37 @@ constexpr int fwd_min_blocks() {
 }
 
 /*
- * The register kernel's row loop comes in two builds (template parameter kPath), chosen per launch
- * by the launcher (fwd_path in norm_fwd_launch.cuh):
- *   kPathGeneral: every mode (current scaling's kStats / kApply too), gamma / beta from shared
- *     memory or, where the launcher found no room, from global memory; each slot of each row
- *     tests its mode, operands and bounds at run time.
- *   kPathFast (16- or 32-bit output), kPathFastE4M3, kPathFastE5M2 (FP8 output, the format fixed):
- *     mode kFull with gamma / beta in shared memory (delayed scaling and high-precision outputs
- *     with the 256-thread builds: the common and benchmarked cases). The epilogue tests the row
- *     once; a slot outside the row computes 0 (z = 0, zeros in shared memory, centred on 0), only
- *     its stores are predicated. ncu at 1K (RMSNorm to e4m3, the general loop): of 18.4 executed
- *     instructions per value, 1.6 were branches, 1.8 compares, 0.9 convergence barriers and 1.1
- *     parameter loads, nearly all from the per-slot tests (benchmarks/NOTES.md, P15).
+ * The register kernel's row loop comes in two kinds of builds (template parameter kPath), chosen
+ * per launch by the launcher (launch_fwd_reg in norm_fwd_launch.cuh):
+ *   kPathGeneral: every mode (current scaling's kStats / kApply too) and output, gamma / beta
+ *     from shared memory or, where the launcher found no room, from global memory; each slot of
+ *     each row tests its mode, operands and bounds at run time.
+ *   the fast loop, FP8 outputs in mode kFull (delayed scaling) in the 256-thread builds, the
+ *     format and where gamma / beta come from fixed at compile time (FwdPath): the epilogue tests
+ *     the row once; a slot outside the row computes 0 (z = 0, gamma = beta = 0: zeros in shared
+ *     memory or a predicated load, centred on 0) and only its stores are predicated. ncu at 1K
+ *     (RMSNorm to e4m3, the general loop): of 18.4 executed instructions per value, 1.6 were
+ *     branches, 1.8 compares, 0.9 convergence barriers and 1.1 parameter loads, nearly all from the
+ *     per-slot tests; the fast loop executes 15.7 and gained 4-11 points at 1K-8K (RMSNorm and
+ *     LayerNorm e4m3; benchmarks/NOTES.md, P15). 16-bit outputs keep the general loop: the fast
+ *     one changed nothing measurable there (at 4 bytes per value they are not bound by issue).
  * Separate kernels rather than both loops in one: ptxas spilled the FP8 builds (up to 64 bytes)
  * when one kernel held both at the 80-register cap; alone, neither spills. Both compute the same
  * values in the same order (the same bits: tests compare both paths).
  */
-enum FwdPath : int { kPathGeneral = 0, kPathFast = 1, kPathFastE4M3 = 2, kPathFastE5M2 = 3 };
+enum FwdPath : int {
+  kPathGeneral = 0,
+  kPathE4M3Smem = 1, /* fast loop, e4m3, gamma / beta as fp32 in shared memory (FwdArgs::gb_off) */
+  kPathE5M2Smem = 2,
+  kPathE4M3Global = 3, /* fast loop, e4m3, gamma / beta read per row from global memory (L1) */
+  kPathE5M2Global = 4,
+};
+__host__ __device__ constexpr bool fwd_path_e5m2(int path) {
+  return path == kPathE5M2Smem || path == kPathE5M2Global;
+}
+__host__ __device__ constexpr bool fwd_path_smem(int path) {
+  return path == kPathE4M3Smem || path == kPathE5M2Smem;
+}
 
 /* kMaxThreads: 256 (blocks of up to 256 threads; at most 85 registers, so that 3 CTAs fit an SM:
  * the FP8 epilogue takes 113 registers otherwise) or kMaxRowThreads (rows wider than 256 threads).
@@ -245,6 +260,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   const int64_t nblk = (a.rows + rpb - 1) / rpb;
 
   constexpr bool kFast = kPath != kPathGeneral; /* see FwdPath */
+  static_assert(!kFast || (kFp8 && kMaxThreads <= kClusterRowThreads), "the fast loop: FP8, 256 threads");
   for (int64_t blk = blockIdx.x / ncl; blk < nblk; blk += a.grid_clusters) {
     const int64_t row0 = blk * rpb;
     for (int sub = group; sub < rpb; sub += G) { /* rpb / G iterations for every group */
@@ -364,7 +380,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
           float y[VEC];
           /* kFast: a masked slot has z = 0, gamma = beta = 0 and is centred on 0: y = 0 */
           const float zm = kRms ? 0.0f : (kFast && !valid[i] ? 0.0f : mean);
-          if (kFast || gsm != nullptr) {
+          if (fwd_path_smem(kPath) || (!kFast && gsm != nullptr)) {
             const float* p = gsm + (i * tpr + lr) * VEC;
 #pragma unroll
             for (int j = 0; j < VEC; j += 4) {
@@ -378,11 +394,16 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
             }
           } else {
             float g[VEC], b[VEC];
-            load_gamma_beta_t<W, kBias, VEC>(a, col[i], g, b);
+            if (kFast && !valid[i]) { /* outside the row: no load (a predicated one in SASS) */
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              y[j] = norm_y(zv(i, j), zm, rs, g[j] + g_add, b[j], kBias);
+              for (int j = 0; j < VEC; ++j) g[j] = b[j] = 0.0f;
+            } else {
+              load_gamma_beta_t<W, kBias, VEC>(a, col[i], g, b);
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) g[j] += g_add;
             }
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) y[j] = norm_y(zv(i, j), zm, rs, g[j], b[j], kBias);
           }
           if constexpr (kFp8) {
             if (kFast || mode != kApply) {
@@ -393,9 +414,9 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
 #pragma unroll
               for (int j = 0; j < VEC; ++j) y[j] *= scale;
               uint32_t w[VEC / 4];
-              if constexpr (kPath == kPathFastE4M3) {
+              if constexpr (kFast && !fwd_path_e5m2(kPath)) {
                 pack_fp8_fmt<VEC, __NV_E4M3>(y, w);
-              } else if constexpr (kPath == kPathFastE5M2) {
+              } else if constexpr (kFast) {
                 pack_fp8_fmt<VEC, __NV_E5M2>(y, w);
               } else {
                 pack_fp8<VEC>(y, e5m2, w);

@@ -12,26 +12,41 @@ namespace engine {
 namespace norm {
 
 /* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields):
- * the fast row loop (FwdPath) for mode kFull in blocks of up to 256 threads when gamma / beta go
- * to shared memory, the general one otherwise. */
+ * the fast row loop (FwdPath) for FP8 outputs in mode kFull in blocks of up to 256 threads, with
+ * gamma / beta in shared memory where they fit (gb_smem_offset) or from global memory, the general
+ * loop otherwise. */
 template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV>
 engine_status launch_fwd_reg(FwdArgs a, const LaunchCtx& ctx, int block, size_t smem) {
-  constexpr int kFastPath = !is_fp8_v<O> ? kPathFast : kPathFastE4M3;
   auto* narrow = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kPathGeneral>;
   auto* wide = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, kMaxRowThreads, kPathGeneral>;
-  auto* fast = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kFastPath>;
+  /* The fast loop reading gamma / beta from global memory holds a slot's loads in registers:
+   * 64 bytes of them (fp32 gamma and beta of 8 values, 16-bit x) spilled at the 80-register cap
+   * (ptxas), so those builds keep the general loop there; 32 bytes do not spill. */
+  constexpr bool kGlobalFast = (16 / sizeof(X)) * sizeof(W) * (kBias ? 2 : 1) <= 32;
+  decltype(narrow) fast_smem = nullptr, fast_global = nullptr;
   if constexpr (is_fp8_v<O>) {
-    if (a.e5m2) fast = &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kPathFastE5M2>;
+    if (a.mode == kFull && block <= kClusterRowThreads && !ctx.fwd_general) {
+      fast_smem = a.e5m2 ? &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kPathE5M2Smem>
+                         : &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kPathE4M3Smem>;
+      if constexpr (kGlobalFast) {
+        fast_global =
+            a.e5m2 ? &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kPathE5M2Global>
+                   : &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kPathE4M3Global>;
+      }
+    }
   }
-  const bool want_fast = a.mode == kFull && block <= kClusterRowThreads && !ctx.fwd_general;
   /* gamma (+ g_add) and beta as fp32 in shared memory after the transposed tile, where
    * gb_smem_offset allows (no CTA fewer per SM, at most half the SM's shared memory), asked of
    * the kernel that will run with them. */
   const void* fn = reinterpret_cast<const void*>(
-      want_fast ? fast : (block <= kClusterRowThreads ? narrow : wide));
+      fast_smem != nullptr ? fast_smem : (block <= kClusterRowThreads ? narrow : wide));
   const size_t gb = (size_t)gb_floats(NV, a.tpr, 16 / sizeof(X)) * sizeof(float) * (kBias ? 2 : 1);
   ENGINE_TRY(gb_smem_offset(fn, block, a.cluster, gb, ctx, &smem, &a.gb_off));
-  if (want_fast && a.gb_off >= 0) narrow = fast;
+  if (fast_smem != nullptr && a.gb_off >= 0) {
+    narrow = fast_smem;
+  } else if (fast_global != nullptr) {
+    narrow = fast_global;
+  }
   const int64_t work = ceil_div(a.rows, a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter);
   int64_t grid = 0;
   return launch_row_kernel(narrow, wide, a, block, smem, work, ctx, 0, work, &grid,

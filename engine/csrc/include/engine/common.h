@@ -57,8 +57,8 @@ int engine_set_norm_fwd_vectors(int n);
  * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_bwd_elems(int n);
 
-/* The norm forward's register kernels have a fast row loop for mode kFull with gamma / beta in
- * shared memory (no run-time test per slot) beside the general one (every mode); both compute the
+/* The norm forward's register kernels have a fast row loop for FP8 outputs with delayed scaling
+ * (no run-time test per slot) beside the general one (every mode and output); both compute the
  * same bits. 1 runs the general loop for every launch, 0 (the default) the fast one where it
  * applies. For tests and A/B runs on one device. Process-wide; returns the previous value, or -1
  * (and changes nothing) for any other n. */
