@@ -11,7 +11,7 @@ import torch
 import engine
 from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer
 
-E4M3 = torch.float8_e4m3fn
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # 8192 / 24584 / 32760 / 98312 / 131072 / 262144: rows CUDA splits over thread-block clusters of
 # 2-16 CTAs (sm_90); past 32K the backward's wide-cluster kernels (partials in shared memory).
 SHAPES = [(1, 1), (7, 17), (33, 760), (5, 3571), (3, 8192), (3, 17389), (3, 24584), (2, 32760),
@@ -38,6 +38,16 @@ def run(external: str) -> int:
                     if not torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t()):
                         print(f"transpose mismatch {m}x{n} rms={is_rms}")
                         bad += 1
+                # bf16 weights, e5m2: the fast FP8 row loop's builds that read gamma / beta from
+                # global memory (fp32 ones with a bias keep the general loop)
+                wb = w.detach().to(torch.bfloat16)
+                q5 = Float8Quantizer(torch.ones(1, device="cuda"), torch.zeros(1, device="cuda"), E5M2,
+                                     columnwise=True)
+                t = (engine.rmsnorm(x, wb, 1e-5, quantizer=q5) if is_rms else
+                     engine.layernorm(x, wb, b.detach().to(torch.bfloat16), 1e-5, quantizer=q5))
+                if not torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t()):
+                    print(f"transpose mismatch (bf16 weights, e5m2) {m}x{n} rms={is_rms}")
+                    bad += 1
             ref = (engine.rmsnorm(x.detach().cpu(), w.detach().cpu(), 1e-5) if is_rms else
                    engine.layernorm(x.detach().cpu(), w.detach().cpu(), b.detach().cpu(), 1e-5))
             y_plain = f(x.detach(), w.detach(), 1e-5) if is_rms else engine.layernorm(
