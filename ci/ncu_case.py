@@ -24,8 +24,8 @@ w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
 q = None
 if out in ("fp8", "fp8T"):
-    q = Float8Quantizer(torch.full((1,), 32.0, device="cuda"), torch.zeros(1, device="cuda"), torch.float8_e4m3fn,
-                        columnwise=out == "fp8T")
+    q = Float8Quantizer(torch.full((1,), 32.0, device="cuda"), torch.zeros(1, device="cuda"),
+                        torch.float8_e4m3fn, columnwise=out == "fp8T")
 with torch.no_grad():
     for _ in range(3):
         if ln:

@@ -274,10 +274,12 @@ def test_fwd_loop_taken(general):
             wide = fwd_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E4M3)))
             wide5 = fwd_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E5M2)))
             bf16 = fwd_kernel_names(lambda: call(True, x, w))
-            cur = fwd_kernel_names(lambda: call(True, x, w, quantizer=Float8CurrentScalingQuantizer(E4M3)))
+            current = Float8CurrentScalingQuantizer(E4M3)
+            cur = fwd_kernel_names(lambda: call(True, x, w, quantizer=current))
 
-        def loops(names):
-            return {n.split("(")[0].rsplit(",", 1)[1].strip(" >") for n in names if "norm_fwd_reg_kernel" in n}
+        def loops(names):  # the last template argument of each norm_fwd_reg_kernel launched
+            return {n.split("(")[0].rsplit(",", 1)[1].strip(" >")
+                    for n in names if "norm_fwd_reg_kernel" in n}
 
         assert loops(e4m3) == ({"0"} if general else {"1"})
         assert loops(wide) == ({"0"} if general else {"3"})

@@ -260,7 +260,8 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   const int64_t nblk = (a.rows + rpb - 1) / rpb;
 
   constexpr bool kFast = kPath != kPathGeneral; /* see FwdPath */
-  static_assert(!kFast || (kFp8 && kMaxThreads <= kClusterRowThreads), "the fast loop: FP8, 256 threads");
+  static_assert(!kFast || (kFp8 && kMaxThreads <= kClusterRowThreads),
+                "the fast loop is built for FP8 outputs in 256-thread blocks");
   for (int64_t blk = blockIdx.x / ncl; blk < nblk; blk += a.grid_clusters) {
     const int64_t row0 = blk * rpb;
     for (int sub = group; sub < rpb; sub += G) { /* rpb / G iterations for every group */
