@@ -132,6 +132,15 @@ def _impl(is_rms_norm: bool, device: torch.device):
     return backend.select(_FAMILY[is_rms_norm], device)
 
 
+def external_transpose(impl, n: int) -> bool:
+    """Whether the FP8 transposed norm output of rows of ``n`` on backend module ``impl`` comes
+    from a tiled transpose after the norm (True) or from the norm kernel itself (False):
+    ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` where it is set, else the path measured faster at that
+    width, the norm kernel for rows of at most ``impl.IN_KERNEL_TRANSPOSE_MAX_N``."""
+    flag = backend.settings().norm_external_transpose
+    return flag if flag is not None else n > impl.IN_KERNEL_TRANSPOSE_MAX_N
+
+
 def _stats(m: int, is_rms_norm: bool, device) -> Tuple[Optional[Tensor], Tensor]:
     mu = None if is_rms_norm else torch.empty(m, dtype=torch.float32, device=device)
     return mu, torch.empty(m, dtype=torch.float32, device=device)
@@ -181,7 +190,7 @@ def norm_fwd_fp8(
 
     ``scale`` is read (delayed) or written (current); ``amax`` is max-updated (delayed) or written
     (current). The transposed copy comes from the norm kernel or from a tiled transpose of the
-    rowwise data, per ``ENGINE_NORM_EXTERNAL_TRANSPOSE``; both are bitwise equal.
+    rowwise data (:func:`external_transpose`); both are bitwise equal.
     """
     m, n = x.shape
     dev = x.device
@@ -191,7 +200,7 @@ def norm_fwd_fp8(
     res_out = None if residual is None else torch.empty((m, n), dtype=residual.dtype, device=dev)
     mu, rsigma = _stats(m, is_rms_norm, dev)
     impl = _impl(is_rms_norm, dev)
-    external = columnwise and backend.settings().norm_external_transpose
+    external = columnwise and external_transpose(impl, n)
     impl.norm_fwd(
         x, weight, bias, residual, eps, data, res_out, mu, rsigma, scale, amax, scale_inv,
         None if external else data_t,

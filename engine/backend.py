@@ -18,7 +18,8 @@ selection stable under CUDA-graph capture and ``torch.compile``):
 ``ENGINE_USE_ROPE_TRITON``          same for RoPE (reserved)
 ``ENGINE_NORM_EXTERNAL_TRANSPOSE``  1: FP8 transposed norm output by a separate tiled transpose
                                     kernel; 0: transposed stores inside the norm kernel.
-                                    Unset: the default chosen by measurement (see README)
+                                    Unset: per row width, the path measured faster (each
+                                    backend's IN_KERNEL_TRANSPOSE_MAX_N; see README)
 ``ENGINE_TRITON_AUTOTUNE``          1: autotune Triton kernels (keyed on N, dtypes, flags);
                                     0 or unset: heuristic configs
 ``ENGINE_CUDA_ARCHS``               archs for the JIT build of the extension (default ``9.0``)
@@ -85,11 +86,6 @@ _TRITON_FLAGS: Dict[OpFamily, str] = {
     OpFamily.ROPE: "ENGINE_USE_ROPE_TRITON",
 }
 
-#: Default of ENGINE_NORM_EXTERNAL_TRANSPOSE when unset. Chosen by measurement on H100/H200
-#: (benchmarks/results/, benchmarks/NOTES.md): see README.rst for the numbers behind it.
-EXTERNAL_TRANSPOSE_DEFAULT = True
-
-
 class BackendUnavailableError(RuntimeError):
     """The backend a flag selected cannot run here. The message says how to fix it."""
 
@@ -100,12 +96,14 @@ class Settings:
 
     use_triton: Mapping[OpFamily, bool]
     triton_interpret: bool
-    norm_external_transpose: bool
+    #: ENGINE_NORM_EXTERNAL_TRANSPOSE: True / False as set, None when unset (per row width: the
+    #: path measured faster, engine._norm_ops.external_transpose)
+    norm_external_transpose: Optional[bool]
     triton_autotune: bool
     cuda_archs: Optional[str]
 
 
-def _parse_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+def _parse_bool(env: Mapping[str, str], name: str, default: Optional[bool]) -> Optional[bool]:
     raw = env.get(name, "").strip()
     if raw == "":
         return default
@@ -118,9 +116,7 @@ def _read_settings(env: Mapping[str, str]) -> Settings:
     return Settings(
         use_triton={fam: _parse_bool(env, flag, False) for fam, flag in _TRITON_FLAGS.items()},
         triton_interpret=_parse_bool(env, "TRITON_INTERPRET", False),
-        norm_external_transpose=_parse_bool(
-            env, "ENGINE_NORM_EXTERNAL_TRANSPOSE", EXTERNAL_TRANSPOSE_DEFAULT
-        ),
+        norm_external_transpose=_parse_bool(env, "ENGINE_NORM_EXTERNAL_TRANSPOSE", None),
         triton_autotune=_parse_bool(env, "ENGINE_TRITON_AUTOTUNE", False),
         cuda_archs=env.get("ENGINE_CUDA_ARCHS") or None,
     )
@@ -251,7 +247,8 @@ def describe() -> Dict[str, Dict[str, str]]:
             "flag": f"{flag}={int(t)}",
         }
     out["settings"] = {
-        "norm_external_transpose": str(s.norm_external_transpose),
+        "norm_external_transpose": ("by row width" if s.norm_external_transpose is None
+                                    else str(s.norm_external_transpose)),
         "triton_autotune": str(s.triton_autotune),
         "triton_interpret": str(s.triton_interpret),
     }

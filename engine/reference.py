@@ -41,7 +41,12 @@ from engine.fp8 import fp8_format
 
 Tensor = torch.Tensor
 
-__all__ = ["norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose", "compute_scale", "quantize"]
+__all__ = ["norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose", "compute_scale", "quantize",
+           "IN_KERNEL_TRANSPOSE_MAX_N"]
+
+#: The reference writes both layouts either way (bitwise the same); with
+#: ENGINE_NORM_EXTERNAL_TRANSPOSE unset the transposed copy comes from fp8_transpose, as on GPUs.
+IN_KERNEL_TRANSPOSE_MAX_N = 0
 
 
 def compute_scale(amax: Tensor, fp8_max: float, amax_epsilon: float) -> Tensor:

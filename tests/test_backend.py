@@ -32,6 +32,24 @@ def test_flag_values_select_backends():
     assert d["layernorm"] == {"cuda": "cuda", "cpu": "reference", "flag": "ENGINE_USE_LAYERNORM_TRITON=0"}
 
 
+@pytest.mark.parametrize("flag", [None, "0", "1"])
+def test_external_transpose_by_width(flag):
+    """ENGINE_NORM_EXTERNAL_TRANSPOSE set decides for every width and backend; unset, each
+    backend's IN_KERNEL_TRANSPOSE_MAX_N does (the path measured faster: CUDA's norm kernel up to
+    1024, the tiled transpose beyond and always on Triton and the reference)."""
+    from engine import _norm_ops, cuda_backend, reference, triton_kernels
+
+    engine.backend.reset_for_tests({} if flag is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": flag})
+    assert engine.backend.settings().norm_external_transpose is (None if flag is None else flag == "1")
+    shown = engine.backend.describe()["settings"]["norm_external_transpose"]
+    assert shown == ("by row width" if flag is None else str(flag == "1"))
+    for impl, n, unset in [(cuda_backend, 64, False), (cuda_backend, 1024, False),
+                           (cuda_backend, 1032, True), (cuda_backend, 8192, True),
+                           (triton_kernels, 64, True), (triton_kernels, 1024, True),
+                           (reference, 1024, True)]:
+        assert _norm_ops.external_transpose(impl, n) is (unset if flag is None else flag == "1")
+
+
 def test_cpu_without_interpreter_takes_reference():
     engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": "1"})
     assert engine.backend.select_backend(OpFamily.RMSNORM, torch.device("cpu")) is Backend.REFERENCE

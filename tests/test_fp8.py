@@ -290,6 +290,25 @@ def test_fwd_loop_taken(general):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
+@pytest.mark.parametrize("n,external", [(1024, False), (2048, True)])
+def test_default_transpose_path_by_width(n, external):
+    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset the CUDA backend writes the transposed copy in the
+    norm kernel for rows of 1024 (no tiled-transpose kernel is launched) and with the tiled
+    transpose for rows of 2048; both are data.T bitwise."""
+    use_backend("cuda")
+    try:
+        x, w, _ = inputs(64, n, True)
+        out = []
+        q = delayed(E4M3, columnwise=True)
+        names = fwd_kernel_names(lambda: out.append(call(True, x, w, quantizer=q)))
+        assert any("byte_transpose_kernel" in name for name in names) is external
+        t = out[0]
+        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_fp8_with_residual(backend, is_rms):
     x, w, b = inputs(29, 760, is_rms)
