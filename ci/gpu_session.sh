@@ -15,7 +15,7 @@
 # on both RMSNorm backends; MAINJOB_ARGS),
 # hostprof (ci/host_profile.py: cProfile of a host-bound row; HOSTPROF_ARGS),
 # ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out[:ln] ..."), ncuop (the same cases:
-# executed SASS instructions per opcode). Optional inputs carried from an
+# executed SASS instructions per opcode), ncusrc (the same cases: per SASS instruction, CSV). Optional inputs carried from an
 # earlier call: .carry/_C*.so (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -102,6 +102,12 @@ for stage in "$@"; do
              --metrics sass__inst_executed_per_opcode,smsp__inst_executed.sum \
              python3 ci/ncu_case.py $c >> "$OUT/ncuop.log" 2>&1
          done; log "ncuop done"; grep -vE "^==PROF==" "$OUT/ncuop.log" | head -80 ;;
+    ncusrc) for c in ${NCU_CASES:-cuda:4096:fp8:ln}; do  # executed instructions per SASS line (CSV)
+           f="$OUT/ncusrc_${c//:/_}.csv"; c="${c//:/ }"
+           timeout 150 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --section SourceCounters \
+             --page source --print-source sass --csv python3 ci/ncu_case.py $c > "$f" 2>&1
+           log "ncusrc $c exit $? ($(wc -l < "$f") lines)"
+         done ;;
     *) log "unknown stage $stage" ;;
   esac
 done
