@@ -10,9 +10,9 @@
  * tpr is a power of two <= 32 (the group lives inside one warp: shuffles only) or a multiple of 32
  * (any number of warps, not necessarily a power of two: warp partials go through shared memory and
  * every thread sums its group's partials in warp order, after a barrier over the group's warps:
- * row_group_sync). Every thread of the CTA must call the reducer the same number of times (the
- * kernels keep their row loops uniform across the CTA and mask invalid rows instead of skipping
- * them), because the multi-warp case uses a barrier.
+ * a named barrier per group). Every thread of the CTA must call the reducer the same number of
+ * times (the kernels keep their row loops uniform across the CTA and mask invalid rows instead of
+ * skipping them), because the multi-warp case uses a barrier.
  */
 #ifndef ENGINE_CSRC_COMMON_REDUCE_CUH_
 #define ENGINE_CSRC_COMMON_REDUCE_CUH_
@@ -25,51 +25,55 @@ namespace engine {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-/* Barrier over this thread's row group of `tpr` threads (a multiple of 32): named barrier 1 + the
- * group's index when the CTA holds several groups (at most 8: tpr >= 64, blockDim <= 512), so a
- * group waits for its own warps only, not for the CTA's other rows; __syncthreads otherwise.
- * Barrier 0 (__syncthreads) stays the CTA-wide one. */
-__device__ __forceinline__ void row_group_sync(int tpr) {
-  if ((int)blockDim.x > tpr) {
-    asm volatile("bar.sync %0, %1;" ::"r"(1 + (int)threadIdx.x / tpr), "r"(tpr) : "memory");
-  } else {
-    __syncthreads();
-  }
-}
-
 /* Sum of K values over row groups of `tpr` threads; every thread gets its group's sums.
  * `buf` is shared memory of 2 * 32 * K floats; the two halves alternate between calls so that one
  * barrier per call suffices (a half is rewritten only after the next call's barrier, which
- * every thread reaches after finishing its reads of the previous use). */
+ * every thread reaches after finishing its reads of the previous use).
+ * The caller passes its group's index (threadIdx.x / tpr, which the row kernels hold anyway), so
+ * that no call divides: recomputed per call, `threadIdx.x / tpr` for the barrier and
+ * `warp / wpr` for the group's first warp cost two integer divisions and, with the butterfly's
+ * levels tested by branches, about 110 executed instructions per call and thread at a row of 2
+ * warps (ncu per SASS line, benchmarks/NOTES.md, P17); held as members, the derived values cost
+ * the 80-register kernels spills. The butterfly shuffles at every level and adds where the level
+ * lies inside the group (a predicated add): the same additions in the same order as a loop over
+ * the group's levels, so the same bits. */
 template <int K>
 struct RowGroupSum {
   float* buf;
   int parity;
+  int tpr;
+  int group;
 
-  __device__ __forceinline__ explicit RowGroupSum(float* shared_buf) : buf(shared_buf), parity(0) {}
+  __device__ __forceinline__ RowGroupSum(float* shared_buf, int tpr_, int group_)
+      : buf(shared_buf), parity(0), tpr(tpr_), group(group_) {}
 
-  __device__ __forceinline__ void operator()(float (&v)[K], int tpr) {
-    /* Unrolled with a uniform predicate per level rather than a loop over a run-time count (a
-     * compare and a branch per level); the levels run in the same order, so the same bits. */
+  __device__ __forceinline__ void operator()(float (&v)[K]) {
     const int width = tpr < 32 ? tpr : 32;
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) {
-      if (off < width) {
 #pragma unroll
-        for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(kFullMask, v[k], off);
+      for (int k = 0; k < K; ++k) {
+        const float o = __shfl_xor_sync(kFullMask, v[k], off);
+        if (off < width) v[k] += o;
       }
     }
     if (tpr > 32) {
+      const int wpr = tpr >> 5;
       const int warp = threadIdx.x >> 5;
-      const int lane = threadIdx.x & 31;
+      const int first = group * wpr;
       float* b = buf + parity * 32 * K;
-      if (lane == 0) {
+      if ((threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int k = 0; k < K; ++k) b[warp * K + k] = v[k];
       }
-      row_group_sync(tpr);
-      const int wpr = tpr >> 5;
-      const int first = (warp / wpr) * wpr;
+      /* Named barrier 1 + group over the group's warps when the CTA holds several groups (at
+       * most 8: tpr >= 64, blockDim <= 512), so that a group waits for its own warps only;
+       * __syncthreads otherwise (barrier 0 stays the CTA-wide one). */
+      if ((int)blockDim.x > tpr) {
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(tpr) : "memory");
+      } else {
+        __syncthreads();
+      }
 #pragma unroll
       for (int k = 0; k < K; ++k) {
         float s = b[first * K + k];

@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
     }
   };
 
-  RowGroupSum<2> red(red_buf);
+  RowGroupSum<2> red(red_buf, tpr, group);
   const int G = a.rows_per_iter;
   const int64_t nblk = (a.rows + G - 1) / G;
   for (int64_t blk = blockIdx.x / ncl; blk < nblk; blk += a.grid_clusters) {
@@ -214,7 +214,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
         }
       }
     }
-    red(s, tpr);
+    red(s);
     cluster_sum<2>(s, cl_buf[blk & 1], ncl);
     const float c2 = s[0] * a.inv_n;
     const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
@@ -310,7 +310,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
   float* wsd = a.ws_dw + (int64_t)blockIdx.x * a.ws_pitch;
   float* wsb = a.ws_db != nullptr ? a.ws_db + (int64_t)blockIdx.x * a.ws_pitch : nullptr;
-  RowGroupSum<2> red(red_buf);
+  RowGroupSum<2> red(red_buf, nt, 0);
   bool first = true;
 
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
         }
       }
     }
-    red(s, nt);
+    red(s);
     const float c2 = s[0] * a.inv_n;
     const float c1 = is_rms ? 0.0f : s[1] * a.inv_n;
 

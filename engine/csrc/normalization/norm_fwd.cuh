@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
     gsm = gw;
   }
 
-  RowGroupSum<1> red(red_buf);
+  RowGroupSum<1> red(red_buf, tpr, group);
   const int G = a.rows_per_iter;
   const int rpb = a.tile_rows > 0 ? a.tile_rows : G; /* a multiple of G */
   const int64_t nblk = (a.rows + rpb - 1) / rpb;
@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
 #pragma unroll
             for (int j = 0; j < VEC; ++j) s[0] += zv(i, j); /* masked: 0 */
           }
-          red(s, tpr);
+          red(s);
           /* In a cluster each CTA centres its own slice on its own mean, and the slices' (n,
            * mean, M2) are merged across the cluster below: one cluster barrier per row. */
           mean = ncl > 1 ? (cta_n > 0.0f ? s[0] / cta_n : 0.0f) : s[0] * a.inv_n;
@@ -355,7 +355,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
             }
           }
         }
-        red(q, tpr);
+        red(q);
         if constexpr (kRms) {
           cluster_sum<1>(q, cl_buf[blk & 1], ncl);
         } else {
@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   const float scale = fwd_fp8_scale<kFp8>(a);
   const bool e5m2 = a.e5m2 != 0;
   float amax = 0.0f;
-  RowGroupSum<1> red(red_buf);
+  RowGroupSum<1> red(red_buf, nt, 0);
 
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     float mean = 0.0f;
@@ -544,7 +544,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
       float var;
       if (is_rms) {
         float v[1] = {ss};
-        red(v, nt);
+        red(v);
         var = v[0] * a.inv_n;
       } else {
         block_chan(cnt, cmean, cm2, chan_buf);
