@@ -37,9 +37,9 @@ _ext = None  # the loaded extension module
 
 #: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE is unset, wider rows from the tiled transpose after it: measured
-#: on the H200 (README, benchmarks/results/h200_bench_{fp8_b889c3a,ln_fp8}.*), in-kernel against
-#: external 72 / 65 % of copy at 1K for RMSNorm and 65 / 61 % for LayerNorm, 58 / 64 % and 51 /
-#: 62 % at 2K, 27-30 against 51-64 % at 4K-8K.
+#: on the H200 (README, benchmarks/results/h200_bench_{all,ln_fp8}.* at 614a269), in-kernel
+#: against external 72 / 65 % of copy at 1K for RMSNorm and 66 / 62 % for LayerNorm, 59 / 64 %
+#: and 52 / 63 % at 2K, 28-30 against 51-64 % at 4K-8K.
 IN_KERNEL_TRANSPOSE_MAX_N = 1024
 _failure: Optional[BackendUnavailableError] = None  # a failed load/build, re-raised (not retried)
 _JIT_NAME = "engine_C"
