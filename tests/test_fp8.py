@@ -207,7 +207,7 @@ def test_fp8_vector_layouts(is_rms, vectors, m, n):
         engine.backend.reset_for_tests()
 
 
-def fwd_kernel_names(fn):
+def cuda_kernel_names(fn):
     """Names of the CUDA kernels one call of ``fn`` launches (torch profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -270,12 +270,12 @@ def test_fwd_loop_taken(general):
         x, w, _ = inputs(64, 4096, True)
         xw, ww, _ = inputs(16, 16384, True)
         with cuda_backend.norm_fwd_general_loop(general):
-            e4m3 = fwd_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3)))
-            wide = fwd_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E4M3)))
-            wide5 = fwd_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E5M2)))
-            bf16 = fwd_kernel_names(lambda: call(True, x, w))
+            e4m3 = cuda_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3)))
+            wide = cuda_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E4M3)))
+            wide5 = cuda_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E5M2)))
+            bf16 = cuda_kernel_names(lambda: call(True, x, w))
             current = Float8CurrentScalingQuantizer(E4M3)
-            cur = fwd_kernel_names(lambda: call(True, x, w, quantizer=current))
+            cur = cuda_kernel_names(lambda: call(True, x, w, quantizer=current))
 
         def loops(names):  # the last template argument of each norm_fwd_reg_kernel launched
             return {n.split("(")[0].rsplit(",", 1)[1].strip(" >")
@@ -301,7 +301,7 @@ def test_default_transpose_path_by_width(n, external):
         x, w, _ = inputs(64, n, True)
         out = []
         q = delayed(E4M3, columnwise=True)
-        names = fwd_kernel_names(lambda: out.append(call(True, x, w, quantizer=q)))
+        names = cuda_kernel_names(lambda: out.append(call(True, x, w, quantizer=q)))
         assert any("byte_transpose_kernel" in name for name in names) is external
         t = out[0]
         assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
