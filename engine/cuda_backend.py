@@ -29,11 +29,8 @@ from engine.backend import BackendUnavailableError, settings
 Tensor = torch.Tensor
 
 __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
-           "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems"]
-
-_log = logging.getLogger("engine.cuda_backend")
-_lock = threading.Lock()
-_ext = None  # the loaded extension module
+           "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_fwd_general_loop",
+           "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE is unset, wider rows from the tiled transpose after it: measured
@@ -41,6 +38,10 @@ _ext = None  # the loaded extension module
 #: against external 72 / 65 % of copy at 1K for RMSNorm and 66 / 62 % for LayerNorm, 59 / 64 %
 #: and 52 / 63 % at 2K, 28-30 against 51-64 % at 4K-8K.
 IN_KERNEL_TRANSPOSE_MAX_N = 1024
+
+_log = logging.getLogger("engine.cuda_backend")
+_lock = threading.Lock()
+_ext = None  # the loaded extension module
 _failure: Optional[BackendUnavailableError] = None  # a failed load/build, re-raised (not retried)
 _JIT_NAME = "engine_C"
 
