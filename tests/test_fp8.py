@@ -472,6 +472,30 @@ def test_scaled_mm_matches_bf16(backend, is_rms):
     assert rel.item() < 0.06  # e4m3 has 3 mantissa bits: ~2**-4 relative per element, averaged down
 
 
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("row", [0, 150, 300])
+def test_amax_finds_the_peak_in_any_row(backend, is_rms, row):
+    """One large |y| (negative, at one end of its row) in the first, a middle or the last row of
+    301: amax equals it exactly, and a NaN in the same place reaches amax. 301 rows are several row
+    tiles per persistent program in every backend (the interpreter's grid is small), so a running
+    max that kept only some iterations, or dropped NaN between them, fails here."""
+    m, n = 301, 409
+    x, w, b = inputs(m, n, is_rms)
+    x *= 0.1
+    col = 0 if row % 2 == 0 else n - 1
+    x[row, col] = -60.0
+    y32 = call(is_rms, x, w, b, out_dtype=F32)
+    peak = y32.abs().max()
+    assert (y32.abs() == peak).nonzero().tolist() == [[row, col]]  # the spike is the only peak
+    q = delayed(E4M3, scale=1.0, amax=0.0)
+    call(is_rms, x, w, b, quantizer=q)
+    assert q.amax.item() == peak.item()
+    x[row, col] = float("nan")
+    qn = delayed(E4M3, scale=1.0, amax=0.0)
+    call(is_rms, x, w, b, quantizer=qn)
+    assert torch.isnan(qn.amax).item()
+
+
 def test_nan_reaches_amax(backend):
     """A NaN in the input shows in amax on every backend (a float max would silently drop it), so
     the scaling recipe sees it; finite neighbours are unaffected in the other rows."""

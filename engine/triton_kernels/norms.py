@@ -1,9 +1,12 @@
 """RMSNorm and LayerNorm in Triton: one forward and one backward kernel, ``IS_RMS_NORM`` picks the norm.
 
 Both kernels are persistent: a grid of about ``programs_per_sm * (SMs - sm_margin)`` programs, each
-looping over tiles of ``BLOCK_M`` rows. When a row fits in registers (``BLOCKED`` false) gamma, beta
-and the FP8 scale are loaded once, before the row loop. Wider rows take the blocked path: two passes
-over column chunks per row tile (statistics, then output), the second pass re-reading from L2.
+looping over tiles of ``BLOCK_M`` rows. On the register path (``BLOCKED`` false) a row tile stays in
+registers from its load to its output, and gamma, beta and the FP8 scale are loaded once, before the
+row loop. The blocked path makes two passes over column chunks per row tile (statistics, then
+output), the second re-reading x from L2; the configs (norms_common) take it for every row too wide
+for registers and, where it measured faster, for rows that would fit (one chunk of 16K at 16K:
+no row held in registers across its reduction, so more rows in flight per SM).
 Offsets are 64-bit. The launchers implement the op contract of ``engine.reference`` exactly.
 """
 
@@ -214,7 +217,7 @@ def _norm_fwd_kernel(
                         m2 += tl.sum(z * z, axis=1)
                     else:
                         n_a = c0 * 1.0
-                        n_b = tl.sum((cc < N).to(tl.float32), axis=0)
+                        n_b = tl.minimum(N - c0, BLOCK_N).to(tl.float32)  # columns in this chunk
                         mean_b = tl.sum(z, axis=1) / n_b
                         zc = tl.where(mask, z - mean_b[:, None], 0.0)
                         delta = mean_b - mean

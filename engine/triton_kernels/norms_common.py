@@ -17,11 +17,11 @@ import triton.language as tl
 from engine.triton_kernels.launch import Launcher
 from engine.triton_kernels.utils import _cast, interpreter_rounding
 
-#: Widest row (in elements) the forward holds in registers; wider rows take the blocked path.
+#: Widest row (in elements) the forward may hold in registers (a register-path tile's cap).
 MAX_FUSED_N = 32768
-#: Widest row the backward holds in registers (it keeps dy, x and the dW/dB partials live).
+#: Widest row the backward may hold in registers (it keeps dy, x and the dW/dB partials live).
 MAX_FUSED_N_BWD = 16384
-#: Column chunk of the blocked path.
+#: Column chunk of the blocked path where no measured entry says otherwise.
 BLOCKED_CHUNK_N = 8192
 #: Tile of the in-kernel FP8 transpose: BLOCK_M rows (a transposed store writes this many contiguous
 #: bytes per column) by BLOCK_N column chunks, and its warps. Measured on an H200 (tune.py
@@ -60,14 +60,27 @@ class NormConfig:
 # and its hoisting stay, and cost nothing when the loop runs once).
 # 2K: one row per 2-warp program (tune.py's 1- and 2-warp candidates, session 6: 88.1 % against
 # 82.5 % for 16 x 2048 at 32 warps; h200_tune_rmsnorm_small_warps.log).
-_FWD_TABLE = {1024: (8, 8, 32), 2048: (1, 2, 32), 4096: (4, 16, 16), 8192: (2, 8, 32),
-              16384: (2, 32, 8), 32768: (1, 32, 2)}
-_FWD_BLOCKED = (1, 32, 8)  # 64K and wider: chunks of BLOCKED_CHUNK_N
-# RMSNorm rows of 128K (high-precision out): two rows per tile at 2 programs per SM, 1.09x
-# (h200_tune_rms_wide.log; at 32K and 64K the table above stayed the best of 35-42 candidates).
-_RMS_FWD_BLOCKED_WIDE = {131072: (2, 32, 2)}
-_BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 1),
-              16384: (1, 16, 1)}
+_FWD_TABLE = {1024: (8, 8, 32), 2048: (1, 2, 32), 4096: (4, 16, 16), 8192: (2, 8, 32)}
+# From 16K the blocked path wins, with one or two chunks of 16K (session 9, tune.py with chunks
+# of 16K and blocked candidates from 4K: h200_tune_rms_fwd_s9.log). Its first pass only sums, so
+# the row is not live in registers through the row reduction and the output; the second pass
+# re-reads it from L2. torch.compile's kernels have this shape at 8K-32K (ci/inductor_code.py,
+# h200_inductor_configs.log). Against the register tiles before: 16K 1.08x, 32K 1.15x, 64K 1.14x.
+_FWD_BLOCKED_TABLE = {
+    16384: NormConfig(1, 16384, True, 8, 32),
+    32768: NormConfig(1, 16384, True, 16, 8, 1),
+    65536: NormConfig(2, 16384, True, 32, 4, 4),
+    # RMSNorm rows of 128K: two rows per tile at 2 programs per SM, 1.09x (h200_tune_rms_wide.log;
+    # chunks of 16K were 1.05x in session 9, under the 5 % this table asks of a change)
+    131072: NormConfig(2, 8192, True, 32, 2),
+}
+_FWD_BLOCKED = (1, 32, 8)  # wider than the table: chunks of BLOCKED_CHUNK_N
+_BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 1)}
+# 16K-32K: blocked, chunks of 16K (h200_tune_rmsnorm_bwd_s9.log: 1.09x / 1.07x)
+_BWD_BLOCKED_TABLE = {
+    16384: NormConfig(2, 16384, True, 32, 1, 2),
+    32768: NormConfig(2, 16384, True, 32, 1, 1),
+}
 _BWD_BLOCKED = (2, 32, 1)
 
 # Where another op wants another config (tune.py on the H200: h200_tune_rms_fp8.log,
@@ -79,17 +92,23 @@ _FWD_FP8_OVERRIDES = {
     8192: NormConfig(2, 8192, False, 8, 2),  # 1.19x (h200_tune_rms_fp8_s3.log)
     16384: NormConfig(2, 16384, False, 32, 2),  # 1.10x
     32768: NormConfig(1, 8192, True, 8, 8),  # 1.06x
+    65536: NormConfig(1, 16384, True, 16, 2, 1),  # 1.12x (h200_tune_rmsnorm_fp8_s9.log)
+    131072: NormConfig(2, 8192, True, 16, 2),  # 1.15x (the same run)
 }
-# LayerNorm (bias, mean): smaller tiles per warp; from 16K the two-pass blocked path wins.
+# LayerNorm (bias, mean): smaller tiles per warp; from 8K the two-pass blocked path wins.
 _LN_FWD_OVERRIDES = {
     # 1K: two warps per 4-row tile (each row's two sums stay inside a warp: shuffles, no bar.sync),
     # 1.28x (h200_tune_ln_1k.log; tune.py had never tried 1- or 2-warp programs before)
     1024: NormConfig(4, 1024, False, 2, 32),
     2048: NormConfig(4, 2048, False, 4, 32),  # 1.27x; 32 programs/SM 1.06x more
     4096: NormConfig(4, 4096, False, 8, 8),  # 1.55x
-    8192: NormConfig(4, 8192, False, 16, 4),  # 1.22x
     16384: NormConfig(2, 8192, True, 8, 8, 2),  # 1.28x
-    32768: NormConfig(1, 8192, True, 8, 8),  # 1.36x
+    # session 9 (h200_tune_ln_fwd_s9.log, blocked candidates from 4K and chunks of 16K), against
+    # what each width got before: 8K 1.11x, 32K 1.17x, 64K 1.24x, 128K 1.18x
+    8192: NormConfig(2, 8192, True, 8, 4, 2),
+    32768: NormConfig(1, 16384, True, 16, 32, 4),
+    65536: NormConfig(1, 16384, True, 16, 32, 2),
+    131072: NormConfig(1, 16384, True, 16, 4),
 }
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
 # before, the RMSNorm FP8 entries or the base table): few programs per SM; one row per 1-2 warps
@@ -99,11 +118,18 @@ _LN_FWD_FP8_OVERRIDES = {
     2048: NormConfig(1, 2048, False, 2, 8),  # 1.25x (the same run)
     8192: NormConfig(1, 8192, False, 8, 2),  # 1.68x
     16384: NormConfig(1, 16384, False, 16, 2, 1),  # 1.06x
+    # session 9 (h200_tune_layernorm_fp8_s9.log): 32K 1.07x, 64K 1.17x, 128K 1.22x
+    32768: NormConfig(2, 8192, True, 16, 2, 2),
+    65536: NormConfig(2, 8192, True, 16, 32),
+    131072: NormConfig(2, 8192, True, 16, 16),
 }
 _LN_BWD_OVERRIDES = {
     4096: NormConfig(1, 4096, False, 8, 2),  # 1.23x
     8192: NormConfig(1, 8192, False, 16, 1, 2),  # 1.23x
     16384: NormConfig(2, 8192, True, 16, 1, 2),  # 1.27x
+    # 32K: chunks of 8K, as before session 9 gave RMSNorm chunks of 16K (which did not win here:
+    # h200_tune_layernorm_bwd_s9.log)
+    32768: NormConfig(2, 8192, True, 32, 1),
 }
 
 
@@ -132,8 +158,10 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
         override = (None if rms else _LN_FWD_OVERRIDES.get(p2))
     if override is not None:
         return override
+    if p2 in _FWD_BLOCKED_TABLE:
+        return _FWD_BLOCKED_TABLE[p2]
     if p2 > MAX_FUSED_N:
-        bm, w, p = (_RMS_FWD_BLOCKED_WIDE.get(p2) if rms and not fp8 else None) or _FWD_BLOCKED
+        bm, w, p = _FWD_BLOCKED
         return NormConfig(bm, BLOCKED_CHUNK_N, True, w, p)
     bm, w, p = _FWD_TABLE[p2] if p2 >= 1024 else _small_rows(p2, _FWD_TABLE)
     return NormConfig(bm, p2, False, w, p)
@@ -145,6 +173,8 @@ def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
     p2 = triton.next_power_of_2(n)
     if not rms and p2 in _LN_BWD_OVERRIDES:
         return _LN_BWD_OVERRIDES[p2]
+    if p2 in _BWD_BLOCKED_TABLE:
+        return _BWD_BLOCKED_TABLE[p2]
     if p2 > MAX_FUSED_N_BWD:
         bm, w, p = _BWD_BLOCKED
         return NormConfig(bm, BLOCKED_CHUNK_N, True, w, p)
