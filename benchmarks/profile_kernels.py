@@ -61,15 +61,10 @@ def main(argv=None) -> int:
                     help="CUDA: 1 runs the forward's general row loop for every launch (0: the "
                          "default, the fast FP8 loop where it applies; engine.cuda_backend."
                          "norm_fwd_general_loop), for A/B runs of the two loops")
-    ap.add_argument("--fwd-blocked-from", type=int,
-                    help="CUDA: rows of at least this many columns take the forward's blocked "
-                         "kernel sized to the row (0: the launcher's choice; engine.cuda_backend."
-                         "norm_fwd_blocked_from)")
     args = ap.parse_args(argv)
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
-             ("bwd_elems", "norm_bwd_elems"), ("fwd_general", "norm_fwd_general_loop"),
-             ("fwd_blocked_from", "norm_fwd_blocked_from"))
+             ("bwd_elems", "norm_bwd_elems"), ("fwd_general", "norm_fwd_general_loop"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:
             if getattr(args, arg) is not None and H.on_gpu():

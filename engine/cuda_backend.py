@@ -30,7 +30,7 @@ Tensor = torch.Tensor
 
 __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_fwd_general_loop",
-           "norm_fwd_blocked_from", "IN_KERNEL_TRANSPOSE_MAX_N"]
+           "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE is unset, wider rows from the tiled transpose after it: measured
@@ -291,19 +291,6 @@ def norm_bwd_elems(n: int):
     if type(n) is not int or n not in (0, 16, 32):
         raise ValueError(f"norm_bwd_elems: n must be 0, 16 or 32, got {n!r}")
     return _knob("set_norm_bwd_elems", n)
-
-
-def norm_fwd_blocked_from(n: int):
-    """Context manager: inside the ``with`` block every CUDA norm forward whose rows have at least
-    ``n`` columns (and whose operands allow 16-byte vectors) takes the blocked kernel, one CTA per
-    row sized to it (up to 1024 threads, 4 vectors of x per thread and chunk): statistics in a
-    first pass, the output in a second that re-reads the row from L2. ``n = 0``, the default,
-    leaves the choice to the launcher. For A/B benchmarks of the layouts on one GPU
-    (benchmarks/NOTES.md, session 9). Process-wide, not thread-safe; restores the previous value
-    on exit. A bad ``n`` raises ValueError at the call."""
-    if type(n) is not int or n < 0:
-        raise ValueError(f"norm_fwd_blocked_from: n must be an int >= 0, got {n!r}")
-    return _knob("set_norm_fwd_blocked_from", n)
 
 
 def norm_fwd_general_loop(n: int):

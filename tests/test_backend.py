@@ -128,8 +128,6 @@ KNOBS = {
     "norm_bwd_elems": ("set_norm_bwd_elems", 32, 16, 0, 8, [1, 8, 64, 16.0, "16", True], "0, 16 or 32"),
     "norm_fwd_general_loop": ("set_norm_fwd_general_loop", 1, 0, 0, 2, [-1, 2, 1.0, "1", True],
                               "0 or 1"),
-    "norm_fwd_blocked_from": ("set_norm_fwd_blocked_from", 16384, 8192, 0, -1,
-                              [-1, 2.0, "8", True, None], "an int >= 0"),
 }
 
 

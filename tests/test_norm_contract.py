@@ -348,33 +348,6 @@ def test_fwd_vector_layouts_taken(is_rms):
     check_knob_changes_path(is_rms, 4096, "norm_fwd_vectors", (8, 4))
 
 
-@pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")
-@pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [1024, 8200, 16384, 40000, 131072])
-def test_fwd_sized_blocked(is_rms, n):
-    """The CUDA forward's blocked kernel sized to the row (cuda_backend.norm_fwd_blocked_from):
-    one chunk up to 32K (8200: the last warp partly idle), several beyond; against float64 with
-    poisoned outputs, bf16 with a bias and a bf16 residual, fp16 with zero-centred gamma and an
-    fp32 residual stream. 301 rows: CTAs loop over several rows."""
-    from engine import cuda_backend
-
-    use_backend("cuda")
-    try:
-        with cuda_backend.norm_fwd_blocked_from(1024):
-            check_fwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
-            check_fwd(is_rms, 301, n, F16, F16, F32, zcg=True)
-    finally:
-        engine.backend.reset_for_tests()
-
-
-@pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")
-@pytest.mark.parametrize("is_rms", NORMS)
-def test_fwd_sized_blocked_taken(is_rms):
-    """The knob changes the kernel, over 301 rows of 16384 (one 256-thread CTA per row by default,
-    512 threads in the blocked kernel)."""
-    check_knob_changes_path(is_rms, 16384, "norm_fwd_blocked_from", (0, 16384))
-
-
 def test_layernorm_large_mean(backend):
     """Rows of 1e4 + unit noise in fp32: the variance must come from centred values.
 

@@ -66,9 +66,6 @@ int norm_bwd_elems();
 /* engine_set_norm_fwd_general_loop's value now (0: the fast loop where it applies). */
 int norm_fwd_general_loop();
 
-/* engine_set_norm_fwd_blocked_from's value now (0: the launcher's choice). */
-int norm_fwd_blocked_from();
-
 /*
  * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at
  * once (cudaOccupancyMaxActiveClusters), cached like blocks_per_sm. ENGINE_ERROR_INVALID_ARGUMENT

@@ -109,7 +109,6 @@ struct LaunchCtx {
   int fwd_vectors; /* forward register path, 16-bit z: vectors per thread (0: by row width) */
   int bwd_elems;   /* backward register path, 16-bit z and dy: values per thread (0: by width) */
   int fwd_general; /* forward register path: 1 runs the general row loop for every launch */
-  int fwd_blocked_from; /* forward: rows of at least this many columns take the blocked kernel */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

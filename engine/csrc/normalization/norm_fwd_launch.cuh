@@ -167,9 +167,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
 
   a.cluster = 1;
   a.gb_off = -1; /* launch_fwd_reg decides */
-  /* engine_set_norm_fwd_blocked_from: the blocked kernel sized to the row, for A/B runs */
-  const bool sized_blocked = vec && ctx.fwd_blocked_from > 0 && cols >= ctx.fwd_blocked_from;
-  const int cluster = vec && !sized_blocked ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
+  const int cluster = vec ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
     a.cluster = cluster;
     a.tpr = cluster_tpr(tpr_raw, cluster);
@@ -181,7 +179,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
     return launch_fwd_reg_k<X, R, O, NV>(a, ctx, a.tpr, 0);
   }
 
-  if (vec && tpr <= kMaxRowThreads && !sized_blocked) {
+  if (vec && tpr <= kMaxRowThreads) {
     if constexpr (sizeof(R) == 2) {
       switch (fwd_vectors<X, R>(nvec, ctx.fwd_vectors)) {
         case 4: return launch_fwd_rows<X, R, O, 4>(a, ctx, transposed);
@@ -195,10 +193,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   a.tile_rows = 0;
   if (vec) {
     constexpr int NVB = 4;
-    /* A CTA per row: 1024 threads, or for sized_blocked the fewest warps that cover the row in
-     * one chunk (at most 1024) */
-    const int64_t sized = round_up(ceil_div(nvec, NVB), 32);
-    const int block = sized_blocked && sized < kMaxRowThreads ? (int)sized : kMaxRowThreads;
+    const int block = kMaxRowThreads;
     const void* fn = reinterpret_cast<const void*>(&norm_fwd_blocked_kernel<X, R, O, VEC, NVB>);
     int per_sm = 1;
     ENGINE_TRY(blocks_per_sm(fn, block, 0, &per_sm));

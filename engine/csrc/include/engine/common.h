@@ -64,14 +64,6 @@ int engine_set_norm_bwd_elems(int n);
  * (and changes nothing) for any other n. */
 int engine_set_norm_fwd_general_loop(int n);
 
-/* The norm forward's blocked kernel (two passes over the row: statistics, then the output,
- * re-reading the row from L2) for every row of at least n columns whose operands allow 16-byte
- * vectors, with one CTA of up to 1024 threads per row sized to the row (4 vectors of x per
- * thread and chunk); 0 (the default): the launcher's choice (registers or a cluster, the blocked
- * kernel only for rows neither holds). For A/B runs of the layouts on one device. Process-wide;
- * returns the previous value, or -1 (and changes nothing) for a negative n. */
-int engine_set_norm_fwd_blocked_from(int n);
-
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
