@@ -97,7 +97,12 @@ def test_norm_fp8_delayed(backend, is_rms, fp8_dtype, m, n):
         moved = steps > 0
         ys = (y32 * 3.0)[moved]
         mid = (t.data.float()[moved] + expect.float()[moved]) / 2
-        assert ((ys - mid).abs() <= 1e-5 * ys.abs()).all(), "a moved byte is not at a rounding boundary"
+        # y = xhat * g + b: last-bit differences of the statistics move y by a fraction of its
+        # addends, not of y, which is near 0 where the bias cancels xhat * g (LayerNorm; seen on
+        # the GPU at 301 x 24584, e5m2: y * scale = -0.0016, 3.7e-7 from the boundary).
+        terms = y32.abs() if b is None else (y32 - b.float()).abs() + b.float().abs()
+        ts = (terms * 3.0)[moved]
+        assert ((ys - mid).abs() <= 1e-5 * ts).all(), "a moved byte is not at a rounding boundary"
         assert q.amax.item() == pytest.approx(max(0.25, y32.abs().max().item()), rel=1e-5)
     assert t.scale_inv.item() == (1.0 / torch.tensor(3.0)).item()
     # against the float64 oracle: at most one FP8 step, and rarely
