@@ -36,6 +36,12 @@ def test_forward_configs_are_runnable(n, fp8, rms):
 
 
 @pytest.mark.parametrize("n", WIDTHS)
+@pytest.mark.parametrize("rms", [True, False])
+def test_residual_forward_configs_are_runnable(n, rms):
+    _check(nc.fwd_config(n, torch.bfloat16, False, False, rms, residual=True), n, nc.MAX_FUSED_N)
+
+
+@pytest.mark.parametrize("n", WIDTHS)
 def test_transposed_forward_config(n):
     cfg = nc.fwd_config(n, torch.bfloat16, True, True, True)
     assert (cfg.block_m, cfg.num_warps) == (nc.TRANSPOSE_BLOCK_M, nc.TRANSPOSE_WARPS)

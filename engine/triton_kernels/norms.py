@@ -402,7 +402,7 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
             scale_inv.copy_(1.0 / scale)
         return
     store_t = out_t is not None
-    cfg = config or nc.fwd_config(n, x.dtype, store_t, fp8, is_rms_norm)
+    cfg = config or nc.fwd_config(n, x.dtype, store_t, fp8, is_rms_norm, residual is not None)
     grid = persistent_grid(-(-m // cfg.block_m), x.device, sm_margin, cfg.programs_per_sm)
 
     dummy = rsigma

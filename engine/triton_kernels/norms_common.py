@@ -74,6 +74,11 @@ _FWD_BLOCKED_TABLE = {
     # chunks of 16K were 1.05x in session 9, under the 5 % this table asks of a change)
     131072: NormConfig(2, 8192, True, 32, 2),
 }
+# With a residual the blocked path's second pass re-reads x and the residual: at 16K-32K the
+# RMSNorm register tiles stay (timed table at 4748fbf: residual RMSNorm fwd 16K / 32K 93 / 84 % ->
+# 88 / 80 % with the blocked entries above; h200_ab_triton_res_blocked.log).
+_RMS_RES_FWD_REGISTER = {16384: NormConfig(2, 16384, False, 32, 8),
+                         32768: NormConfig(1, 32768, False, 32, 2)}
 _FWD_BLOCKED = (1, 32, 8)  # wider than the table: chunks of BLOCKED_CHUNK_N
 _BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 1)}
 # 16K-32K: blocked, chunks of 16K (h200_tune_rmsnorm_bwd_s9.log: 1.09x / 1.07x)
@@ -141,12 +146,13 @@ def _small_rows(p2: int, table: dict) -> tuple:
 
 @functools.lru_cache(maxsize=None)
 def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
-               rms: bool = True) -> NormConfig:
+               rms: bool = True, residual: bool = False) -> NormConfig:
     """Forward config for rows of ``n`` elements of ``dtype`` (from the measured tables above).
 
     ``transpose``: the FP8 transposed copy is written by the norm kernel, so a tile is
     ``TRANSPOSE_BLOCK_M`` rows by column chunks (the row tile's statistics come first).
-    ``fp8``: the output is FP8 (rowwise); ``rms``: RMSNorm (False: LayerNorm).
+    ``fp8``: the output is FP8 (rowwise); ``rms``: RMSNorm (False: LayerNorm); ``residual``: a
+    residual is added (and residual_out written) in the kernel.
     """
     if transpose:
         bn = min(TRANSPOSE_BLOCK_N, triton.next_power_of_2(n))
@@ -158,6 +164,8 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
         override = (None if rms else _LN_FWD_OVERRIDES.get(p2))
     if override is not None:
         return override
+    if residual and rms and not fp8 and p2 in _RMS_RES_FWD_REGISTER:
+        return _RMS_RES_FWD_REGISTER[p2]
     if p2 in _FWD_BLOCKED_TABLE:
         return _FWD_BLOCKED_TABLE[p2]
     if p2 > MAX_FUSED_N:
