@@ -79,14 +79,14 @@ _FWD_BLOCKED_TABLE = {
 # 88 / 80 % with the blocked entries above; h200_ab_triton_res_blocked.log).
 _RMS_RES_FWD_REGISTER = {16384: NormConfig(2, 16384, False, 32, 8),
                          32768: NormConfig(1, 32768, False, 32, 2)}
-_FWD_BLOCKED = (1, 32, 8)  # wider than the table: chunks of BLOCKED_CHUNK_N
+_FWD_BLOCKED = NormConfig(1, BLOCKED_CHUNK_N, True, 32, 8)  # wider than the table
 _BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 1)}
 # 16K-32K: blocked, chunks of 16K (h200_tune_rmsnorm_bwd_s9.log: 1.09x / 1.07x)
 _BWD_BLOCKED_TABLE = {
     16384: NormConfig(2, 16384, True, 32, 1, 2),
     32768: NormConfig(2, 16384, True, 32, 1, 1),
 }
-_BWD_BLOCKED = (2, 32, 1)
+_BWD_BLOCKED = NormConfig(2, BLOCKED_CHUNK_N, True, 32, 1)  # wider than the table
 
 # Where another op wants another config (tune.py on the H200: h200_tune_rms_fp8.log,
 # h200_tune_ln.log; entries only where the gain over the RMSNorm bf16 table was over 5 %).
@@ -169,8 +169,7 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
     if p2 in _FWD_BLOCKED_TABLE:
         return _FWD_BLOCKED_TABLE[p2]
     if p2 > MAX_FUSED_N:
-        bm, w, p = _FWD_BLOCKED
-        return NormConfig(bm, BLOCKED_CHUNK_N, True, w, p)
+        return _FWD_BLOCKED
     bm, w, p = _FWD_TABLE[p2] if p2 >= 1024 else _small_rows(p2, _FWD_TABLE)
     return NormConfig(bm, p2, False, w, p)
 
@@ -184,8 +183,7 @@ def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
     if p2 in _BWD_BLOCKED_TABLE:
         return _BWD_BLOCKED_TABLE[p2]
     if p2 > MAX_FUSED_N_BWD:
-        bm, w, p = _BWD_BLOCKED
-        return NormConfig(bm, BLOCKED_CHUNK_N, True, w, p)
+        return _BWD_BLOCKED
     bm, w, p = _BWD_TABLE[p2] if p2 >= 1024 else _small_rows(p2, _BWD_TABLE)
     return NormConfig(bm, p2, False, w, p)
 
