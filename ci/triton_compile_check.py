@@ -25,9 +25,6 @@ import sys
 import time
 from pathlib import Path
 
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-    sys.exit("triton_compile_check: unset TRITON_INTERPRET (the kernels must be JIT functions)")
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
@@ -41,16 +38,22 @@ _TORCH_TO_TRITON = {
 }
 
 
-def _arg_type(a) -> str:
-    if isinstance(a, torch.Tensor):
-        return "*" + _TORCH_TO_TRITON[a.dtype]
-    if type(a) is bool:
-        return "i1"
-    if type(a) is int:
-        return "i32" if -(1 << 31) <= a < (1 << 31) else "i64"
-    if type(a) is float:
-        return "fp32"
-    raise TypeError(f"unsupported launch argument {type(a).__name__}")
+def _arg_spec(param, a) -> tuple:
+    """(type, attribute) of one runtime argument as Triton's launcher specialises it: the type
+    string, ``"D"`` where a pointer is 16-byte aligned or an int divisible by 16 (``tt.divisibility``
+    16: vector loads and stores), ``("constexpr", 1)`` for an int equal to 1. Without the
+    attributes the compiled kernel is not the one the GPU runs (scalar 2-byte loads where the GPU
+    gets 16-byte vectors). Triton's own function, honouring ``do_not_specialize``."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    if type(a) is bool or not (type(a) in (int, float) or isinstance(a, torch.Tensor)):
+        raise TypeError(f"unsupported launch argument {type(a).__name__}")
+    if isinstance(a, torch.Tensor) and a.dtype not in _TORCH_TO_TRITON:
+        raise TypeError(f"unsupported tensor dtype {a.dtype}")
+    ty, attr = native_specialize_impl(BaseBackend, a, False, not param.do_not_specialize,
+                                      not param.do_not_specialize_on_alignment)
+    return ty, attr
 
 
 class Recorder:
@@ -63,7 +66,10 @@ class Recorder:
         fn = launcher.kernel
         names = [p.name for p in fn.params]
         n_rt = len(names) - len(launcher._constexpr_names)
-        sig = tuple(_arg_type(a) for a in args)
+        rt_params = [p for p in fn.params if not p.is_constexpr]
+        if len(args) != n_rt:
+            raise TypeError(f"{fn.fn.__name__}: {len(args)} runtime arguments, {n_rt} wanted")
+        sig = tuple(_arg_spec(p, a) for p, a in zip(rt_params, args))
         if len(sig) != n_rt:
             raise TypeError(f"{fn.fn.__name__}: {len(sig)} runtime arguments, {n_rt} wanted")
         const = tuple((k, constexprs[k]) for k in launcher._constexpr_names)
@@ -134,15 +140,22 @@ def compile_variant(key, fn, target):
     name, sig, const, num_warps, num_stages = key
     params = fn.params
     signature, constexprs = {}, {}
+    attrs = {}
     rt = iter(sig)
     const_d = dict(const)
+    backend = triton.compiler.make_backend(target)
     for i, p in enumerate(params):
         if p.is_constexpr:
             signature[p.name] = "constexpr"
             constexprs[(i,)] = const_d[p.name]
-        else:
-            signature[p.name] = next(rt)
-    src = ASTSource(fn, signature, constexprs)
+            continue
+        ty, attr = next(rt)
+        signature[p.name] = ty
+        if ty == "constexpr":  # an int equal to 1
+            constexprs[(i,)] = attr
+        elif isinstance(attr, str):
+            attrs[(i,)] = backend.parse_attr(attr)
+    src = ASTSource(fn, signature, constexprs, attrs)
     options = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(src, target=target, options=options)
 
@@ -153,6 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--arch", type=int, default=90,
                     help="compute capability to compile for (default 90)")
     args = ap.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        sys.exit("triton_compile_check: unset TRITON_INTERPRET (the kernels must be JIT functions)")
 
     rec = Recorder()
     orig = launch_mod.Launcher.__call__

@@ -98,3 +98,34 @@ def test_cache_hit_with_other_alignment_and_sizes(is_rms):
         ref = ref_fwd(x.double(), w.double(), None if b is None else b.double(), 1e-5, is_rms, False)["y"]
         torch.testing.assert_close(y.double(), ref, **FWD[torch.bfloat16], msg=lambda e: f"{m}x{n}+{offset}: {e}")
     assert len(nm._FWD._cache) >= 2  # the fast path really cached kernels
+
+
+def test_compile_check_specialises_like_the_launcher():
+    """ci/triton_compile_check.py compiles each variant with the attributes Triton's launcher gives
+    its arguments. Without them (as before session 10) every pointer lacked ``tt.divisibility``:
+    the check compiled kernels of scalar 2-byte loads, not the 16-byte vectors the GPU runs."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    pytest.importorskip("triton._C.libtriton")
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ci"))
+    try:
+        import triton_compile_check as cc
+    finally:
+        sys.path.pop(0)
+    p = SimpleNamespace(do_not_specialize=False, do_not_specialize_on_alignment=False)
+    dns = SimpleNamespace(do_not_specialize=True, do_not_specialize_on_alignment=False)
+    base = torch.empty(64, dtype=torch.uint8)
+    aligned = base[:32].view(torch.bfloat16)
+    misaligned = base[2:34].view(torch.bfloat16)
+    assert aligned.data_ptr() % 16 == 0 and misaligned.data_ptr() % 16 == 2
+    assert cc._arg_spec(p, aligned) == ("*bf16", "D")
+    assert cc._arg_spec(p, misaligned) == ("*bf16", "")
+    assert cc._arg_spec(p, 16384) == ("i32", "D")
+    assert cc._arg_spec(p, 17389) == ("i32", "")
+    assert cc._arg_spec(p, 1) == ("constexpr", 1)
+    assert cc._arg_spec(dns, 16384)[1] in ("", None)  # do_not_specialize: no divisibility
+    assert cc._arg_spec(p, 0.5)[0] == "fp32"
+    with pytest.raises(TypeError):
+        cc._arg_spec(p, "x")
