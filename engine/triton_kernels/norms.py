@@ -22,7 +22,8 @@ from engine.reference import compute_scale
 from engine.triton_kernels import norms_common as nc
 from engine.triton_kernels.launch import Launcher
 from engine.triton_kernels.utils import (
-    _abs_max,
+    _abs_max_all,
+    _abs_max_part,
     _atomic_amax,
     _cast,
     _div_rn,
@@ -91,20 +92,21 @@ def _load_gamma_beta(W, B, cols, N, HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.co
 def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N, scale, fp8_max,
           IS_RMS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.constexpr, IS_FP8: tl.constexpr,
           STORE_OUT: tl.constexpr, STORE_T: tl.constexpr, INTERPRETER: tl.constexpr,
-          MANT: tl.constexpr, MIN_EXP: tl.constexpr):
-    """Normalise a tile, write it (high precision or FP8, optionally transposed); return its amax
-    (FP8 only; utils._abs_max). Lanes outside ``mask`` hold y = 0 (z, g and b load as 0) except
-    for LayerNorm with a zero-centred gamma (g = 1 there, y = -mean * rstd), which masks them."""
+          MANT: tl.constexpr, MIN_EXP: tl.constexpr, AMAX_V: tl.constexpr):
+    """Normalise a tile, write it (high precision or FP8, optionally transposed); return its max
+    |y| per AMAX_V neighbouring columns (FP8 only; utils._abs_max_part). Lanes outside ``mask``
+    hold y = 0 (z, g and b load as 0) except for LayerNorm with a zero-centred gamma (g = 1 there,
+    y = -mean * rstd), which masks them."""
     if IS_RMS_NORM:
         xhat = z * rstd[:, None]
     else:
         xhat = (z - mean[:, None]) * rstd[:, None]
-    y = xhat * g[None, :]
+    y = xhat * g
     if HAS_BIAS:
-        y += b[None, :]
+        y += b
     amax = 0.0
     if IS_FP8:
-        amax = _abs_max(y, mask, (not IS_RMS_NORM) and ZERO_CENTERED, INTERPRETER)
+        amax = _abs_max_part(y, mask, (not IS_RMS_NORM) and ZERO_CENTERED, INTERPRETER, AMAX_V)
         if STORE_OUT:
             q = _fp8_saturate_cast(y * scale, fp8_max, Y.dtype.element_ty, INTERPRETER, MANT, MIN_EXP)
             tl.store(Y + rows64[:, None] * stride_y + cols[None, :], q, mask=mask)
@@ -153,6 +155,7 @@ def _norm_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCKED: tl.constexpr,  # N > BLOCK_N: two passes over column chunks
+    AMAX_V: tl.constexpr,  # FP8: columns per thread-local amax partial (launch_fwd: _amax_v)
 ):
     tl.static_assert(not STORE_T or IS_FP8)
     tl.static_assert(PASS == 0 or IS_FP8)
@@ -170,7 +173,9 @@ def _norm_fwd_kernel(
     inv_n = 1.0 / N  # loop invariants: 1/N, the scale (above) and, when the row fits, gamma/beta
     if not BLOCKED:
         g, b = _load_gamma_beta(W, B, cols, N, HAS_BIAS, ZERO_CENTERED)
-    amax = 0.0  # running max |y| (utils._abs_max: NaN-propagating)
+    # Running max |y| per AMAX_V neighbouring columns of the tile (utils._abs_max_part:
+    # NaN-propagating), reduced across the program once, after the row loop.
+    amax = tl.zeros([BLOCK_M, BLOCK_N // AMAX_V], dtype=tl.float32)
     for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         rows64 = tl.cast(rows, tl.int64)
@@ -195,9 +200,9 @@ def _norm_fwd_kernel(
                     tl.store(MU + rows, mean, mask=rmask)
                 rstd = tl.math.rsqrt(var + eps)
                 tl.store(RSTD + rows, rstd, mask=rmask)
-            a = _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N, scale, fp8_max,
+            a = _emit(z, mean, rstd, g[None, :], b[None, :], Y, Y_T, rows, rows64, cols, mask, stride_y, M, N, scale, fp8_max,
                       IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T, INTERPRETER, MANT,
-                      MIN_EXP)
+                      MIN_EXP, AMAX_V)
             if IS_FP8:
                 amax = tl.maximum(amax, a, propagate_nan=tl.PropagateNan.ALL)
         else:
@@ -233,15 +238,23 @@ def _norm_fwd_kernel(
                 mask = rmask[:, None] & (cc[None, :] < N)
                 z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
                             HAS_RES, False, INTERPRETER, "evict_first")
-                gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED)
+                # gamma and beta as [BLOCK_M, BLOCK_N] tiles (each row of the tile the same
+                # columns), so that they take the layout of x's tile: loaded as a 1-D chunk, they
+                # got a layout of 16-byte vectors of their own dtype, while an FP8 output gives the
+                # x tile 16 elements per thread (the store's 16-byte vectors), and every chunk went
+                # through a layout conversion in shared memory (4 x STS/LDS and 8 barriers per
+                # chunk at 16K; SASS of triton 3.6 for sm_90). The extra loads of BLOCK_M > 1
+                # hit L1.
+                cc2 = cc[None, :] + tl.zeros([BLOCK_M, 1], dtype=tl.int32)
+                gc, bc = _load_gamma_beta(W, B, cc2, N, HAS_BIAS, ZERO_CENTERED)
                 a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, N, scale,
                           fp8_max, IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T,
-                          INTERPRETER, MANT, MIN_EXP)
+                          INTERPRETER, MANT, MIN_EXP, AMAX_V)
                 if IS_FP8:
                     amax = tl.maximum(amax, a, propagate_nan=tl.PropagateNan.ALL)
     if IS_FP8:
         if PASS != 2:
-            _atomic_amax(AMAX, amax)
+            _atomic_amax(AMAX, _abs_max_all(amax, INTERPRETER))
         if pid == 0:
             tl.store(SCALE_INV, _div_rn(1.0, scale))
             if LOAD_STATS:
@@ -385,6 +398,14 @@ _FWD_T = Launcher(_norm_fwd_kernel_t)
 _BWD = Launcher(_norm_bwd_kernel)
 
 
+def _amax_v(cfg: nc.NormConfig) -> int:
+    """Columns per thread-local amax partial of the FP8 forward: the contiguous values a thread
+    holds when Triton lays the tile out for the FP8 store's 16-byte vectors (16), fewer where the
+    tile has fewer values per thread. A wrong guess costs shuffles, never a wrong amax."""
+    per_thread = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
+    return max(1, min(16, per_thread, cfg.block_n))
+
+
 def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax,
                scale_inv, out_t, *, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon,
                sm_margin, config: Optional[nc.NormConfig] = None) -> None:
@@ -423,7 +444,8 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
             IS_RMS_NORM=is_rms_norm, HAS_BIAS=bias is not None, HAS_RES=res is not None,
             ZERO_CENTERED=zero_centered_gamma, IS_FP8=fp8, STORE_T=store_t, PASS=pass_,
             INTERPRETER=interp, MANT=mant, MIN_EXP=min_exp,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked)
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
+            AMAX_V=_amax_v(cfg) if fp8 else 1)
 
     if fp8 and current_scaling:
         amax.zero_()

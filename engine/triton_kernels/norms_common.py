@@ -90,15 +90,18 @@ _BWD_BLOCKED = NormConfig(2, BLOCKED_CHUNK_N, True, 32, 1)  # wider than the tab
 
 # Where another op wants another config (tune.py on the H200: h200_tune_rms_fp8.log,
 # h200_tune_ln.log; entries only where the gain over the RMSNorm bf16 table was over 5 %).
-# FP8 rowwise outputs: the epilogue holds more registers (116 at 4K with the bf16 config).
+# FP8 rowwise outputs (their store takes 16 values per thread, 8 for a 16-bit output).
 _FWD_FP8_OVERRIDES = {
     1024: NormConfig(1, 1024, False, 1, 16),  # 1.24x, a warp per row (h200_tune_rmsnorm_small_w*)
-    4096: NormConfig(2, 4096, False, 8, 8),  # 1.49x
+    # session 10, after the FP8 kernel lost its per-chunk gamma conversion and its per-tile amax
+    # reduction (NOTES P21-P22; h200_tune_rmsnorm_fp8_s10.log): 4K one row per 2-warp program in
+    # two chunks 1.06x, 128K one row in chunks of 16K 1.21x
+    4096: NormConfig(1, 2048, True, 2, 16, 4),
     8192: NormConfig(2, 8192, False, 8, 2),  # 1.19x (h200_tune_rms_fp8_s3.log)
     16384: NormConfig(2, 16384, False, 32, 2),  # 1.10x
     32768: NormConfig(1, 8192, True, 8, 8),  # 1.06x
     65536: NormConfig(1, 16384, True, 16, 2, 1),  # 1.12x (h200_tune_rmsnorm_fp8_s9.log)
-    131072: NormConfig(2, 8192, True, 16, 2),  # 1.15x (the same run)
+    131072: NormConfig(1, 16384, True, 16, 4, 1),
 }
 # LayerNorm (bias, mean): smaller tiles per warp; from 8K the two-pass blocked path wins.
 _LN_FWD_OVERRIDES = {
@@ -122,11 +125,13 @@ _LN_FWD_FP8_OVERRIDES = {
     # 1K: the RMSNorm FP8 entry (a warp per row), 1.47x (h200_tune_layernorm_small_warps.log)
     2048: NormConfig(1, 2048, False, 2, 8),  # 1.25x (the same run)
     8192: NormConfig(1, 8192, False, 8, 2),  # 1.68x
-    16384: NormConfig(1, 16384, False, 16, 2, 1),  # 1.06x
-    # session 9 (h200_tune_layernorm_fp8_s9.log): 32K 1.07x, 64K 1.17x, 128K 1.22x
-    32768: NormConfig(2, 8192, True, 16, 2, 2),
-    65536: NormConfig(2, 8192, True, 16, 32),
-    131072: NormConfig(2, 8192, True, 16, 16),
+    # session 10 (NOTES P21-P22; h200_tune_layernorm_fp8_s10.log), against session 9's entries:
+    # one row per program, blocked, 4K 1.13x, 16K 1.17x, 32K 1.26x, 64K 1.26x, 128K 1.24x
+    4096: NormConfig(1, 2048, True, 2, 32, 4),
+    16384: NormConfig(1, 8192, True, 8, 8, 3),
+    32768: NormConfig(1, 16384, True, 16, 2, 2),
+    65536: NormConfig(1, 16384, True, 16, 4, 4),
+    131072: NormConfig(1, 16384, True, 16, 4, 3),
 }
 _LN_BWD_OVERRIDES = {
     4096: NormConfig(1, 4096, False, 8, 2),  # 1.23x

@@ -178,6 +178,33 @@ def _abs_max(v, mask, MASKED: tl.constexpr, INTERPRETER: tl.constexpr):
 
 
 @triton.jit
+def _abs_max_part(v, mask, MASKED: tl.constexpr, INTERPRETER: tl.constexpr, V: tl.constexpr):
+    """max |v| over each run of ``V`` neighbouring columns of a 2-D ``[BM, BN]`` tile: a
+    ``[BM, BN // V]`` fp32 partial that propagates NaN (:func:`_abs_max` without its reductions
+    across lanes). With ``V`` the number of contiguous values a thread holds in the tile's layout
+    (16 for an FP8 output: the store's 16-byte vectors), the reduction stays inside each thread; a
+    persistent loop keeps the running max of these partials and reduces it across the program
+    once, with :func:`_abs_max_all`, instead of once per row tile. Interpreter: int32 bits, as in
+    :func:`_abs_max`."""
+    a = tl.abs(v)
+    if MASKED or INTERPRETER:
+        a = tl.where(mask, a, 0.0)
+    a3 = tl.reshape(a, [v.shape[0], v.shape[1] // V, V])
+    if INTERPRETER:
+        return tl.max(a3.to(tl.int32, bitcast=True), axis=2).to(tl.float32, bitcast=True)
+    return tl.reduce(a3, 2, _max_nan)
+
+
+@triton.jit
+def _abs_max_all(part, INTERPRETER: tl.constexpr):
+    """The scalar max of a non-negative (or NaN) partial from :func:`_abs_max_part`, NaN first."""
+    if INTERPRETER:
+        bits = part.to(tl.int32, bitcast=True)
+        return tl.max(tl.max(bits, axis=1), axis=0).to(tl.float32, bitcast=True)
+    return tl.reduce(tl.reduce(part, 1, _max_nan), 0, _max_nan)
+
+
+@triton.jit
 def _atomic_amax(AMAX, amax):
     """Max-update the fp32 ``*AMAX`` with a non-negative (or NaN) fp32 ``amax`` as int32 bits:
     integer order equals float order for non-negative floats, and a NaN (sign cleared) sorts above
