@@ -50,24 +50,38 @@ def fp8_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordinal(a) - ordinal(b)).abs()
 
 
-def same_row_sums(backend, n, is_rms, dtype=BF16):
+def same_row_sums(backend):
     """Whether the backend adds a row's sums in the same order for an FP8 and an fp32 output.
 
     CUDA and the reference do by construction (one thread layout per row width, whatever the
-    output). Triton's tiles are tuned per output kind (engine.triton_kernels.norms_common): where
-    the FP8 tile differs from the high-precision one (rows per program, block, warps, blocked),
-    tl.sum adds in another order: the statistics agree to the last bits, so the FP8 bytes equal
-    the fp32 output's cast except where a value lies on a rounding boundary.
+    output). Triton does not: its tiles are tuned per output kind (engine.triton_kernels.
+    norms_common), and even where the FP8 tile's shape equals the high-precision one, Triton lays
+    the FP8 tile out with 16 values per thread (its store's 16-byte vectors) against 8 for a bf16
+    input with a 16- or 32-bit output, so tl.sum adds in another order. The statistics then agree
+    to the last bits and the FP8 bytes equal the fp32 output's cast except where a value lies on a
+    rounding boundary (seen on the H200 at 37 x 131072, LayerNorm, with equal tile shapes).
     """
-    if backend != "triton":
-        return True
-    from engine.triton_kernels import norms_common as nc
+    return backend != "triton"
 
-    def tiling(c):
-        return c.block_m, c.block_n, c.blocked, c.num_warps
 
-    return tiling(nc.fwd_config(n, dtype, False, True, is_rms)) == tiling(
-        nc.fwd_config(n, dtype, False, False, is_rms))
+def assert_cast_of(data, y32, scale, bias, *, exact):
+    """FP8 ``data`` against the cast of the fp32 output ``y32`` times ``scale``: bit for bit when
+    ``exact``; otherwise at most one step, and only for values on a rounding boundary."""
+    expect = fp8_quantize(y32, scale, data.dtype)
+    if exact:
+        assert torch.equal(data.view(torch.uint8), expect.view(torch.uint8))
+        return
+    steps = fp8_steps(data, expect)
+    assert steps.max().item() <= 1
+    moved = steps > 0
+    ys = (y32 * scale)[moved]
+    mid = (data.float()[moved] + expect.float()[moved]) / 2
+    # y = xhat * g + b: last-bit differences of the statistics move y by a fraction of its
+    # addends, not of y, which is near 0 where the bias cancels xhat * g (LayerNorm; seen on
+    # the GPU at 301 x 24584, e5m2: y * scale = -0.0016, 3.7e-7 from the boundary).
+    terms = y32.abs() if bias is None else (y32 - bias.float()).abs() + bias.float().abs()
+    ts = (terms * scale)[moved]
+    assert ((ys - mid).abs() <= 1e-5 * ts).all(), "a moved byte is not at a rounding boundary"
 
 
 def inputs(m, n, is_rms, dtype=BF16):
@@ -87,22 +101,11 @@ def test_norm_fp8_delayed(backend, is_rms, fp8_dtype, m, n):
     t = call(is_rms, x, w, b, quantizer=q)
     assert isinstance(t, Float8Tensor) and t.data.dtype == fp8_dtype and t.data.shape == x.shape
     assert t.transpose_data is None
-    expect = fp8_quantize(y32, 3.0, fp8_dtype)
-    if same_row_sums(backend, n, is_rms):  # the FP8 output is the cast of the fp32 one, bit for bit
-        assert torch.equal(t.data.view(torch.uint8), expect.view(torch.uint8))
+    same = same_row_sums(backend)  # True: the FP8 output is the fp32 one's cast
+    assert_cast_of(t.data, y32, 3.0, b, exact=same)
+    if same:
         assert q.amax.item() == max(0.25, y32.abs().max().item())
-    else:  # statistics equal to the last bits: only a value on a rounding boundary may move a step
-        steps = fp8_steps(t.data, expect)
-        assert steps.max().item() <= 1
-        moved = steps > 0
-        ys = (y32 * 3.0)[moved]
-        mid = (t.data.float()[moved] + expect.float()[moved]) / 2
-        # y = xhat * g + b: last-bit differences of the statistics move y by a fraction of its
-        # addends, not of y, which is near 0 where the bias cancels xhat * g (LayerNorm; seen on
-        # the GPU at 301 x 24584, e5m2: y * scale = -0.0016, 3.7e-7 from the boundary).
-        terms = y32.abs() if b is None else (y32 - b.float()).abs() + b.float().abs()
-        ts = (terms * 3.0)[moved]
-        assert ((ys - mid).abs() <= 1e-5 * ts).all(), "a moved byte is not at a rounding boundary"
+    else:  # statistics equal to the last bits
         assert q.amax.item() == pytest.approx(max(0.25, y32.abs().max().item()), rel=1e-5)
     assert t.scale_inv.item() == (1.0 / torch.tensor(3.0)).item()
     # against the float64 oracle: at most one FP8 step, and rarely
@@ -120,12 +123,17 @@ def test_norm_fp8_current_scaling(backend, is_rms, fp8_dtype):
     y32 = call(is_rms, x, w, b, out_dtype=F32)
     q = Float8CurrentScalingQuantizer(fp8_dtype)
     t = call(is_rms, x, w, b, quantizer=q)
+    same = same_row_sums(backend)
     amax = y32.abs().max()
-    assert q.amax.item() == amax.item()
+    if same:
+        assert q.amax.item() == amax.item()
+    else:  # the statistics agree to the last bits (same_row_sums); amax is the kernel's own
+        assert q.amax.item() == pytest.approx(amax.item(), rel=1e-5)
+        amax = q.amax.clone()
     scale = torch.tensor(torch.finfo(fp8_dtype).max, device=DEVICE) / amax  # one IEEE division
     assert q.scale.item() == scale.item()
     assert t.scale_inv.item() == (1.0 / scale).item()
-    assert torch.equal(t.data.view(torch.uint8), fp8_quantize(y32, scale.item(), fp8_dtype).view(torch.uint8))
+    assert_cast_of(t.data, y32, scale.item(), b, exact=same)
     # current scaling uses the range: the largest magnitude lands on the format's max
     assert t.data.float().abs().max().item() == torch.finfo(fp8_dtype).max
 

@@ -243,10 +243,21 @@ def _norm_fwd_kernel(
                 # got a layout of 16-byte vectors of their own dtype, while an FP8 output gives the
                 # x tile 16 elements per thread (the store's 16-byte vectors), and every chunk went
                 # through a layout conversion in shared memory (4 x STS/LDS and 8 barriers per
-                # chunk at 16K; SASS of triton 3.6 for sm_90). The extra loads of BLOCK_M > 1
-                # hit L1.
-                cc2 = cc[None, :] + tl.zeros([BLOCK_M, 1], dtype=tl.int32)
-                gc, bc = _load_gamma_beta(W, B, cc2, N, HAS_BIAS, ZERO_CENTERED)
+                # chunk at 16K; SASS of triton 3.6 for sm_90; NOTES P21). Triton broadcasts the
+                # row index away (one load per column). Only for FP8 outputs: a 16-bit output
+                # has no conversion to remove, and its 2-row tiles measured up to 4 points slower
+                # this way (one run, kernel time: LayerNorm 16K 84.8 -> 80.4 %, RMSNorm 64K 81.8 ->
+                # 77.7 %; h200_ab_s10_bf16_blocked.log). Nor with the
+                # in-kernel transposed store: with gamma in x's layout, triton 3.6 compiled that
+                # store into wrong bytes (the last rows of each tile; L1 on the H200, every
+                # shape), as it did once for N specialised (_norm_fwd_kernel_t below).
+                if STORE_T or not IS_FP8:
+                    gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED)
+                    gc = gc[None, :]
+                    bc = bc[None, :]
+                else:
+                    cc2 = cc[None, :] + tl.zeros([BLOCK_M, 1], dtype=tl.int32)
+                    gc, bc = _load_gamma_beta(W, B, cc2, N, HAS_BIAS, ZERO_CENTERED)
                 a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, N, scale,
                           fp8_max, IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T,
                           INTERPRETER, MANT, MIN_EXP, AMAX_V)
@@ -398,10 +409,14 @@ _FWD_T = Launcher(_norm_fwd_kernel_t)
 _BWD = Launcher(_norm_bwd_kernel)
 
 
-def _amax_v(cfg: nc.NormConfig) -> int:
+def _amax_v(cfg: nc.NormConfig, store_t: bool) -> int:
     """Columns per thread-local amax partial of the FP8 forward: the contiguous values a thread
     holds when Triton lays the tile out for the FP8 store's 16-byte vectors (16), fewer where the
-    tile has fewer values per thread. A wrong guess costs shuffles, never a wrong amax."""
+    tile has fewer values per thread. A wrong guess costs shuffles, never a wrong amax. With the
+    in-kernel transposed store, the whole row (one partial per row: the tile's max reduced
+    across warps per tile, as before NOTES P22; see the gamma load in _norm_fwd_kernel)."""
+    if store_t:
+        return cfg.block_n
     per_thread = cfg.block_m * cfg.block_n // (32 * cfg.num_warps)
     return max(1, min(16, per_thread, cfg.block_n))
 
@@ -445,7 +460,7 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
             ZERO_CENTERED=zero_centered_gamma, IS_FP8=fp8, STORE_T=store_t, PASS=pass_,
             INTERPRETER=interp, MANT=mant, MIN_EXP=min_exp,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
-            AMAX_V=_amax_v(cfg) if fp8 else 1)
+            AMAX_V=_amax_v(cfg, store_t) if fp8 else 1)
 
     if fp8 and current_scaling:
         amax.zero_()
