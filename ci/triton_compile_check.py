@@ -70,8 +70,6 @@ class Recorder:
         if len(args) != n_rt:
             raise TypeError(f"{fn.fn.__name__}: {len(args)} runtime arguments, {n_rt} wanted")
         sig = tuple(_arg_spec(p, a) for p, a in zip(rt_params, args))
-        if len(sig) != n_rt:
-            raise TypeError(f"{fn.fn.__name__}: {len(sig)} runtime arguments, {n_rt} wanted")
         const = tuple((k, constexprs[k]) for k in launcher._constexpr_names)
         key = (fn.fn.__name__, sig, const, num_warps, num_stages)
         self.variants.setdefault(key, fn)

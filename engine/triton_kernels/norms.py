@@ -246,11 +246,11 @@ def _norm_fwd_kernel(
                 # chunk at 16K; SASS of triton 3.6 for sm_90; NOTES P21). Triton broadcasts the
                 # row index away (one load per column). Only for FP8 outputs: a 16-bit output
                 # has no conversion to remove, and its 2-row tiles measured up to 4 points slower
-                # this way (one run, kernel time: LayerNorm 16K 84.8 -> 80.4 %, RMSNorm 64K 81.8 ->
-                # 77.7 %; h200_ab_s10_bf16_blocked.log). Nor with the
-                # in-kernel transposed store: with gamma in x's layout, triton 3.6 compiled that
-                # store into wrong bytes (the last rows of each tile; L1 on the H200, every
-                # shape), as it did once for N specialised (_norm_fwd_kernel_t below).
+                # this way (one run, kernel time: LayerNorm 16K 84.8 -> 80.4 %, RMSNorm 64K
+                # 81.8 -> 77.7 %; h200_ab_s10_bf16_blocked.log). Nor with the in-kernel
+                # transposed store: with gamma in x's layout, triton 3.6 compiled that store into
+                # wrong bytes (the last rows of each tile; L1 on the H200, every shape), as it
+                # did once for N specialised (_norm_fwd_kernel_t below).
                 if STORE_T or not IS_FP8:
                     gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED)
                     gc = gc[None, :]
