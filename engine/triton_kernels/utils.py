@@ -158,34 +158,14 @@ def _max_nan(a, b):
 
 
 @triton.jit
-def _abs_max(v, mask, MASKED: tl.constexpr, INTERPRETER: tl.constexpr):
-    """max |v| over a 2-D tile as an fp32 scalar that propagates NaN, as the reference and CUDA
-    backends do (``tl.max`` drops it on the GPU): ``max.NaN.f32`` with an ``|v|`` operand, one
-    instruction per value. ``MASKED``: zero the lanes outside ``mask``; without it the caller
-    guarantees they hold 0 (loads with ``other=0``).
-
-    The interpreter runs a custom combine function in Python per pair (minutes per test), and its
-    ``tl.max`` drops NaN too, so there the max is taken over the int32 bits of ``|v|``: integer
-    order is float order for non-negative floats, and a NaN (sign cleared) sorts above +inf.
-    """
-    a = tl.abs(v)
-    if MASKED or INTERPRETER:
-        a = tl.where(mask, a, 0.0)
-    if INTERPRETER:
-        bits = a.to(tl.int32, bitcast=True)
-        return tl.max(tl.max(bits, axis=1), axis=0).to(tl.float32, bitcast=True)
-    return tl.reduce(tl.reduce(a, 1, _max_nan), 0, _max_nan)
-
-
-@triton.jit
 def _abs_max_part(v, mask, MASKED: tl.constexpr, INTERPRETER: tl.constexpr, V: tl.constexpr):
     """max |v| over each run of ``V`` neighbouring columns of a 2-D ``[BM, BN]`` tile: a
-    ``[BM, BN // V]`` fp32 partial that propagates NaN (:func:`_abs_max` without its reductions
-    across lanes). With ``V`` the number of contiguous values a thread holds in the tile's layout
+    ``[BM, BN // V]`` fp32 partial that propagates NaN (``max.NaN.f32``: ``tl.max`` drops NaN
+    on the GPU). With ``V`` the number of contiguous values a thread holds in the tile's layout
     (16 for an FP8 output: the store's 16-byte vectors), the reduction stays inside each thread; a
     persistent loop keeps the running max of these partials and reduces it across the program
-    once, with :func:`_abs_max_all`, instead of once per row tile. Interpreter: int32 bits, as in
-    :func:`_abs_max`."""
+    once, with :func:`_abs_max_all`, instead of once per row tile. Interpreter: the max of the
+    int32 bits of |v| (see :func:`_abs_max`)."""
     a = tl.abs(v)
     if MASKED or INTERPRETER:
         a = tl.where(mask, a, 0.0)
@@ -202,6 +182,21 @@ def _abs_max_all(part, INTERPRETER: tl.constexpr):
         bits = part.to(tl.int32, bitcast=True)
         return tl.max(tl.max(bits, axis=1), axis=0).to(tl.float32, bitcast=True)
     return tl.reduce(tl.reduce(part, 1, _max_nan), 0, _max_nan)
+
+
+@triton.jit
+def _abs_max(v, mask, MASKED: tl.constexpr, INTERPRETER: tl.constexpr):
+    """max |v| over a 2-D tile as an fp32 scalar that propagates NaN, as the reference and CUDA
+    backends do (``tl.max`` drops it on the GPU): ``max.NaN.f32`` with an ``|v|`` operand, one
+    instruction per value. ``MASKED``: zero the lanes outside ``mask``; without it the caller
+    guarantees they hold 0 (loads with ``other=0``). :func:`_abs_max_all` of the partials of
+    :func:`_abs_max_part` over single columns.
+
+    The interpreter runs a custom combine function in Python per pair (minutes per test), and its
+    ``tl.max`` drops NaN too, so there the max is taken over the int32 bits of ``|v|``: integer
+    order is float order for non-negative floats, and a NaN (sign cleared) sorts above +inf.
+    """
+    return _abs_max_all(_abs_max_part(v, mask, MASKED, INTERPRETER, 1), INTERPRETER)
 
 
 @triton.jit
