@@ -109,7 +109,7 @@ def candidates(op: str, n: int, dry: bool) -> list:
                 if bm * p2 <= max_tile:
                     out += [NormConfig(bm, p2, False, w, _stage1_pps(w))
                             for w in _warps(bm * p2, lo, hi, dry)]
-        chunks = (64, 128) if dry else (2048, 4096, 8192, 16384)
+        chunks = (64, 128) if dry else (2048, 4096, 8192, 16384, 32768)
         if n >= (256 if dry else 4096):
             for chunk in (c for c in chunks if c <= p2):
                 for bm in (1, 2):

@@ -15,7 +15,8 @@
 # on both RMSNorm backends; MAINJOB_ARGS),
 # hostprof (ci/host_profile.py: cProfile of a host-bound row; HOSTPROF_ARGS),
 # ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out[:ln] ..."), ncuop (the same cases:
-# executed SASS instructions per opcode), ncusrc (the same cases: per SASS instruction, CSV). Optional inputs carried from an
+# executed SASS instructions per opcode), ncusrc (the same cases: per SASS instruction, CSV), ncustall (the same cases: warp
+# stall reasons per issued instruction, occupancy, DRAM throughput). Optional inputs carried from an
 # earlier call: .carry/_C*.so (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -102,6 +103,18 @@ for stage in "$@"; do
              --metrics sass__inst_executed_per_opcode,smsp__inst_executed.sum \
              python3 ci/ncu_case.py $c >> "$OUT/ncuop.log" 2>&1
          done; log "ncuop done"; grep -vE "^==PROF==" "$OUT/ncuop.log" | head -80 ;;
+    ncustall) M=gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,dram__bytes_read.sum,dram__bytes_write.sum
+           M=$M,lts__t_sector_hit_rate.pct,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread
+           M=$M,launch__occupancy_limit_registers,launch__occupancy_limit_shared_mem,launch__grid_size,launch__block_size
+           M=$M,smsp__issue_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,smsp__warps_eligible.avg.per_cycle_active
+           for r in barrier long_scoreboard short_scoreboard mio_throttle lg_throttle wait not_selected math_pipe_throttle \
+                    membar drain no_instruction dispatch_stall branch_resolving selected; do
+             M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio; done
+           for c in ${NCU_CASES:-triton:16384:fp8}; do  # warp stall reasons per issued instruction
+             echo "== ncustall $c" >> "$OUT/ncustall.log"; c="${c//:/ }"
+             timeout 120 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --metrics "$M" \
+               python3 ci/ncu_case.py $c 2>&1 | grep -vE "^==PROF==|^ +-+ |Metric Name" >> "$OUT/ncustall.log"
+           done; log "ncustall done"; grep -E "^==|duration|dram__throughput|registers_per|warps_active|issue_active|stalled_(barrier|long|short|mio|lg|wait)" "$OUT/ncustall.log" | head -200 ;;
     ncusrc) for c in ${NCU_CASES:-cuda:4096:fp8:ln}; do  # executed instructions per SASS line (CSV)
            f="$OUT/ncusrc_${c//:/_}.csv"; c="${c//:/ }"
            timeout 150 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --section SourceCounters \

@@ -411,3 +411,66 @@ def test_gpu_large(backend, is_rms):
     torch.testing.assert_close(out[tail].double(), ref["y"], **FWD[BF16])
     torch.testing.assert_close(rsigma[tail].double(), ref["rsigma"], **STATS)
     assert not torch.isnan(out).any()
+
+
+def test_unmasked_tiles_only_where_every_tile_is_inside():
+    """Triton's forward drops its masks (EVEN) only for one-row tiles over whole column tiles, and
+    only for LayerNorm without a residual (norms._lean): a wrong EVEN reads and writes outside
+    the rows, which the poisoned-output tests below would catch only at their shapes."""
+    from engine.triton_kernels import norms
+    from engine.triton_kernels import norms_common as nc
+
+    one_row = nc.NormConfig(1, 2048, True, 2, 16)
+    assert norms._even(one_row, 4096, False)
+    assert not norms._even(one_row, 4096 + 16, False)  # a partial last chunk
+    assert not norms._even(one_row, 4096, True)  # the in-kernel transposed store
+    assert not norms._even(nc.NormConfig(2, 2048, True, 2, 16), 4096, False)  # a row tile past M
+    assert norms._even(nc.NormConfig(1, 4096, False, 8, 2), 4096, False)  # register path, N = tile
+    assert not norms._even(nc.NormConfig(1, 8192, False, 8, 2), 5120, False)
+    assert norms._lean(False, False)
+    assert not norms._lean(True, False) and not norms._lean(False, True)
+
+
+@pytest.mark.parametrize("n, out_dtype", [
+    pytest.param(2048, torch.float8_e4m3fn, id="2048-e4m3"),  # register path, one row per tile
+    pytest.param(4096, torch.float8_e4m3fn, id="4096-e4m3"),  # blocked, two chunks
+    pytest.param(32768, torch.float8_e4m3fn, id="32768-e4m3"),
+    pytest.param(32768, BF16, id="32768-bf16"),
+    pytest.param(32768, F32, id="32768-f32"),
+])
+def test_layernorm_unmasked_tiles(backend, n, out_dtype):
+    """LayerNorm rows whose Triton forward runs unmasked (EVEN: one-row tiles, N a multiple of the
+    column tile) with bf16 loads converted by bit shifts, into poisoned outputs, against the
+    float64 oracle; M odd. On the other backends the same contract."""
+    from engine.triton_kernels import norms
+    from engine.triton_kernels import norms_common as nc
+
+    fp8 = out_dtype == torch.float8_e4m3fn
+    if backend == "triton":
+        cfg = nc.fwd_config(n, BF16, False, fp8, False, False)
+        assert norms._even(cfg, n, False), (n, cfg)  # the path this test is for
+    m = 3
+    x = rows_with_stride(m, n, BF16, offset=3.0)
+    w = torch.randn(n, device=DEVICE).to(BF16)
+    b = torch.randn(n, device=DEVICE).to(BF16)
+    ref = ref_fwd(x, w, b, 1e-5, False, False)
+    if not fp8:
+        out, _, mu, rsigma = run_fwd(False, x, w, b, None, 1e-5, False, out_dtype)
+        torch.testing.assert_close(out.double(), ref["y"], **FWD[out_dtype])
+    else:
+        out = poisoned((m, n), out_dtype)
+        mu, rsigma = poisoned((m,), F32), poisoned((m,), F32)
+        scale = torch.full((1,), 4.0, device=DEVICE)
+        amax, scale_inv = torch.zeros(1, device=DEVICE), poisoned((1,), F32)
+        impl_for(False).norm_fwd(
+            x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv, None,
+            is_rms_norm=False, zero_centered_gamma=False, current_scaling=False, amax_epsilon=0.0,
+            sm_margin=0)
+        y = ref["y"]
+        assert amax.item() == pytest.approx(y.abs().max().item(), rel=1e-2)
+        q = (y * 4.0).clamp(-448, 448).float().to(out_dtype).double()
+        # within one FP8 step of the reference's cast (y is fp32 here, float64 in the oracle)
+        torch.testing.assert_close(out.double(), q, rtol=0.07, atol=2 ** -9)
+        assert scale_inv.item() == 0.25
+    torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+    torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
