@@ -70,9 +70,12 @@ _FWD_BLOCKED_TABLE = {
     16384: NormConfig(1, 16384, True, 8, 32),
     32768: NormConfig(1, 16384, True, 16, 8, 1),
     65536: NormConfig(2, 16384, True, 32, 4, 4),
-    # RMSNorm rows of 128K: two rows per tile at 2 programs per SM, 1.09x (h200_tune_rms_wide.log;
-    # chunks of 16K were 1.05x in session 9, under the 5 % this table asks of a change)
-    131072: NormConfig(2, 8192, True, 32, 2),
+    # RMSNorm rows of 128K: one row per program and one program per SM in chunks of 32K, 1.19x
+    # over two rows per tile in chunks of 8K at 2 programs per SM (session 11, tune.py with 32K
+    # chunks: h200_tune_rmsnorm_s11.log). ~130 rows in flight keep pass 2's re-read in L2, where
+    # ~260 (two programs per SM) put it past the L2 (ncu: 230 MB read for 134 MB of x, NOTES
+    # P26); 32 values per thread per chunk keep the loads in flight.
+    131072: NormConfig(1, 32768, True, 32, 1, 4),
 }
 # With a residual the blocked path's second pass re-reads x and the residual: at 16K-32K the
 # RMSNorm register tiles stay (timed table at 4748fbf: residual RMSNorm fwd 16K / 32K 93 / 84 % ->
@@ -101,7 +104,7 @@ _FWD_FP8_OVERRIDES = {
     16384: NormConfig(2, 16384, False, 32, 2),  # 1.10x
     32768: NormConfig(1, 8192, True, 8, 8),  # 1.06x
     65536: NormConfig(1, 16384, True, 16, 2, 1),  # 1.12x (h200_tune_rmsnorm_fp8_s9.log)
-    131072: NormConfig(1, 16384, True, 16, 4, 1),
+    131072: NormConfig(1, 32768, True, 32, 1, 2),  # 1.11x, as the bf16 entry (session 11)
 }
 # LayerNorm (bias, mean): smaller tiles per warp; from 8K the two-pass blocked path wins.
 _LN_FWD_OVERRIDES = {
@@ -116,7 +119,8 @@ _LN_FWD_OVERRIDES = {
     8192: NormConfig(2, 8192, True, 8, 4, 2),
     32768: NormConfig(1, 16384, True, 16, 32, 4),
     65536: NormConfig(1, 16384, True, 16, 32, 2),
-    131072: NormConfig(1, 16384, True, 16, 4),
+    # session 11 (h200_tune_layernorm_s11.log): 1.15x, as RMSNorm (_FWD_BLOCKED_TABLE)
+    131072: NormConfig(1, 32768, True, 32, 2, 3),
 }
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
 # before, the RMSNorm FP8 entries or the base table): few programs per SM; one row per 1-2 warps
@@ -124,7 +128,9 @@ _LN_FWD_OVERRIDES = {
 _LN_FWD_FP8_OVERRIDES = {
     # 1K: the RMSNorm FP8 entry (a warp per row), 1.47x (h200_tune_layernorm_small_warps.log)
     2048: NormConfig(1, 2048, False, 2, 8),  # 1.25x (the same run)
-    8192: NormConfig(1, 8192, False, 8, 2),  # 1.68x
+    # 8K: blocked (one chunk) since the unmasked LayerNorm forward (NOTES P27), 1.11x over the
+    # register tile (session 11, h200_tune_layernorm_fp8_s11.log)
+    8192: NormConfig(1, 8192, True, 8, 4, 3),
     # session 10 (NOTES P21-P22; h200_tune_layernorm_fp8_s10.log), against session 9's entries:
     # one row per program, blocked, 4K 1.13x, 16K 1.17x, 32K 1.26x, 64K 1.26x, 128K 1.24x
     4096: NormConfig(1, 2048, True, 2, 32, 4),
