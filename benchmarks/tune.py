@@ -18,9 +18,9 @@ stage 3 num_stages in {1, 2, 4} (3 is the default) for the best one. Candidates:
 * row in registers (``blocked=False``, ``block_n = next_pow2(N)``): ``block_m`` in {1, 2, 4, 8, 16}
   with ``block_m * block_n <= 32K`` (16K for bwd), ``num_warps`` in {1, 2, 4, 8, 16, 32} keeping
   8..64 elements per thread (4..32 for bwd and fwd-fp8, whose epilogue holds more registers);
-* blocked two-pass (N >= 4K): chunk ``block_n`` in {2048, 4096, 8192, 16384} up to N, ``block_m``
-  in {1, 2} (torch.compile's kernels at 8K-32K are this shape: one row per program, pass 2
-  re-reading from L2; ci/inductor_code.py, h200_inductor_configs.log);
+* blocked two-pass (N >= 4K): chunk ``block_n`` in {2048, 4096, 8192, 16384, 32768} up to N,
+  ``block_m`` in {1, 2} (torch.compile's kernels at 8K-32K are this shape: one row per program,
+  pass 2 re-reading from L2; ci/inductor_code.py, h200_inductor_configs.log), for bwd {1, 2, 4, 8};
 * fwd-fp8T: ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8}.
 
 A compile per (block_m, block_n, blocked, num_warps) dominates the time (about a second each on an
@@ -112,7 +112,9 @@ def candidates(op: str, n: int, dry: bool) -> list:
         chunks = (64, 128) if dry else (2048, 4096, 8192, 16384, 32768)
         if n >= (256 if dry else 4096):
             for chunk in (c for c in chunks if c <= p2):
-                for bm in (1, 2):
+                # the backward's blocked tiles also with 4-8 rows: its dW/dB partials are read and
+                # written per row tile and chunk, so more rows per tile amortise them
+                for bm in ((1, 2, 4, 8) if op == "bwd" else (1, 2)):
                     out += [NormConfig(bm, chunk, True, w, _stage1_pps(w))
                             for w in _warps(bm * chunk, lo // 2, hi, dry)]
     out = list(dict.fromkeys(out))

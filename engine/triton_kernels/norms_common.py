@@ -88,6 +88,11 @@ _BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 
 _BWD_BLOCKED_TABLE = {
     16384: NormConfig(2, 16384, True, 32, 1, 2),
     32768: NormConfig(2, 16384, True, 32, 1, 1),
+    # 64K-128K: four rows per tile (session 11, tune.py with 4- and 8-row blocked tiles, two runs:
+    # h200_tune_rmsnorm_bwd_s11*.log): 1.13x / 1.17x. Pass 2 reads and writes the program's dW
+    # partial chunk once per row tile; four rows share that read-modify-write, two paid it per two.
+    65536: NormConfig(4, 8192, True, 32, 1),
+    131072: NormConfig(4, 8192, True, 32, 1),
 }
 _BWD_BLOCKED = NormConfig(2, BLOCKED_CHUNK_N, True, 32, 1)  # wider than the table
 
@@ -145,7 +150,11 @@ _LN_BWD_OVERRIDES = {
     16384: NormConfig(2, 8192, True, 16, 1, 2),  # 1.27x
     # 32K: chunks of 8K, as before session 9 gave RMSNorm chunks of 16K (which did not win here:
     # h200_tune_layernorm_bwd_s9.log)
-    32768: NormConfig(2, 8192, True, 32, 1),
+    # 32K-128K: four rows per tile, which share each chunk's read-modify-write of the dW and dB
+    # partials (session 11, two runs: h200_tune_layernorm_bwd_s11*.log): 1.13x / 1.23x / 1.24x
+    32768: NormConfig(4, 4096, True, 16, 1, 4),
+    65536: NormConfig(4, 2048, True, 8, 8),
+    131072: NormConfig(4, 4096, True, 16, 1),
 }
 
 
