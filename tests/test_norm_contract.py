@@ -466,11 +466,14 @@ def test_layernorm_unmasked_tiles(backend, n, out_dtype):
             x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv, None,
             is_rms_norm=False, zero_centered_gamma=False, current_scaling=False, amax_epsilon=0.0,
             sm_margin=0)
-        y = ref["y"]
-        assert amax.item() == pytest.approx(y.abs().max().item(), rel=1e-2)
-        q = (y * 4.0).clamp(-448, 448).float().to(out_dtype).double()
-        # within one FP8 step of the reference's cast (y is fp32 here, float64 in the oracle)
-        torch.testing.assert_close(out.double(), q, rtol=0.07, atol=2 ** -9)
+        from reference import fp8_quantize
+        from test_fp8 import fp8_steps
+
+        # the float64 oracle's cast: at most one FP8 step (y is fp32 in the kernel), and rarely
+        steps = fp8_steps(out, fp8_quantize(ref["y"], 4.0, out_dtype))
+        assert steps.max().item() <= 1
+        assert (steps > 0).float().mean().item() < 0.01
+        assert amax.item() == pytest.approx(ref["y"].abs().max().item(), rel=1e-5)
         assert scale_inv.item() == 0.25
     torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
     torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
