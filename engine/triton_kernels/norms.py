@@ -6,7 +6,9 @@ registers from its load to its output, and gamma, beta and the FP8 scale are loa
 row loop. The blocked path makes two passes over column chunks per row tile (statistics, then
 output), the second re-reading x from L2; the configs (norms_common) take it for every row too wide
 for registers and, where it measured faster, for rows that would fit (one chunk of 16K at 16K:
-no row held in registers across its reduction, so more rows in flight per SM).
+no row held in registers across its reduction, so more rows in flight per SM). The LayerNorm
+forward runs without masks where every tile lies inside the tensor and converts bf16 by bit
+shifts (``_lean``: it is issue-bound; RMSNorm's is not, and keeps both).
 Offsets are 64-bit. The launchers implement the op contract of ``engine.reference`` exactly.
 """
 
