@@ -467,8 +467,8 @@ def _lean(is_rms_norm: bool, residual: bool) -> bool:
     """The forward's unmasked tiles (_even) and bf16 bit-shift conversions (_to_f32), for the
     LayerNorm forward without a residual only. They cut the instructions per value by 22 % (SASS,
     LayerNorm e4m3 16K), and the LayerNorm forward is issue-bound (ncu: 24 per value, issue slots
-    69-77 % busy): e4m3 1K-128K +2 to +10 points, bf16 8K-32K +2 to +3 (kernel time, H200, NOTES
-    P27). RMSNorm's forward is latency-bound: with fewer registers ptxas issued pass 2's loads in
+    69-77 % busy): e4m3 4K / 16K / 32K-128K +7 / +10 / +4 to +5 points (1K and 8K within 1), bf16
+    8K-32K +1 to +3 (kernel time, H200, NOTES P27). RMSNorm's forward is latency-bound: with fewer registers ptxas issued pass 2's loads in
     two batches and it lost up to 18 points (e4m3 32K), as did the residual forms (up to 11)."""
     return not is_rms_norm and not residual
 
