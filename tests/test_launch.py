@@ -129,3 +129,24 @@ def test_compile_check_specialises_like_the_launcher():
     assert cc._arg_spec(p, 0.5)[0] == "fp32"
     with pytest.raises(TypeError):
         cc._arg_spec(p, "x")
+
+
+def test_reduce_partials_two_sets_in_one_launch():
+    """dW and dB partials ([2, P, N]) reduce in one launch through a 2-D grid (the Launcher's tuple
+    grid), each set into its own output and dtype; a set count that does not match raises."""
+    from engine.triton_kernels import norms_common as nc
+
+    use_backend("triton")
+    try:
+        part = torch.randn(2, 37, 300, device=DEVICE)
+        a = torch.full((300,), float("nan"), device=DEVICE)
+        b = torch.full((300,), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+        for _ in range(2):  # the second call takes the Launcher's cached path on a GPU
+            nc.reduce_partials(part, a, b)
+            torch.testing.assert_close(a, part[0].sum(0), rtol=1e-5, atol=1e-5)
+            # one bf16 step at most: the fp32 sums differ in order only
+            torch.testing.assert_close(b, part[1].sum(0).to(torch.bfloat16), rtol=2 ** -8, atol=1e-6)
+        with pytest.raises(ValueError, match="partial sets"):
+            nc.reduce_partials(part, a)
+    finally:
+        engine.backend.reset_for_tests()

@@ -100,9 +100,9 @@ class Launcher:
         self._cache: Dict[tuple, object] = {}
         self._driver = None
 
-    def __call__(self, grid: int, args: Sequence, num_warps: int, num_stages: int, **constexprs):
-        """Launch on ``grid`` programs: ``args`` are the runtime arguments in signature order; every
-        constexpr parameter is given by name."""
+    def __call__(self, grid, args: Sequence, num_warps: int, num_stages: int, **constexprs):
+        """Launch on ``grid`` programs (an int, or a tuple ``(x, y)`` for a 2-D grid): ``args`` are
+        the runtime arguments in signature order; every constexpr parameter is given by name."""
         if len(constexprs) != len(self._constexpr_names):
             raise TypeError(f"{self.kernel.fn.__name__}: constexprs {sorted(constexprs)} given, "
                             f"{list(self._constexpr_names)} wanted")
@@ -119,9 +119,11 @@ class Launcher:
         if k is None:
             self._cache[key] = self._slow(grid, args, constexprs, num_warps, num_stages)
             return
-        k.run(grid, 1, 1, drv.get_current_stream(device), k.function, k.packed_metadata, None, None, None,
+        gx, gy = (grid, 1) if type(grid) is int else grid
+        k.run(gx, gy, 1, drv.get_current_stream(device), k.function, k.packed_metadata, None, None, None,
               *args, *constexprs)
 
     def _slow(self, grid, args, constexprs, num_warps, num_stages):
         kw = dict(zip(self._constexpr_names, constexprs))
-        return self.kernel[(grid,)](*args, **kw, num_warps=num_warps, num_stages=num_stages)
+        grid = (grid,) if type(grid) is int else tuple(grid)
+        return self.kernel[grid](*args, **kw, num_warps=num_warps, num_stages=num_stages)

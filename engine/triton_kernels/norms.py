@@ -543,8 +543,10 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
         return
     cfg = config or nc.bwd_config(n, x.dtype, is_rms_norm)
     p = persistent_grid(-(-m // cfg.block_m), x.device, sm_margin, cfg.programs_per_sm)
-    dw_part = torch.empty((p, n), dtype=torch.float32, device=x.device)
-    db_part = torch.empty((p, n), dtype=torch.float32, device=x.device) if dbias is not None else dw_part
+    # dW and, with a bias, dB partials in one allocation, reduced in one launch (reduce_partials)
+    parts = torch.empty((2 if dbias is not None else 1, p, n), dtype=torch.float32, device=x.device)
+    dw_part = parts[0]
+    db_part = parts[1] if dbias is not None else dw_part
     _BWD(p, (
         dy, x, mu if mu is not None else rsigma, rsigma, weight,
         dresidual if dresidual is not None else dy, dx, dres if dres is not None else dx,
@@ -556,9 +558,7 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
         HAS_DRES_IN=dresidual is not None, HAS_DRES=dres is not None, HAS_DB=dbias is not None,
         INTERPRETER=interpreter_rounding(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked)
-    nc.reduce_partials(dw_part, dweight)
-    if dbias is not None:
-        nc.reduce_partials(db_part, dbias)
+    nc.reduce_partials(parts, dweight, dbias)
 
 
 def norm_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *, is_rms_norm,

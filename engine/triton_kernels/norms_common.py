@@ -210,23 +210,31 @@ def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
 
 @triton.jit
 def _partials_reduce_kernel(
-    PART,  # [P, N] fp32 partials, one row per program of the backward kernel
-    OUT,  # [N] result, in OUT's dtype
-    P,  # number of partial rows
+    PART,  # [K, P, N] fp32 partials: K sets (dW, and dB when K = 2), one row per backward program
+    OUT,  # [N] result of set 0, in OUT's dtype
+    OUT2,  # [N] result of set 1 (K = 2), or OUT
+    P,  # number of partial rows per set
     N,  # columns
     BLOCK_P: tl.constexpr,  # partial rows summed per step
     BLOCK_N: tl.constexpr,  # columns per program
     INTERPRETER: tl.constexpr,  # interpreter-only rounding workaround (utils._cast)
 ):
-    """OUT[n] = sum_p PART[p, n], in a fixed order: deterministic, no atomics."""
+    """OUT[n] = sum_p PART[0, p, n] (and OUT2 from PART[1]; program_id(1) picks the set), in a
+    fixed order: deterministic, no atomics. One launch reduces dW and dB together."""
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.program_id(1)
+    base = PART + tl.cast(k, tl.int64) * P * N
     cmask = cols < N
     acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
     for p0 in range(0, P, BLOCK_P):
         rows = p0 + tl.arange(0, BLOCK_P)
         m = (rows[:, None] < P) & cmask[None, :]
-        acc += tl.load(PART + tl.cast(rows, tl.int64)[:, None] * N + cols[None, :], mask=m, other=0.0)
-    tl.store(OUT + cols, _cast(tl.sum(acc, axis=0), OUT.dtype.element_ty, INTERPRETER), mask=cmask)
+        acc += tl.load(base + tl.cast(rows, tl.int64)[:, None] * N + cols[None, :], mask=m, other=0.0)
+    total = tl.sum(acc, axis=0)
+    if k == 0:
+        tl.store(OUT + cols, _cast(total, OUT.dtype.element_ty, INTERPRETER), mask=cmask)
+    else:
+        tl.store(OUT2 + cols, _cast(total, OUT2.dtype.element_ty, INTERPRETER), mask=cmask)
 
 
 #: Columns per program of the partial-sum reduction: the GPU wants many programs, the interpreter
@@ -238,12 +246,16 @@ def _reduce_block_n(part: torch.Tensor) -> int:
     return REDUCE_BLOCK_N["cuda" if part.is_cuda else "interpreter"]
 
 
-def reduce_partials(part: torch.Tensor, out: torch.Tensor) -> None:
-    """``out[:] = part.sum(0)`` (fp32 accumulation, fixed order), cast to ``out``'s dtype."""
-    p, n = part.shape
+def reduce_partials(part: torch.Tensor, out: torch.Tensor, out2=None) -> None:
+    """``out[:] = part[0].sum(0)`` and, when ``out2`` is given, ``out2[:] = part[1].sum(0)``
+    (fp32 accumulation, fixed order), cast to the outputs' dtypes, in one launch. ``part`` is
+    ``[K, P, N]`` with K = 2 when ``out2`` is given, else K = 1."""
+    k, p, n = part.shape
+    if k != (2 if out2 is not None else 1):
+        raise ValueError(f"reduce_partials: {k} partial sets for {1 if out2 is None else 2} outputs")
     block_n = _reduce_block_n(part)
-    _REDUCE(-(-n // block_n), (part, out, p, n), 4, 3, BLOCK_P=32, BLOCK_N=block_n,
-            INTERPRETER=interpreter_rounding())
+    _REDUCE((-(-n // block_n), k), (part, out, out2 if out2 is not None else out, p, n), 4, 3,
+            BLOCK_P=32, BLOCK_N=block_n, INTERPRETER=interpreter_rounding())
 
 
 _REDUCE = Launcher(_partials_reduce_kernel)
