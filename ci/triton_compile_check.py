@@ -57,12 +57,13 @@ def _arg_spec(param, a) -> tuple:
 
 
 class Recorder:
-    """Stands in for Launcher.__call__: records each launch's compile key instead of launching."""
+    """Stands in for Launcher.launch (every launch goes through it): records each launch's compile
+    key instead of launching."""
 
     def __init__(self):
         self.variants = {}
 
-    def __call__(self, launcher, grid, args, num_warps, num_stages, **constexprs):
+    def __call__(self, launcher, grid, args, num_warps, num_stages, constexprs):
         fn = launcher.kernel
         names = [p.name for p in fn.params]
         n_rt = len(names) - len(launcher._constexpr_names)
@@ -70,7 +71,9 @@ class Recorder:
         if len(args) != n_rt:
             raise TypeError(f"{fn.fn.__name__}: {len(args)} runtime arguments, {n_rt} wanted")
         sig = tuple(_arg_spec(p, a) for p, a in zip(rt_params, args))
-        const = tuple((k, constexprs[k]) for k in launcher._constexpr_names)
+        if len(constexprs) != len(launcher._constexpr_names):
+            raise TypeError(f"{fn.fn.__name__}: {len(constexprs)} constexprs, {launcher._constexpr_names} wanted")
+        const = tuple(zip(launcher._constexpr_names, constexprs))
         key = (fn.fn.__name__, sig, const, num_warps, num_stages)
         self.variants.setdefault(key, fn)
 
@@ -168,13 +171,12 @@ def main(argv=None) -> int:
         sys.exit("triton_compile_check: unset TRITON_INTERPRET (the kernels must be JIT functions)")
 
     rec = Recorder()
-    orig = launch_mod.Launcher.__call__
-    launch_mod.Launcher.__call__ = (
-        lambda self, grid, a, nw, ns, **c: rec(self, grid, a, nw, ns, **c))
+    orig = launch_mod.Launcher.launch
+    launch_mod.Launcher.launch = lambda self, grid, a, nw, ns, c: rec(self, grid, a, nw, ns, c)
     try:
         drive(rec)
     finally:
-        launch_mod.Launcher.__call__ = orig
+        launch_mod.Launcher.launch = orig
     print(f"triton {triton.__version__}: {len(rec.variants)} kernel variants")
     if args.list:
         for key in sorted(rec.variants, key=str):

@@ -55,6 +55,7 @@ __all__ = [
     "select_backend",
     "describe",
     "reset_for_tests",
+    "register_derived_cache",
 ]
 
 _log = logging.getLogger("engine.backend")
@@ -255,8 +256,18 @@ def describe() -> Dict[str, Dict[str, str]]:
     return out
 
 
+#: Caches derived from the settings (e.g. the Triton launch plans), emptied by reset_for_tests.
+_derived_caches: list = []
+
+
+def register_derived_cache(cache) -> None:
+    """Have :func:`reset_for_tests` empty ``cache`` (anything with ``clear()``): for memoised
+    values that depend on the frozen settings."""
+    _derived_caches.append(cache)
+
+
 def reset_for_tests(env: Optional[Mapping[str, str]] = None) -> None:
-    """Forget the frozen settings and selections (tests only).
+    """Forget the frozen settings and selections and empty the caches derived from them (tests only).
 
     With ``env`` the settings are read (at next use) from that mapping instead of ``os.environ``.
     """
@@ -264,5 +275,7 @@ def reset_for_tests(env: Optional[Mapping[str, str]] = None) -> None:
     with _lock:
         _selected.clear()
         _modules.clear()
+        for cache in _derived_caches:
+            cache.clear()
         _settings = None
         _env_override = None if env is None else dict(env)

@@ -55,6 +55,9 @@ class _NormFunction(torch.autograd.Function):
             x, weight, bias, residual, eps, is_rms_norm, zero_centered_gamma, out_dtype, sm_margin)
         z = x if residual is None else res_out
         ctx.save_for_backward(z, weight, mu, rsigma)
+        # An output whose gradient nobody asked for comes to backward as None, not as a tensor of
+        # zeros: no memset, and no read of it in the backward kernel (dres_out of residual_out).
+        ctx.set_materialize_grads(False)
         ctx.cfg = (bias is not None, is_rms_norm, zero_centered_gamma, x.dtype,
                    None if residual is None else residual.dtype, sm_margin, out.dtype)
         # One output without a residual, two with: a None output would trip torch.compile.

@@ -150,3 +150,87 @@ def test_reduce_partials_two_sets_in_one_launch():
             nc.reduce_partials(part, a)
     finally:
         engine.backend.reset_for_tests()
+
+
+def _plan_cases(n: int):
+    """Norm calls of one width that differ in one option each (the keys of the launch plans)."""
+    from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer
+
+    g = torch.Generator(device=DEVICE).manual_seed(3)
+
+    def rnd(*shape, dtype=torch.bfloat16):
+        return torch.randn(*shape, device=DEVICE, generator=g).to(dtype)
+
+    x, r, r32, dy = rnd(5, n), rnd(5, n), rnd(5, n, dtype=torch.float32), rnd(5, n)
+    w, b, w32 = rnd(n), rnd(n), rnd(n, dtype=torch.float32)
+
+    def delayed(dt, columnwise=False):
+        return Float8Quantizer(torch.full((1,), 2.0, device=DEVICE), torch.zeros(1, device=DEVICE), dt,
+                               columnwise=columnwise)
+
+    def fp8(t):
+        return (t.data.view(torch.uint8), t.scale_inv) + (
+            () if t.transpose_data is None else (t.transpose_data.view(torch.uint8),))
+
+    def fb(fn, *inputs):
+        leaves = [t.clone().requires_grad_(True) for t in inputs]
+        y = fn(*leaves)
+        y = y if isinstance(y, tuple) else (y,)
+        return (*y, *torch.autograd.grad(y[0], leaves, dy))
+
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    return {
+        "rms": lambda: engine.rmsnorm(x, w),
+        "rms zcg": lambda: engine.rmsnorm(x, w, zero_centered_gamma=True),
+        "rms fp32 out": lambda: engine.rmsnorm(x, w, out_dtype=torch.float32),
+        "rms fp32 w": lambda: engine.rmsnorm(x, w32),
+        "rms res": lambda: engine.rmsnorm(x, w, residual=r),
+        "rms res32": lambda: engine.rmsnorm(x, w, residual=r32),
+        "rms sm_margin": lambda: engine.rmsnorm(x, w, sm_margin=1),
+        "ln": lambda: engine.layernorm(x, w),
+        "ln bias": lambda: engine.layernorm(x, w, b),
+        "ln bias zcg": lambda: engine.layernorm(x, w, b, zero_centered_gamma=True),
+        "ln res": lambda: engine.layernorm(x, w, b, residual=r),
+        "rms e4m3": lambda: fp8(engine.rmsnorm(x, w, quantizer=delayed(e4))),
+        "rms e5m2": lambda: fp8(engine.rmsnorm(x, w, quantizer=delayed(e5))),
+        "rms e4m3 T": lambda: fp8(engine.rmsnorm(x, w, quantizer=delayed(e4, True))),
+        "rms e4m3 cur": lambda: fp8(engine.rmsnorm(x, w, quantizer=Float8CurrentScalingQuantizer(e4))),
+        "ln e4m3 cur res": lambda: fp8(engine.layernorm(x, w, b, residual=r,
+                                                        quantizer=Float8CurrentScalingQuantizer(e4))[0]),
+        "rms f+b": lambda: fb(lambda a, c: engine.rmsnorm(a, c), x, w),
+        "rms f+b zcg": lambda: fb(lambda a, c: engine.rmsnorm(a, c, zero_centered_gamma=True), x, w),
+        "ln f+b": lambda: fb(lambda a, c: engine.layernorm(a, c), x, w),
+        "ln f+b bias": lambda: fb(lambda a, c, d: engine.layernorm(a, c, d), x, w, b),
+        "rms f+b res": lambda: fb(lambda a, c, d: engine.rmsnorm(a, c, residual=d), x, w, r),
+        "rms f+b res32": lambda: fb(lambda a, c, d: engine.rmsnorm(a, c, residual=d), x, w, r32),
+    }
+
+
+@pytest.mark.parametrize("n", [96, 1000])
+def test_plans_keep_options_apart(n):
+    """The Triton launches take their config, grid cap and constexprs from plans cached by width,
+    dtypes and options (norms.FWD_PLANS / BWD_PLANS). Every case must give, bit for bit, what it
+    gives with an empty plan cache, after all the others have filled it (in both orders): a plan key
+    that missed an option would hand one case another's constexprs."""
+    cases = _plan_cases(n)
+    fresh = {}
+    try:
+        for name, fn in cases.items():
+            use_backend("triton")
+            fresh[name] = fn()
+            if name == "rms":
+                assert len(nm.FWD_PLANS) == 1
+        use_backend("triton")
+        assert not nm.FWD_PLANS and not nm.BWD_PLANS  # reset_for_tests empties them
+        for names in (list(cases), list(reversed(cases))):
+            for name in names:
+                got, want = cases[name](), fresh[name]
+                got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+                assert len(got) == len(want)
+                for i, (a, b) in enumerate(zip(got, want)):
+                    assert a.dtype == b.dtype and torch.equal(a, b), f"{name}: output {i} differs"
+        # one plan per distinct forward (13) and backward (5) key above: the weight's and the
+        # residual's dtypes, and the transposed copy by the external kernel, need none of their own
+        assert len(nm.FWD_PLANS) == 13 and len(nm.BWD_PLANS) == 5
+    finally:
+        engine.backend.reset_for_tests()

@@ -83,6 +83,31 @@ def test_only_residual_out_used(backend, is_rms):
     torch.testing.assert_close(r.grad, torch.ones_like(r))
 
 
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("res_dtype", [BF16, F32], ids=["bf16_res", "fp32_res"])
+def test_only_norm_output_used_with_residual(backend, is_rms, res_dtype):
+    """With a residual, a graph that uses the norm output but not residual_out: the backward gets
+    no gradient for residual_out (None, not a tensor of zeros: _NormFunction does not materialise
+    it) and dx = dresidual is the norm's input gradient alone."""
+    n, eps = 200, 1e-5
+    x = torch.randn(7, n, device=DEVICE, dtype=BF16, requires_grad=True)
+    r = torch.randn(7, n, device=DEVICE, dtype=res_dtype, requires_grad=True)
+    w = (torch.rand(n, device=DEVICE) + 0.5).requires_grad_(True)
+    b = None if is_rms else torch.randn(n, device=DEVICE, requires_grad=True)
+    y, _ = call(is_rms, x, w, b, eps, residual=r)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    # the oracle normalises residual_out as stored (rounded to the residual's dtype)
+    z = residual_sum(x.detach(), r.detach())
+    gz, gw, gb, _ = oracle_grads(is_rms, z, w.detach(), None if b is None else b.detach(), None, dy,
+                                 None, eps, False)
+    torch.testing.assert_close(x.grad.double(), gz, **BWD[BF16])
+    torch.testing.assert_close(r.grad.double(), gz, **BWD[res_dtype])
+    assert rel_err(w.grad, gw) < REDUCTION[F32]
+    if b is not None:
+        assert rel_err(b.grad, gb) < REDUCTION[F32]
+
+
 def test_out_dtype_bf16_in_fp32_out(backend):
     x = torch.randn(6, 130, device=DEVICE, dtype=BF16)
     w = torch.randn(130, device=DEVICE, dtype=BF16)

@@ -2,9 +2,11 @@
 
 ``kernel[grid](*args, **kwargs)`` (``JITFunction.run``) binds the arguments, builds Triton's
 specialization key and the cache key, and checks the globals the kernel used, on every call:
-26-41 µs per launch on the H200 machines' hosts, against 7-11 µs for the compiled kernel's own
-launcher (``ci/launch_overhead.py``, ``benchmarks/results/h200_launch_overhead.log``: this path
-takes 25 µs where kernel[grid] took 41). Norm calls are small and frequent, so :class:`Launcher`
+26-41 µs per launch on the H200 machines' hosts, against 6-11 µs for the compiled kernel's own
+launcher (``ci/launch_overhead.py``: ``benchmarks/results/h200_launch_overhead.log``, this path
+25 µs where kernel[grid] took 41; ``h200_launch_overhead_s12.log``, with the int pointers below,
+17 µs where kernel[grid] took 27 and the compiled launcher 7.6 with tensors, 5.8 with int
+pointers). Norm calls are small and frequent, so :class:`Launcher`
 keeps its own cache of compiled kernels, keyed by what Triton specialises on (or finer), and calls
 the compiled launcher directly:
 
@@ -13,6 +15,11 @@ the compiled launcher directly:
   range; floats are not specialised;
 * the constexpr values, ``num_warps`` and ``num_stages``;
 * the current CUDA device.
+
+Tensors go to the compiled launcher as their data pointers (ints, :func:`launch_values`): for a
+tensor Triton's C launcher calls ``data_ptr()`` and ``cuPointerGetAttribute`` per argument, a
+check that a pointer is a device pointer which engine's ops make before any launch (every tensor
+of a call is on x's CUDA device: ``engine._norm_ops.check_norm_inputs`` and the FP8 entry points).
 
 A miss goes through ``kernel[grid]`` (which compiles or finds the kernel, launches it, and returns
 it) and caches the result. Under ``TRITON_INTERPRET=1`` (the kernel is then the interpreter's
@@ -24,7 +31,7 @@ the key against Triton's own specialisation.
 from __future__ import annotations
 
 import inspect
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import triton
 import triton.language as tl
@@ -55,21 +62,37 @@ def _hooks_set() -> bool:
     return _hook_set(rt.launch_enter_hook) or _hook_set(rt.launch_exit_hook)
 
 
-def args_key(args: Sequence) -> tuple:
+_SCALARS = (int, float)
+
+
+def launch_values(args: Sequence) -> list:
+    """The arguments as the compiled launcher takes them: ints and floats as given, every tensor as
+    its data pointer (an int). Triton's C launcher takes an int pointer as is, where for a tensor
+    it calls ``data_ptr()`` and then ``cuPointerGetAttribute`` (a driver call) per argument."""
+    return [a if type(a) in _SCALARS else a.data_ptr() for a in args]
+
+
+def args_key(args: Sequence, values: Optional[list] = None) -> tuple:
     """What Triton's specialisation distinguishes about each runtime argument, or finer.
 
-    Tensors: (dtype, data pointer 16-byte aligned). Ints: (== 1, divisible by 16, fits in int32),
-    also for parameters in ``do_not_specialize`` (Triton only looks at the range there; a finer key
-    adds cache entries that point at the same compiled kernel, never a wrong one). Floats: None.
-    One list comprehension: a function call per argument costs more than the rest of a launch.
+    A tensor: its dtype where the data pointer is 16-byte aligned, ``(dtype,)`` where not. An int:
+    ``(== 1) + 2 * (divisible by 16) + 4 * (fits in int32)``, also for parameters in
+    ``do_not_specialize`` (Triton only looks at the range there; a finer key adds cache entries
+    that point at the same compiled kernel, never a wrong one). A float: None. ``values`` is
+    :func:`launch_values` of ``args`` where the caller has it. One list comprehension of atoms
+    (no tuple per argument): a function call per argument costs more than the rest of a launch,
+    and a flat key hashes in a third of the time.
     """
-    return tuple([(a == 1, not a & 15, _I32_MIN <= a <= _I32_MAX) if type(a) is int
-                  else None if type(a) is float else (a.dtype, not a.data_ptr() & 15) for a in args])
+    if values is None:
+        values = launch_values(args)
+    return tuple([(a.dtype if not v & 15 else (a.dtype,)) if type(a) not in _SCALARS
+                  else (v == 1) + 2 * (not v & 15) + 4 * (_I32_MIN <= v <= _I32_MAX) if type(v) is int
+                  else None for a, v in zip(args, values)])
 
 
 def arg_key(a):
     """:func:`args_key` of one argument; raises TypeError for a type the fast path does not take."""
-    if type(a) not in (int, float) and not hasattr(a, "data_ptr"):
+    if type(a) not in _SCALARS and not hasattr(a, "data_ptr"):
         raise TypeError(f"Launcher: unsupported argument type {type(a).__name__}")
     return args_key((a,))[0]
 
@@ -100,13 +123,21 @@ class Launcher:
         self._cache: Dict[tuple, object] = {}
         self._driver = None
 
-    def __call__(self, grid, args: Sequence, num_warps: int, num_stages: int, **constexprs):
-        """Launch on ``grid`` programs (an int, or a tuple ``(x, y)`` for a 2-D grid): ``args`` are
-        the runtime arguments in signature order; every constexpr parameter is given by name."""
+    def constexprs(self, **constexprs) -> tuple:
+        """The constexpr values in signature order, every one given by name, for :meth:`launch`
+        (callers that launch the same configuration often build this tuple once)."""
         if len(constexprs) != len(self._constexpr_names):
             raise TypeError(f"{self.kernel.fn.__name__}: constexprs {sorted(constexprs)} given, "
                             f"{list(self._constexpr_names)} wanted")
-        constexprs = tuple(map(constexprs.__getitem__, self._constexpr_names))
+        return tuple(map(constexprs.__getitem__, self._constexpr_names))
+
+    def __call__(self, grid, args: Sequence, num_warps: int, num_stages: int, **constexprs):
+        """Launch on ``grid`` programs (an int, or a tuple ``(x, y)`` for a 2-D grid): ``args`` are
+        the runtime arguments in signature order; every constexpr parameter is given by name."""
+        self.launch(grid, args, num_warps, num_stages, self.constexprs(**constexprs))
+
+    def launch(self, grid, args: Sequence, num_warps: int, num_stages: int, constexprs: tuple):
+        """:meth:`__call__` with the constexpr values as :meth:`constexprs` returns them."""
         if FORCE_JIT or self._interpreted or _hooks_set():
             self._slow(grid, args, constexprs, num_warps, num_stages)
             return
@@ -114,14 +145,15 @@ class Launcher:
         if drv is None:
             drv = self._driver = triton.runtime.driver.active
         device = drv.get_current_device()
-        key = (device, constexprs, num_warps, num_stages, args_key(args))
+        values = launch_values(args)
+        key = (device, constexprs, num_warps, num_stages, args_key(args, values))
         k = self._cache.get(key)
         if k is None:
             self._cache[key] = self._slow(grid, args, constexprs, num_warps, num_stages)
             return
         gx, gy = (grid, 1) if type(grid) is int else grid
         k.run(gx, gy, 1, drv.get_current_stream(device), k.function, k.packed_metadata, None, None, None,
-              *args, *constexprs)
+              *values, *constexprs)
 
     def _slow(self, grid, args, constexprs, num_warps, num_stages):
         kw = dict(zip(self._constexpr_names, constexprs))

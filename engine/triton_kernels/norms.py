@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from engine import backend
 from engine.reference import compute_scale
 from engine.triton_kernels import norms_common as nc
 from engine.triton_kernels.launch import Launcher
@@ -473,15 +474,59 @@ def _lean(is_rms_norm: bool, residual: bool) -> bool:
     return not is_rms_norm and not residual
 
 
+def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling, device, sm_margin,
+              is_rms_norm, zero_centered_gamma, config):
+    """What a forward launch needs beyond the tensors and the row count: ``(config, programs cap,
+    constexprs per pass, fp8, fp8_max)``; one pass, or two for FP8 current scaling (PASS_AMAX with
+    the residual, then PASS_APPLY on its output). The launcher is not part of it (scripts swap
+    ``_FWD`` / ``_FWD_T``)."""
+    fp8 = is_fp8(out_dtype)
+    if fp8:
+        check_fp8_output(out_dtype, device)
+    fp8_max, mant, min_exp = fp8_consts(out_dtype)
+    cfg = config or nc.fwd_config(n, x_dtype, store_t, fp8, is_rms_norm, has_res)
+    lean = _lean(is_rms_norm, has_res)
+
+    def constexprs(pass_, res):
+        return _FWD.constexprs(
+            IS_RMS_NORM=is_rms_norm, HAS_BIAS=has_bias, HAS_RES=res, ZERO_CENTERED=zero_centered_gamma,
+            IS_FP8=fp8, STORE_T=store_t, PASS=pass_, INTERPRETER=interpreter_rounding(), MANT=mant,
+            MIN_EXP=min_exp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
+            AMAX_V=_amax_v(cfg, store_t) if fp8 else 1, EVEN=lean and _even(cfg, n, store_t), BITS=lean)
+
+    passes = ((constexprs(PASS_AMAX, has_res), constexprs(PASS_APPLY, False)) if fp8 and current_scaling
+              else (constexprs(PASS_FULL, has_res),))
+    cap = persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm)
+    return cfg, cap, passes, fp8, float(fp8_max)
+
+
+#: Forward plans (:func:`_fwd_plan`) by everything they depend on, which is no tensor and not the
+#: row count: as many as the distinct widths, dtypes and options a process runs.
+#: ``engine.backend.reset_for_tests`` empties it (the interpreter switch is in the constexprs).
+FWD_PLANS: dict = {}
+backend.register_derived_cache(FWD_PLANS)
+
+
 def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax,
                scale_inv, out_t, *, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon,
                sm_margin, config: Optional[nc.NormConfig] = None) -> None:
-    """``norm_fwd`` with an explicit ``config`` (None: the heuristic). Used by tuning scripts."""
+    """``norm_fwd`` with an explicit ``config`` (None: the heuristic). Used by tuning scripts.
+
+    This runs on every call of a layer, so it is short: what depends only on the width, dtypes
+    and options (config, programs per SM, constexprs) comes from a cached plan.
+    """
     m, n = x.shape
-    fp8 = is_fp8(out.dtype)
-    if fp8:
-        check_fp8_output(out.dtype, x.device)
-    fp8_max, mant, min_exp = fp8_consts(out.dtype)
+    store_t = out_t is not None
+    key = (n, x.dtype, out.dtype, bias is not None, residual is not None, store_t, current_scaling,
+           x.device, sm_margin, is_rms_norm, zero_centered_gamma)
+    plan = FWD_PLANS.get(key) if config is None else None
+    if plan is None:
+        plan = _fwd_plan(n, x.dtype, out.dtype, bias is not None, residual is not None, store_t,
+                         current_scaling, x.device, sm_margin, is_rms_norm, zero_centered_gamma, config)
+        if config is None:
+            FWD_PLANS[key] = plan
+    cfg, cap, passes, fp8, fp8_max = plan
+    launcher = _FWD_T if store_t else _FWD
     if m == 0:
         if fp8:
             if current_scaling:
@@ -489,39 +534,27 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
                 scale.copy_(compute_scale(amax, fp8_max, amax_epsilon))
             scale_inv.copy_(1.0 / scale)
         return
-    store_t = out_t is not None
-    cfg = config or nc.fwd_config(n, x.dtype, store_t, fp8, is_rms_norm, residual is not None)
-    grid = persistent_grid(-(-m // cfg.block_m), x.device, sm_margin, cfg.programs_per_sm)
-
+    grid = min(-(-m // cfg.block_m), cap)
     dummy = rsigma
-    interp = interpreter_rounding()
-
-    launcher = _FWD_T if store_t else _FWD
-    lean = _lean(is_rms_norm, residual is not None)
-
-    def launch(pass_, x_in, res, res_out):
-        launcher(grid, (
-            x_in, res if res is not None else x_in, weight, bias if bias is not None else weight,
-            out, res_out if res_out is not None else x_in, mu if mu is not None else dummy, rsigma,
-            scale if fp8 else dummy, amax if fp8 else dummy, scale_inv if fp8 else dummy,
-            out_t if store_t else out,
-            x_in.stride(0), res.stride(0) if res is not None else 0, out.stride(0),
-            res_out.stride(0) if res_out is not None else 0,
-            m, n, float(eps), float(fp8_max), float(amax_epsilon),
-        ), cfg.num_warps, cfg.num_stages,
-            IS_RMS_NORM=is_rms_norm, HAS_BIAS=bias is not None, HAS_RES=res is not None,
-            ZERO_CENTERED=zero_centered_gamma, IS_FP8=fp8, STORE_T=store_t, PASS=pass_,
-            INTERPRETER=interp, MANT=mant, MIN_EXP=min_exp,
-            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
-            AMAX_V=_amax_v(cfg, store_t) if fp8 else 1, EVEN=lean and _even(cfg, n, store_t),
-            BITS=lean)
-
-    if fp8 and current_scaling:
+    rest = (weight, bias if bias is not None else weight, out)
+    stats_q = (mu if mu is not None else dummy, rsigma) + (
+        (scale, amax, scale_inv) if fp8 else (dummy, dummy, dummy)) + (out_t if store_t else out,)
+    tail = (m, n, float(eps), fp8_max, float(amax_epsilon))
+    if len(passes) == 2:
         amax.zero_()
-        launch(PASS_AMAX, x, residual, residual_out)
-        launch(PASS_APPLY, residual_out if residual is not None else x, None, None)
+    if residual is None:
+        launcher.launch(grid, (x, x) + rest + (x,) + stats_q + (x.stride(0), 0, out.stride(0), 0) + tail,
+                        cfg.num_warps, cfg.num_stages, passes[0])
+        z = x
     else:
-        launch(PASS_FULL, x, residual, residual_out)
+        ro = residual_out if residual_out is not None else x
+        launcher.launch(grid, (x, residual) + rest + (ro,) + stats_q + (
+            x.stride(0), residual.stride(0), out.stride(0), ro.stride(0)) + tail,
+            cfg.num_warps, cfg.num_stages, passes[0])
+        z = ro
+    if len(passes) == 2:
+        launcher.launch(grid, (z, z) + rest + (z,) + stats_q + (z.stride(0), 0, out.stride(0), 0) + tail,
+                        cfg.num_warps, cfg.num_stages, passes[1])
 
 
 def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
@@ -532,32 +565,54 @@ def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scal
                current_scaling=current_scaling, amax_epsilon=amax_epsilon, sm_margin=sm_margin)
 
 
+def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_rms_norm,
+              zero_centered_gamma, config):
+    """What a backward launch needs beyond the tensors and the row count: ``(config, programs
+    cap, constexprs)``."""
+    cfg = config or nc.bwd_config(n, x_dtype, is_rms_norm)
+    constexprs = _BWD.constexprs(
+        IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma, HAS_DRES_IN=has_dres_in,
+        HAS_DRES=has_dres, HAS_DB=has_db, INTERPRETER=interpreter_rounding(),
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked)
+    return cfg, persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm), constexprs
+
+
+#: Backward plans (:func:`_bwd_plan`), as :data:`FWD_PLANS`.
+BWD_PLANS: dict = {}
+backend.register_derived_cache(BWD_PLANS)
+
+
 def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *, is_rms_norm,
                zero_centered_gamma, sm_margin, config: Optional[nc.NormConfig] = None) -> None:
-    """``norm_bwd`` with an explicit ``config`` (None: the heuristic)."""
+    """``norm_bwd`` with an explicit ``config`` (None: the heuristic); a cached plan as in
+    :func:`launch_fwd`."""
     m, n = x.shape
     if m == 0:
         dweight.zero_()
         if dbias is not None:
             dbias.zero_()
         return
-    cfg = config or nc.bwd_config(n, x.dtype, is_rms_norm)
-    p = persistent_grid(-(-m // cfg.block_m), x.device, sm_margin, cfg.programs_per_sm)
+    key = (n, x.dtype, dresidual is not None, dres is not None, dbias is not None, x.device, sm_margin,
+           is_rms_norm, zero_centered_gamma)
+    plan = BWD_PLANS.get(key) if config is None else None
+    if plan is None:
+        plan = _bwd_plan(n, x.dtype, dresidual is not None, dres is not None, dbias is not None, x.device,
+                         sm_margin, is_rms_norm, zero_centered_gamma, config)
+        if config is None:
+            BWD_PLANS[key] = plan
+    cfg, cap, constexprs = plan
+    p = min(-(-m // cfg.block_m), cap)
     # dW and, with a bias, dB partials in one allocation, reduced in one launch (reduce_partials)
     parts = torch.empty((2 if dbias is not None else 1, p, n), dtype=torch.float32, device=x.device)
     dw_part = parts[0]
     db_part = parts[1] if dbias is not None else dw_part
-    _BWD(p, (
+    _BWD.launch(p, (
         dy, x, mu if mu is not None else rsigma, rsigma, weight,
         dresidual if dresidual is not None else dy, dx, dres if dres is not None else dx,
         dw_part, db_part,
         dy.stride(0), x.stride(0), dresidual.stride(0) if dresidual is not None else 0, dx.stride(0),
         dres.stride(0) if dres is not None else 0, m, n,
-    ), cfg.num_warps, cfg.num_stages,
-        IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma,
-        HAS_DRES_IN=dresidual is not None, HAS_DRES=dres is not None, HAS_DB=dbias is not None,
-        INTERPRETER=interpreter_rounding(),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked)
+    ), cfg.num_warps, cfg.num_stages, constexprs)
     nc.reduce_partials(parts, dweight, dbias)
 
 

@@ -8,6 +8,8 @@ shared memory), so both sides are coalesced. The launchers implement the contrac
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -98,6 +100,14 @@ def _cast_transpose_kernel(
 _LAUNCH = Launcher(_cast_transpose_kernel)
 
 
+@functools.lru_cache(maxsize=None)
+def _constexprs(cast, store_row, store_t, pass_, interpreter, mant, min_exp, block_m, block_n) -> tuple:
+    """The kernel's constexpr tuple (Launcher.launch), built once per combination."""
+    return _LAUNCH.constexprs(CAST=cast, STORE_ROW=store_row, STORE_T=store_t, PASS=pass_,
+                              INTERPRETER=interpreter, MANT=mant, MIN_EXP=min_exp, BLOCK_M=block_m,
+                              BLOCK_N=block_n)
+
+
 def _grid(m: int, n: int, device: torch.device, cfg: tuple) -> int:
     tiles = -(-m // cfg[0]) * -(-n // cfg[1])
     return persistent_grid(tiles, device, 0, cfg[3])
@@ -121,13 +131,12 @@ def cast_transpose(x, scale, amax, scale_inv, out, out_t, *, current_scaling, am
     any_out = out if out is not None else out_t
 
     def launch(pass_):
-        _LAUNCH(grid, (
+        _LAUNCH.launch(grid, (
             x, any_out, out_t if out_t is not None else any_out, scale, amax, scale_inv,
             x.stride(0), out.stride(0) if out is not None else 0, m, n, float(fp8_max),
             float(amax_epsilon)), warps, 3,
-            CAST=True, STORE_ROW=out is not None, STORE_T=out_t is not None,
-            PASS=pass_, INTERPRETER=interpreter_rounding(), MANT=mant, MIN_EXP=min_exp,
-            BLOCK_M=bm, BLOCK_N=bn)
+            _constexprs(True, out is not None, out_t is not None, pass_, interpreter_rounding(), mant,
+                        min_exp, bm, bn))
 
     if current_scaling:
         amax.zero_()
@@ -145,6 +154,6 @@ def fp8_transpose(data, out_t):
     src = data.view(torch.uint8)
     dst = out_t.view(torch.uint8)
     bm, bn, warps, _ = cfg = COPY_CONFIG
-    _LAUNCH(_grid(m, n, data.device, cfg), (src, dst, dst, src, src, src, src.stride(0), 0, m, n, 0.0, 0.0),
-            warps, 3, CAST=False, STORE_ROW=False, STORE_T=True, PASS=0, INTERPRETER=False, MANT=0, MIN_EXP=0,
-            BLOCK_M=bm, BLOCK_N=bn)
+    _LAUNCH.launch(_grid(m, n, data.device, cfg), (src, dst, dst, src, src, src, src.stride(0), 0, m, n, 0.0,
+                                                   0.0), warps, 3,
+                   _constexprs(False, False, True, 0, False, 0, 0, bm, bn))

@@ -1,0 +1,164 @@
+"""Host microseconds per engine call: the Python between the user's call and the kernels.
+
+    TRITON_INTERPRET=1 python ci/host_overhead.py [--calls 2000] [--repeats 5]   # CPU machine
+    python ci/host_overhead.py --backends triton cuda                          # GPU machine
+
+On a CPU-only machine (``TRITON_INTERPRET=1``) every Triton ``Launcher`` of engine takes its fast
+path (cache hit, then the compiled kernel's ``run``) with a stand-in compiled kernel whose ``run``
+does nothing and a stand-in driver, so what is timed is all of engine's Python up to the launch:
+input checks, allocations, plans, autograd, the launcher's key. The C launch (~7-11 us on the
+H200 hosts: ``h200_launch_overhead.log``) and the CUDA caching allocator's cost over the CPU one
+come on top on a GPU. On a GPU machine the cases run for real on small CUDA tensors (kernels of a
+few us, so the host sets the pace), per backend. Each line is the median of ``--repeats`` timings
+of ``--calls`` calls issued back to back (synchronised at both ends on a GPU); ``F.rms_norm`` /
+``F.layer_norm`` on the same tensors are a yardstick of the host's speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+class _Driver:
+    """Stands in for ``triton.runtime.driver.active``: device 0, stream 0."""
+
+    @staticmethod
+    def get_current_device():
+        return 0
+
+    @staticmethod
+    def get_current_stream(device):
+        return 0
+
+
+class _Compiled:
+    """Stands in for a compiled kernel: ``run`` takes the launch's arguments and does nothing."""
+
+    function = None
+    packed_metadata = None
+
+    def run(self, *args):
+        return None
+
+
+def stub_launchers():
+    """Make every Launcher of engine's Triton kernels take its fast path with a no-op kernel."""
+    from engine.triton_kernels import launch, norms, norms_common, transpose
+
+    launchers = [v for mod in (norms, norms_common, transpose) for v in vars(mod).values()
+                 if isinstance(v, launch.Launcher)]
+    for la in launchers:
+        la._interpreted = False
+        la._driver = _Driver()
+        la._slow = lambda *a, **k: _Compiled()
+    return launchers
+
+
+def _time(fn, calls: int, repeats: int) -> float:
+    import torch
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    for _ in range(50):
+        fn()
+    runs = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        runs.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(runs)
+
+
+def cases(m: int, n: int, device: str = "cpu"):
+    import torch
+    import torch.nn.functional as F
+
+    import engine
+    from engine.fp8 import Float8Quantizer
+
+    torch.manual_seed(0)
+    kw = {"dtype": torch.bfloat16, "device": device}
+    x = torch.randn(m, n, **kw)
+    w = torch.randn(n, **kw)
+    b = torch.randn(n, **kw)
+    r = torch.randn(m, n, **kw)
+    xg = x.clone().requires_grad_(True)
+    wg = w.clone().requires_grad_(True)
+    bg = b.clone().requires_grad_(True)
+    dy = torch.randn(m, n, **kw)
+    one, zero = torch.ones(1, device=device), torch.zeros(1, device=device)
+    q = Float8Quantizer(one, zero, torch.float8_e4m3fn)
+    qt = Float8Quantizer(one.clone(), zero.clone(), torch.float8_e4m3fn, columnwise=True)
+
+    def nograd(f):
+        def g():
+            with torch.no_grad():
+                return f()
+        return g
+
+    return [
+        ("F.rms_norm fwd (yardstick)", nograd(lambda: F.rms_norm(x, (n,), w, 1e-6))),
+        ("F.layer_norm fwd (yardstick)", nograd(lambda: F.layer_norm(x, (n,), w, b, 1e-5))),
+        ("rmsnorm fwd, no grad", nograd(lambda: engine.rmsnorm(x, w))),
+        ("layernorm fwd, no grad", nograd(lambda: engine.layernorm(x, w, b))),
+        ("rmsnorm +residual fwd, no grad", nograd(lambda: engine.rmsnorm(x, w, residual=r))),
+        ("rmsnorm fwd (grad enabled)", lambda: engine.rmsnorm(xg, wg)),
+        ("rmsnorm fwd+bwd", lambda: torch.autograd.grad(engine.rmsnorm(xg, wg), (xg, wg), dy)),
+        ("layernorm fwd+bwd", lambda: torch.autograd.grad(engine.layernorm(xg, wg, bg), (xg, wg, bg), dy)),
+        ("rmsnorm e4m3 delayed", nograd(lambda: engine.rmsnorm(x, w, quantizer=q))),
+        ("layernorm e4m3 delayed + T", nograd(lambda: engine.layernorm(x, w, b, quantizer=qt))),
+        ("cast_transpose e4m3", nograd(lambda: engine.cast_transpose(x, qt))),
+    ]
+
+
+_FLAGS = ("ENGINE_USE_RMSNORM_TRITON", "ENGINE_USE_LAYERNORM_TRITON", "ENGINE_USE_CAST_TRANSPOSE_TRITON")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--m", type=int, default=32)
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--backends", nargs="*", default=["triton"], choices=["triton", "cuda"],
+                    help="on a GPU machine: the backends to time (cuda needs the built extension)")
+    args = ap.parse_args(argv)
+    import torch
+
+    from engine import backend
+
+    gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    if not gpu:
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            print("host_overhead: no GPU; set TRITON_INTERPRET=1 (the Triton backend serves CPU tensors only there)")
+            return 2
+        stub_launchers()
+        args.backends = ["triton"]
+    where = (f"{torch.cuda.get_device_name()}, real launches" if gpu else "CPU, kernel launches stubbed")
+    print(f"# host us per call, median of {args.repeats} x {args.calls} calls, [{args.m}, {args.n}] bf16, {where}")
+    for be in args.backends:
+        env = dict(os.environ)
+        env.update({f: "1" if be == "triton" else "0" for f in _FLAGS})
+        backend.reset_for_tests(env)
+        print(f"## backend {be}")
+        for name, fn in cases(args.m, args.n, "cuda" if gpu else "cpu"):
+            if be != args.backends[0] and "yardstick" in name:
+                continue
+            print(f"{name:34s} {_time(fn, args.calls, args.repeats):8.2f}")
+    backend.reset_for_tests()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
