@@ -234,3 +234,31 @@ def test_plans_keep_options_apart(n):
         assert len(nm.FWD_PLANS) == 13 and len(nm.BWD_PLANS) == 5
     finally:
         engine.backend.reset_for_tests()
+
+
+def test_row_sums_two_operand_reduction():
+    """norms._row_sums: LayerNorm's two row sums in one two-operand tl.reduce (the GPU path; the
+    interpreter's kernels take two tl.sum, SEPARATE) against torch, and RMSNorm's one sum."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def k(A, B, S2, S1, IS_RMS_NORM: tl.constexpr, SEPARATE: tl.constexpr, BM: tl.constexpr,
+          BN: tl.constexpr):
+        r = tl.arange(0, BM)
+        c = tl.arange(0, BN)
+        a = tl.load(A + r[:, None] * BN + c[None, :])
+        b = tl.load(B + r[:, None] * BN + c[None, :])
+        s2, s1 = nm._row_sums(a, b, IS_RMS_NORM, SEPARATE)
+        tl.store(S2 + r, s2)
+        tl.store(S1 + r, s1)
+
+    g = torch.Generator(device=DEVICE).manual_seed(5)
+    a = torch.randn(4, 64, device=DEVICE, generator=g)
+    b = torch.randn(4, 64, device=DEVICE, generator=g)
+    for is_rms, separate in [(False, False), (False, True), (True, False)]:
+        s2 = torch.full((4,), float("nan"), device=DEVICE)
+        s1 = torch.full((4,), float("nan"), device=DEVICE)
+        k[(1,)](a, b, s2, s1, IS_RMS_NORM=is_rms, SEPARATE=separate, BM=4, BN=64)
+        torch.testing.assert_close(s2, a.sum(1), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(s1, torch.zeros(4, device=DEVICE) if is_rms else b.sum(1), rtol=1e-5, atol=1e-5)

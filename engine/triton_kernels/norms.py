@@ -98,6 +98,25 @@ def _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro
 
 
 @triton.jit
+def _add2(a0, a1, b0, b1):
+    return a0 + b0, a1 + b1
+
+
+@triton.jit
+def _row_sums(a, b, IS_RMS_NORM: tl.constexpr, SEPARATE: tl.constexpr):
+    """Row sums of two [BLOCK_M, BLOCK_N] tiles; ``b``'s only for LayerNorm (RMSNorm: zeros).
+    LayerNorm's two sums go through one two-operand reduction: one exchange across the warps
+    (shared memory and barrier) where two ``tl.sum`` took two (NOTES P32). SEPARATE: two
+    ``tl.sum`` (the interpreter runs a reduction with a combine function element by element, 20x
+    slower; tests/test_launch.py runs this path there on a small tile)."""
+    if IS_RMS_NORM:
+        return tl.sum(a, axis=1), tl.zeros([a.shape[0]], dtype=tl.float32)
+    if SEPARATE:
+        return tl.sum(a, axis=1), tl.sum(b, axis=1)
+    return tl.reduce((a, b), 1, _add2)
+
+
+@triton.jit
 def _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM: tl.constexpr):
     """Stored (mean, rstd) of a row tile; mean is 0 for RMSNorm."""
     rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
@@ -362,10 +381,10 @@ def _norm_bwd_kernel(
             z = _ld(X + rows64[:, None] * stride_x + cols[None, :], mask, "", False, True)
             xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
             dyg = dy * g[None, :]
-            c2 = tl.sum(dyg * xhat, axis=1) * inv_n
-            dz = dyg - xhat * c2[:, None]
+            s2, s1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
+            dz = dyg - xhat * (s2 * inv_n)[:, None]
             if not IS_RMS_NORM:
-                dz -= (tl.sum(dyg, axis=1) * inv_n)[:, None]
+                dz -= (s1 * inv_n)[:, None]
             dz *= rstd[:, None]
             if HAS_DRES_IN:
                 dz += _ld(DRES_IN + rows64[:, None] * stride_dri + cols[None, :], mask, "", False, True)
@@ -391,9 +410,10 @@ def _norm_bwd_kernel(
                     gc += 1.0
                 xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
                 dyg = dy * gc[None, :]
-                s2 += tl.sum(dyg * xhat, axis=1)
+                t2, t1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
+                s2 += t2
                 if not IS_RMS_NORM:
-                    s1 += tl.sum(dyg, axis=1)
+                    s1 += t1
             c2 = s2 * inv_n
             c1 = s1 * inv_n
             # Pass 2: dz per chunk; this program's partials accumulate in its own row of DW_PART
