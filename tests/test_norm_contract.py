@@ -477,3 +477,40 @@ def test_layernorm_unmasked_tiles(backend, n, out_dtype):
         assert scale_inv.item() == 0.25
     torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
     torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("cfg", [
+    pytest.param((2, 512, False), id="register"),
+    pytest.param((2, 128, True), id="blocked-3-chunks"),
+    pytest.param((2, 512, True), id="blocked-one-chunk"),
+])
+def test_triton_backward_paths(is_rms, cfg):
+    """The Triton backward's three paths on one problem, each against the float64 oracle: the
+    register tile, the blocked path over several chunks (dW/dB partials read-modified-written per
+    row tile and chunk) and the blocked path with one chunk (ONE_CHUNK: gamma and the dW/dB
+    accumulators in registers across row tiles). Several row tiles per program (M = 37, 2-row
+    tiles), bias and zero-centred gamma."""
+    from engine.triton_kernels import norms as nm
+    from engine.triton_kernels.norms_common import NormConfig
+
+    use_backend("triton")
+    m, n, eps = 37, 300, 1e-5
+    x = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+    w = torch.randn(n, device=DEVICE) * 0.5
+    b = None if is_rms else torch.randn(n, device=DEVICE)
+    dy = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+    ref_f = ref_fwd(x, w, b, eps, is_rms, True)
+    mu = None if is_rms else ref_f["mu"].float()
+    rsigma = ref_f["rsigma"].float()
+    dx = poisoned((m, n), torch.bfloat16)
+    dw = poisoned((n,), torch.float32)
+    db = None if is_rms else poisoned((n,), torch.float32)
+    bm, bn, blocked = cfg
+    nm.launch_bwd(dy, x, mu, rsigma, w, None, dx, None, dw, db, is_rms_norm=is_rms, zero_centered_gamma=True,
+                  sm_margin=0, config=NormConfig(bm, bn, blocked, 4, 2))
+    ref = ref_bwd(dy, x, w, b, eps, is_rms, True, None)
+    torch.testing.assert_close(dx.double(), ref["dx"], **BWD[torch.bfloat16])
+    assert rel_err(dw, ref["dweight"]) < REDUCTION[torch.float32]
+    if b is not None:
+        assert rel_err(db, ref["dbias"]) < REDUCTION[torch.float32]

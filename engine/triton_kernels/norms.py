@@ -355,6 +355,7 @@ def _norm_bwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCKED: tl.constexpr,
+    ONE_CHUNK: tl.constexpr,  # BLOCKED with N <= BLOCK_N (launch_bwd)
 ):
     """dz = rstd * (dy*g - c2*xhat - c1) with per-row constants c2 = mean(dy*g*xhat) and
     c1 = mean(dy*g) (LayerNorm only), computed once per row; dW/dB partials per program."""
@@ -363,7 +364,9 @@ def _norm_bwd_kernel(
     cols = tl.arange(0, BLOCK_N)
     part_row = tl.cast(pid, tl.int64) * N
     inv_n = 1.0 / N
-    if not BLOCKED:
+    # ONE_CHUNK (blocked, N <= BLOCK_N): gamma and the dW/dB accumulators stay in registers
+    # across the row tiles, as on the register path: no partial read-modify-write per row tile.
+    if not BLOCKED or ONE_CHUNK:
         cmask = cols < N
         g = _ld(W + cols, cmask, "", False, True)
         if ZERO_CENTERED:
@@ -405,9 +408,12 @@ def _norm_bwd_kernel(
                 # evict_last: keep the lines in L2 for pass 2's re-read (evict_first there).
                 dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_last", False, True)
                 z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_last", False, True)
-                gc = _ld(W + cc, cc < N, "", False, True)
-                if ZERO_CENTERED:
-                    gc += 1.0
+                if ONE_CHUNK:
+                    gc = g
+                else:
+                    gc = _ld(W + cc, cc < N, "", False, True)
+                    if ZERO_CENTERED:
+                        gc += 1.0
                 xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
                 dyg = dy * gc[None, :]
                 t2, t1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
@@ -425,9 +431,12 @@ def _norm_bwd_kernel(
                 mask = rmask[:, None] & ccm[None, :]
                 dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_first", False, True)
                 z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_first", False, True)
-                gc = _ld(W + cc, ccm, "", False, True)
-                if ZERO_CENTERED:
-                    gc += 1.0
+                if ONE_CHUNK:
+                    gc = g
+                else:
+                    gc = _ld(W + cc, ccm, "", False, True)
+                    if ZERO_CENTERED:
+                        gc += 1.0
                 xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
                 dz = (dy * gc[None, :] - xhat * c2[:, None] - c1[:, None]) * rstd[:, None]
                 if HAS_DRES_IN:
@@ -436,15 +445,21 @@ def _norm_bwd_kernel(
                 if HAS_DRES:
                     tl.store(DRES + rows64[:, None] * stride_dres + cc[None, :],
                              _cast(dz, DRES.dtype.element_ty, INTERPRETER), mask=mask)
-                pw = tl.load(DW_PART + part_row + cc, mask=ccm & not_first, other=0.0)
-                tl.store(DW_PART + part_row + cc, pw + tl.sum(dy * xhat, axis=0), mask=ccm)
-                if HAS_DB:
-                    pb = tl.load(DB_PART + part_row + cc, mask=ccm & not_first, other=0.0)
-                    tl.store(DB_PART + part_row + cc, pb + tl.sum(dy, axis=0), mask=ccm)
-            # Each element of the partial row is read back by the thread that wrote it (same
-            # layout), but make the ordering explicit before the next row tile reads it.
-            tl.debug_barrier()
-    if not BLOCKED:
+                if ONE_CHUNK:
+                    dw += tl.sum(dy * xhat, axis=0)
+                    if HAS_DB:
+                        db += tl.sum(dy, axis=0)
+                else:
+                    pw = tl.load(DW_PART + part_row + cc, mask=ccm & not_first, other=0.0)
+                    tl.store(DW_PART + part_row + cc, pw + tl.sum(dy * xhat, axis=0), mask=ccm)
+                    if HAS_DB:
+                        pb = tl.load(DB_PART + part_row + cc, mask=ccm & not_first, other=0.0)
+                        tl.store(DB_PART + part_row + cc, pb + tl.sum(dy, axis=0), mask=ccm)
+            if not ONE_CHUNK:
+                # Each element of the partial row is read back by the thread that wrote it (same
+                # layout), but make the ordering explicit before the next row tile reads it.
+                tl.debug_barrier()
+    if not BLOCKED or ONE_CHUNK:
         tl.store(DW_PART + part_row + cols, dw, mask=cmask)
         if HAS_DB:
             tl.store(DB_PART + part_row + cols, db, mask=cmask)
@@ -593,7 +608,8 @@ def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_r
     constexprs = _BWD.constexprs(
         IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma, HAS_DRES_IN=has_dres_in,
         HAS_DRES=has_dres, HAS_DB=has_db, INTERPRETER=interpreter_rounding(),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked)
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
+        ONE_CHUNK=cfg.blocked and n <= cfg.block_n)
     return cfg, persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm), constexprs
 
 

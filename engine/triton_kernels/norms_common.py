@@ -86,7 +86,10 @@ _FWD_BLOCKED = NormConfig(1, BLOCKED_CHUNK_N, True, 32, 8)  # wider than the tab
 _BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 1)}
 # 16K-32K: blocked, chunks of 16K (h200_tune_rmsnorm_bwd_s9.log: 1.09x / 1.07x)
 _BWD_BLOCKED_TABLE = {
-    16384: NormConfig(2, 16384, True, 32, 1, 2),
+    # 16K: one row per tile in one chunk, whose dW accumulator and gamma stay in registers across
+    # row tiles (ONE_CHUNK, session 12: h200_tune_rmsnorm_bwd_s12.log, 75.6 % against 43.0 % for
+    # the 2-row tile that ONE_CHUNK made spill; NOTES P33)
+    16384: NormConfig(1, 16384, True, 32, 1, 3),
     32768: NormConfig(2, 16384, True, 32, 1, 1),
     # 64K-128K: four rows per tile (session 11, tune.py with 4- and 8-row blocked tiles, two runs:
     # h200_tune_rmsnorm_bwd_s11*.log): 1.13x / 1.17x. Pass 2 reads and writes the program's dW
@@ -146,8 +149,11 @@ _LN_FWD_FP8_OVERRIDES = {
 }
 _LN_BWD_OVERRIDES = {
     4096: NormConfig(1, 4096, False, 8, 2),  # 1.23x
-    8192: NormConfig(1, 8192, False, 16, 1, 2),  # 1.23x
-    16384: NormConfig(2, 8192, True, 16, 1, 2),  # 1.27x
+    # 8K: two rows in one blocked chunk (ONE_CHUNK), 1.08x over the 1 x 8192 register tile that
+    # stood here (1.23x over the base table before; h200_tune_layernorm_bwd_4k_8k_s12.log)
+    8192: NormConfig(2, 8192, True, 32, 1, 1),
+    # 16K: no entry since session 12: RMSNorm's (one row in one chunk, ONE_CHUNK) won 1.25x over
+    # the two chunks of 8K that stood here (h200_tune_layernorm_bwd_s12.log)
     # 32K: chunks of 8K, as before session 9 gave RMSNorm chunks of 16K (which did not win here:
     # h200_tune_layernorm_bwd_s9.log)
     # 32K-128K: four rows per tile, which share each chunk's read-modify-write of the dW and dB
