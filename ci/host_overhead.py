@@ -1,6 +1,6 @@
 """Host microseconds per engine call: the Python between the user's call and the kernels.
 
-    TRITON_INTERPRET=1 python ci/host_overhead.py [--calls 2000] [--repeats 5]   # CPU machine
+    TRITON_INTERPRET=1 python ci/host_overhead.py [--min-loop-ms 50] [--repeats 5]   # CPU machine
     python ci/host_overhead.py --backends triton cuda                          # GPU machine
 
 On a CPU-only machine (``TRITON_INTERPRET=1``) every Triton ``Launcher`` of engine takes its fast
@@ -9,8 +9,9 @@ does nothing and a stand-in driver, so what is timed is all of engine's Python u
 input checks, allocations, plans, autograd, the launcher's key. The C launch (~7-11 us on the
 H200 hosts: ``h200_launch_overhead.log``) and the CUDA caching allocator's cost over the CPU one
 come on top on a GPU. On a GPU machine the cases run for real on small CUDA tensors (kernels of a
-few us, so the host sets the pace), per backend. Each line is the median of ``--repeats`` timings
-of ``--calls`` calls issued back to back (synchronised at both ends on a GPU); ``F.rms_norm`` /
+few us, so the host sets the pace), per backend. Each line is ``benchmarks.harness.host_loop_us``:
+the median of ``--repeats`` loops of calls issued back to back for ``--min-loop-ms`` each
+(synchronised at both ends on a GPU); ``F.rms_norm`` /
 ``F.layer_norm`` on the same tensors are a yardstick of the host's speed.
 """
 
@@ -18,9 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,23 +60,6 @@ def stub_launchers():
         la._driver = _Driver()
         la._slow = lambda *a, **k: _Compiled()
     return launchers
-
-
-def _time(fn, calls: int, repeats: int) -> float:
-    import torch
-
-    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-    for _ in range(50):
-        fn()
-    runs = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        sync()
-        runs.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(runs)
 
 
 def cases(m: int, n: int, device: str = "cpu"):
@@ -129,13 +111,15 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, default=32)
     ap.add_argument("--n", type=int, default=4096)
-    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--min-loop-ms", type=float, default=50.0,
+                    help="each timed loop issues calls back to back for about this long")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--backends", nargs="*", default=["triton"], choices=["triton", "cuda"],
                     help="on a GPU machine: the backends to time (cuda needs the built extension)")
     args = ap.parse_args(argv)
     import torch
 
+    from benchmarks.harness import host_loop_us
     from engine import backend
 
     gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
@@ -146,7 +130,8 @@ def main(argv=None) -> int:
         stub_launchers()
         args.backends = ["triton"]
     where = (f"{torch.cuda.get_device_name()}, real launches" if gpu else "CPU, kernel launches stubbed")
-    print(f"# host us per call, median of {args.repeats} x {args.calls} calls, [{args.m}, {args.n}] bf16, {where}")
+    print(f"# host us per call, median of {args.repeats} loops of ~{args.min_loop_ms:g} ms, [{args.m}, {args.n}] bf16, "
+          f"{where}")
     for be in args.backends:
         env = dict(os.environ)
         env.update({f: "1" if be == "triton" else "0" for f in _FLAGS})
@@ -155,7 +140,8 @@ def main(argv=None) -> int:
         for name, fn in cases(args.m, args.n, "cuda" if gpu else "cpu"):
             if be != args.backends[0] and "yardstick" in name:
                 continue
-            print(f"{name:34s} {_time(fn, args.calls, args.repeats):8.2f}")
+            us = host_loop_us(fn, min_loop_ms=args.min_loop_ms, repeats=args.repeats, warmup=50)
+            print(f"{name:34s} {us:8.2f}")
     backend.reset_for_tests()
     return 0
 
