@@ -127,13 +127,20 @@ def _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM: tl.constexpr):
 
 
 @triton.jit
-def _load_gamma_beta(W, B, cols, N, HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.constexpr,
-                     EVEN: tl.constexpr, BITS: tl.constexpr):
-    """fp32 ``g`` (``1 + w`` when zero-centred) and ``b`` (0 without bias) for columns ``cols``."""
-    cmask = cols < N
-    g = _ld(W + cols, cmask, "", EVEN, BITS)
+def _load_gamma(W, cols, N, ZERO_CENTERED: tl.constexpr, EVEN: tl.constexpr, BITS: tl.constexpr):
+    """fp32 ``g`` (``1 + w`` when zero-centred) for columns ``cols`` (0 past N)."""
+    g = _ld(W + cols, cols < N, "", EVEN, BITS)
     if ZERO_CENTERED:
         g += 1.0
+    return g
+
+
+@triton.jit
+def _load_gamma_beta(W, B, cols, N, HAS_BIAS: tl.constexpr, ZERO_CENTERED: tl.constexpr,
+                     EVEN: tl.constexpr, BITS: tl.constexpr):
+    """fp32 ``g`` (:func:`_load_gamma`) and ``b`` (0 without bias) for columns ``cols``."""
+    cmask = cols < N
+    g = _load_gamma(W, cols, N, ZERO_CENTERED, EVEN, BITS)
     if HAS_BIAS:
         b = _ld(B + cols, cmask, "", EVEN, BITS)
     else:
@@ -368,9 +375,7 @@ def _norm_bwd_kernel(
     # across the row tiles, as on the register path: no partial read-modify-write per row tile.
     if not BLOCKED or ONE_CHUNK:
         cmask = cols < N
-        g = _ld(W + cols, cmask, "", False, True)
-        if ZERO_CENTERED:
-            g += 1.0
+        g = _load_gamma(W, cols, N, ZERO_CENTERED, False, True)
         dw = tl.zeros([BLOCK_N], dtype=tl.float32)
         db = tl.zeros([BLOCK_N], dtype=tl.float32)
     for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
@@ -408,12 +413,7 @@ def _norm_bwd_kernel(
                 # evict_last: keep the lines in L2 for pass 2's re-read (evict_first there).
                 dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_last", False, True)
                 z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_last", False, True)
-                if ONE_CHUNK:
-                    gc = g
-                else:
-                    gc = _ld(W + cc, cc < N, "", False, True)
-                    if ZERO_CENTERED:
-                        gc += 1.0
+                gc = g if ONE_CHUNK else _load_gamma(W, cc, N, ZERO_CENTERED, False, True)
                 xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
                 dyg = dy * gc[None, :]
                 t2, t1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
@@ -431,12 +431,7 @@ def _norm_bwd_kernel(
                 mask = rmask[:, None] & ccm[None, :]
                 dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_first", False, True)
                 z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_first", False, True)
-                if ONE_CHUNK:
-                    gc = g
-                else:
-                    gc = _ld(W + cc, ccm, "", False, True)
-                    if ZERO_CENTERED:
-                        gc += 1.0
+                gc = g if ONE_CHUNK else _load_gamma(W, cc, N, ZERO_CENTERED, False, True)
                 xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
                 dz = (dy * gc[None, :] - xhat * c2[:, None] - c1[:, None]) * rstd[:, None]
                 if HAS_DRES_IN:
