@@ -50,10 +50,10 @@ def main():
     captured = {}
     real = nm._FWD
 
-    def spy(grid, args, num_warps, num_stages, constexprs):
-        captured.update(grid=grid, args=args, nw=num_warps, ns=num_stages,
+    def spy(grid, tensors, scalars, num_warps, num_stages, constexprs):
+        captured.update(grid=grid, tensors=tensors, scalars=scalars, nw=num_warps, ns=num_stages,
                         c=dict(zip(real._constexpr_names, constexprs)))
-        type(real).launch(real, grid, args, num_warps, num_stages, constexprs)
+        type(real).launch(real, grid, tensors, scalars, num_warps, num_stages, constexprs)
 
     engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": "1"})
     real.launch = spy  # the instance attribute shadows the method for this capture
@@ -61,11 +61,12 @@ def main():
         engine.rmsnorm(x, w)
     finally:
         del real.launch
-    grid, args, nw, ns, c = (captured[k] for k in ("grid", "args", "nw", "ns", "c"))
+    grid, tensors, scalars, nw, ns, c = (captured[k] for k in ("grid", "tensors", "scalars", "nw", "ns", "c"))
+    args = tuple(tensors) + tuple(scalars)
     jit = nm._norm_fwd_kernel
     k = jit[(grid,)](*args, **c, num_warps=nw, num_stages=ns)
     rows["kernel[grid](...) (JITFunction.run)"] = per_call_us(lambda: jit[(grid,)](*args, **c, num_warps=nw, num_stages=ns))
-    rows["Launcher (engine fast path)"] = per_call_us(lambda: real(grid, args, nw, ns, **c))
+    rows["Launcher (engine fast path)"] = per_call_us(lambda: real(grid, tensors, scalars, nw, ns, **c))
     full = list(args) + [c[p.name] for p in jit.params if p.is_constexpr]
     full_ptrs = [a.data_ptr() if hasattr(a, "data_ptr") else a for a in full]
     stream = torch.cuda.current_stream().cuda_stream

@@ -63,7 +63,11 @@ class Recorder:
     def __init__(self):
         self.variants = {}
 
-    def __call__(self, launcher, grid, args, num_warps, num_stages, constexprs):
+    def __call__(self, launcher, grid, tensors, scalars, num_warps, num_stages, constexprs):
+        if not all(isinstance(a, torch.Tensor) for a in tensors) or any(
+                isinstance(a, torch.Tensor) for a in scalars):
+            raise TypeError(f"{launcher.kernel.fn.__name__}: tensors and scalars mixed up")
+        args = tuple(tensors) + tuple(scalars)
         fn = launcher.kernel
         names = [p.name for p in fn.params]
         n_rt = len(names) - len(launcher._constexpr_names)
@@ -172,7 +176,7 @@ def main(argv=None) -> int:
 
     rec = Recorder()
     orig = launch_mod.Launcher.launch
-    launch_mod.Launcher.launch = lambda self, grid, a, nw, ns, c: rec(self, grid, a, nw, ns, c)
+    launch_mod.Launcher.launch = lambda self, grid, t, s, nw, ns, c: rec(self, grid, t, s, nw, ns, c)
     try:
         drive(rec)
     finally:

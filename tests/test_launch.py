@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import engine
-from engine.triton_kernels.launch import Launcher, arg_key, args_key
+from engine.triton_kernels.launch import Launcher, arg_key, scalars_key, tensors_key
 from engine.triton_kernels import norms as nm
 
 from conftest import DEVICE, ON_GPU, use_backend
@@ -54,20 +54,46 @@ def test_key_separates_what_triton_specialises(specialize):
         assert len(specs) == 1, f"one key, several Triton specialisations: {group} -> {specs}"
 
 
-def test_args_key_is_arg_key_per_argument():
-    args = INTS + FLOATS + _tensors()
-    assert args_key(args) == tuple(arg_key(a) for a in args)
+def test_group_keys_are_arg_key_per_argument():
+    """The launch key of a group of tensors (one map, one OR of the pointers) and of the scalars is
+    the per-argument key: with every pointer aligned, with one misaligned among them (the OR),
+    and in any order."""
+    ts = _tensors()
+    aligned = [t for t in ts if t.data_ptr() % 16 == 0]
+    misaligned = [t for t in ts if t.data_ptr() % 16]
+    assert aligned and misaligned
+    for group in (aligned, aligned[:3] + misaligned[:1] + aligned[3:6], misaligned, ts, ts[::-1]):
+        assert tensors_key(group, [t.data_ptr() for t in group]) == tuple(arg_key(t) for t in group)
+    assert tensors_key(aligned, [t.data_ptr() for t in aligned]) == tuple(t.dtype for t in aligned)
+    scalars = INTS + FLOATS
+    assert scalars_key(scalars) == tuple(arg_key(a) for a in scalars)
+    assert scalars_key(scalars[::-1]) == tuple(arg_key(a) for a in scalars[::-1])
 
 
 def test_key_rejects_unknown_types():
     with pytest.raises(TypeError, match="unsupported argument type"):
         arg_key("a string")
+    # a tensor among the scalars would otherwise share a float's key
+    with pytest.raises(TypeError, match="unsupported argument type"):
+        scalars_key((1, torch.zeros(1), 0.5))
+
+
+def test_launcher_rejects_tensors_and_scalars_swapped():
+    """A miss checks the split: tensors in ``tensors``, ints and floats in ``scalars``."""
+    from engine.triton_kernels import norms_common as nc
+
+    launch = Launcher(nc._partials_reduce_kernel)
+    part, out = torch.zeros(1, 2, 4), torch.zeros(4)
+    with pytest.raises(TypeError, match="must be torch.Tensors"):
+        launch._slow(1, (part, out, 2), (4,), (16, 16, False), 4, 3)
+    with pytest.raises(TypeError, match="unsupported argument type"):
+        launch._slow(1, (part, out), (out, 2, 4), (16, 16, False), 4, 3)
 
 
 def test_launcher_checks_constexpr_names():
     launch = Launcher(nm._norm_bwd_kernel)
     with pytest.raises(TypeError, match="constexprs"):
-        launch(1, (), 4, 3, IS_RMS_NORM=True)
+        launch(1, (), (), 4, 3, IS_RMS_NORM=True)
 
 
 def test_launcher_wants_constexprs_last():

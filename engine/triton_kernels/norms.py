@@ -573,17 +573,17 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
     if len(passes) == 2:
         amax.zero_()
     if residual is None:
-        launcher.launch(grid, (x, x) + rest + (x,) + stats_q + (x.stride(0), 0, out.stride(0), 0) + tail,
+        launcher.launch(grid, (x, x) + rest + (x,) + stats_q, (x.stride(0), 0, out.stride(0), 0) + tail,
                         cfg.num_warps, cfg.num_stages, passes[0])
         z = x
     else:
         ro = residual_out if residual_out is not None else x
-        launcher.launch(grid, (x, residual) + rest + (ro,) + stats_q + (
-            x.stride(0), residual.stride(0), out.stride(0), ro.stride(0)) + tail,
-            cfg.num_warps, cfg.num_stages, passes[0])
+        launcher.launch(grid, (x, residual) + rest + (ro,) + stats_q,
+                        (x.stride(0), residual.stride(0), out.stride(0), ro.stride(0)) + tail,
+                        cfg.num_warps, cfg.num_stages, passes[0])
         z = ro
     if len(passes) == 2:
-        launcher.launch(grid, (z, z) + rest + (z,) + stats_q + (z.stride(0), 0, out.stride(0), 0) + tail,
+        launcher.launch(grid, (z, z) + rest + (z,) + stats_q, (z.stride(0), 0, out.stride(0), 0) + tail,
                         cfg.num_warps, cfg.num_stages, passes[1])
 
 
@@ -641,6 +641,7 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
         dy, x, mu if mu is not None else rsigma, rsigma, weight,
         dresidual if dresidual is not None else dy, dx, dres if dres is not None else dx,
         dw_part, db_part,
+    ), (
         dy.stride(0), x.stride(0), dresidual.stride(0) if dresidual is not None else 0, dx.stride(0),
         dres.stride(0) if dres is not None else 0, m, n,
     ), cfg.num_warps, cfg.num_stages, constexprs)

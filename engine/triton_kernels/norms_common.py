@@ -260,8 +260,14 @@ def reduce_partials(part: torch.Tensor, out: torch.Tensor, out2=None) -> None:
     if k != (2 if out2 is not None else 1):
         raise ValueError(f"reduce_partials: {k} partial sets for {1 if out2 is None else 2} outputs")
     block_n = _reduce_block_n(part)
-    _REDUCE((-(-n // block_n), k), (part, out, out2 if out2 is not None else out, p, n), 4, 3,
-            BLOCK_P=32, BLOCK_N=block_n, INTERPRETER=interpreter_rounding())
+    _REDUCE.launch((-(-n // block_n), k), (part, out, out2 if out2 is not None else out), (p, n), 4, 3,
+                   _reduce_constexprs(block_n, interpreter_rounding()))
+
+
+@functools.lru_cache(maxsize=None)
+def _reduce_constexprs(block_n: int, interpreter: bool) -> tuple:
+    """The reduction's constexpr tuple (Launcher.launch), built once per combination."""
+    return _REDUCE.constexprs(BLOCK_P=32, BLOCK_N=block_n, INTERPRETER=interpreter)
 
 
 _REDUCE = Launcher(_partials_reduce_kernel)

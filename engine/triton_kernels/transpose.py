@@ -131,8 +131,7 @@ def cast_transpose(x, scale, amax, scale_inv, out, out_t, *, current_scaling, am
     any_out = out if out is not None else out_t
 
     def launch(pass_):
-        _LAUNCH.launch(grid, (
-            x, any_out, out_t if out_t is not None else any_out, scale, amax, scale_inv,
+        _LAUNCH.launch(grid, (x, any_out, out_t if out_t is not None else any_out, scale, amax, scale_inv), (
             x.stride(0), out.stride(0) if out is not None else 0, m, n, float(fp8_max),
             float(amax_epsilon)), warps, 3,
             _constexprs(True, out is not None, out_t is not None, pass_, interpreter_rounding(), mant,
@@ -154,6 +153,6 @@ def fp8_transpose(data, out_t):
     src = data.view(torch.uint8)
     dst = out_t.view(torch.uint8)
     bm, bn, warps, _ = cfg = COPY_CONFIG
-    _LAUNCH.launch(_grid(m, n, data.device, cfg), (src, dst, dst, src, src, src, src.stride(0), 0, m, n, 0.0,
-                                                   0.0), warps, 3,
+    _LAUNCH.launch(_grid(m, n, data.device, cfg), (src, dst, dst, src, src, src),
+                   (src.stride(0), 0, m, n, 0.0, 0.0), warps, 3,
                    _constexprs(False, False, True, 0, False, 0, 0, bm, bn))
