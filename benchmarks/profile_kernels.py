@@ -57,6 +57,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bwd-elems", type=int, choices=[0, 16, 32],
                     help="CUDA: values per thread of the backward's register path (0: the default; "
                          "engine.cuda_backend.norm_bwd_elems), for A/B runs of the layouts")
+    ap.add_argument("--bwd-cta-threads", type=int, choices=[0, 256, 512, 1024],
+                    help="CUDA: largest CTA of the backward's register path for one 16-bit row "
+                         "without a cluster (0: the default; engine.cuda_backend."
+                         "norm_bwd_cta_threads), for A/B runs of the layouts")
     ap.add_argument("--fwd-general", type=int, choices=[0, 1],
                     help="CUDA: 1 runs the forward's general row loop for every launch (0: the "
                          "default, the fast FP8 loop where it applies; engine.cuda_backend."
@@ -64,7 +68,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
-             ("bwd_elems", "norm_bwd_elems"), ("fwd_general", "norm_fwd_general_loop"))
+             ("bwd_elems", "norm_bwd_elems"), ("bwd_cta_threads", "norm_bwd_cta_threads"),
+             ("fwd_general", "norm_fwd_general_loop"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:
             if getattr(args, arg) is not None and H.on_gpu():

@@ -14,6 +14,7 @@ from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # 8192 / 24584 / 32760 / 98312 / 131072 / 262144: rows CUDA splits over thread-block clusters of
 # 2-16 CTAs (sm_90); past 32K the backward's wide-cluster kernels (partials in shared memory).
+# The backward here runs over an fp32 residual stream; run() ends with 16-bit ones.
 SHAPES = [(1, 1), (7, 17), (33, 760), (5, 3571), (3, 8192), (3, 17389), (3, 24584), (2, 32760),
           (2, 70001), (2, 98312), (2, 131072), (2, 262144)]
 
@@ -59,6 +60,24 @@ def run(external: str) -> int:
             xc = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
             t = engine.cast_transpose(xc, Float8CurrentScalingQuantizer(E4M3, columnwise=True))
             engine.fp8_transpose(t)
+    # 16-bit z and dy (the loop above runs the backward over an fp32 residual stream): the
+    # backward's one-CTA layouts, RMSNorm rows of 12296 / 16384 in one CTA of 800 / 1024 threads
+    # and 4104 / 8192 in one CTA of 32 values per thread (LayerNorm: 16384 in a 4-CTA cluster)
+    for m, n in ((3, 4104), (3, 8192), (3, 12296), (2, 16384)):
+        for is_rms in (True, False):
+            x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            w = torch.randn(n, device="cuda", requires_grad=True)
+            y = engine.rmsnorm(x, w, 1e-5) if is_rms else engine.layernorm(x, w, None, 1e-5)
+            dy = torch.randn_like(y)
+            dx, dw = torch.autograd.grad(y, (x, w), dy)
+            # the reference backend on fp32 copies of the same bf16 inputs
+            xc, wc = x.detach().cpu().float().requires_grad_(), w.detach().cpu().requires_grad_()
+            yc = engine.rmsnorm(xc, wc, 1e-5) if is_rms else engine.layernorm(xc, wc, None, 1e-5)
+            dxc, dwc = torch.autograd.grad(yc, (xc, wc), dy.cpu().float())
+            if not (torch.allclose(dx.float().cpu(), dxc, rtol=2e-2, atol=2e-2)
+                    and torch.allclose(dw.cpu(), dwc, rtol=1e-2, atol=1e-2)):
+                print(f"backward mismatch {m}x{n} rms={is_rms}")
+                bad += 1
     torch.cuda.synchronize()
     return bad
 

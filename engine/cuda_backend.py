@@ -29,7 +29,8 @@ from engine.backend import BackendUnavailableError, settings
 Tensor = torch.Tensor
 
 __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
-           "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_fwd_general_loop",
+           "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
+           "norm_fwd_general_loop",
            "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
@@ -283,7 +284,8 @@ def norm_bwd_elems(n: int):
     """Context manager: inside the ``with`` block the CUDA norm backward's register path (16-bit
     x and dy) holds ``n`` values of a row per thread (16 or 32), or ``n = 0``, the default, the
     launcher's choice (32 in one CTA for rows of 4K-8K, 16 up to 32K, 32 and 64 past:
-    benchmarks/NOTES.md, P11 and P14). At 32, rows past 4K take 32 values per thread: one CTA per
+    benchmarks/NOTES.md, P11 and P14; at 16 the RMSNorm rows of 8K-16K run in one CTA of up to
+    1024 threads, the others in clusters: ``norm_bwd_cta_threads``). At 32, rows past 4K take 32 values per thread: one CTA per
     row to 8K, thread-block clusters of half the size beyond, the dweight / dbias partials in
     shared memory; at 16, rows wider than 16-value clusters hold take the blocked kernel. For
     tests and A/B benchmarks of the layouts on one GPU. Process-wide, not thread-safe; restores
@@ -291,6 +293,21 @@ def norm_bwd_elems(n: int):
     if type(n) is not int or n not in (0, 16, 32):
         raise ValueError(f"norm_bwd_elems: n must be 0, 16 or 32, got {n!r}")
     return _knob("set_norm_bwd_elems", n)
+
+
+def norm_bwd_cta_threads(n: int):
+    """Context manager: inside the ``with`` block the CUDA norm backward's register path (16-bit
+    x and dy) runs 16 values per thread in one CTA per row, without a thread-block cluster, as
+    ``n`` says: 1024, RMSNorm rows that need 513-1024 threads (bf16 8K-16K) in one CTA of up to
+    1024 threads (LayerNorm's build would spill at 64 registers: its rows keep the cluster);
+    512, rows of 257-512 threads (bf16 4K-8K), both norms, in one CTA of up to 512 (5 points
+    slower at 8K than the default's 32 values per thread in 256 threads); 256, neither (the
+    layouts of ``norm_bwd_elems``); 0, the default, as 1024 (benchmarks/NOTES.md, P34). For tests
+    and A/B benchmarks of the layouts on one GPU. Process-wide, not thread-safe; restores the
+    previous value on exit. A bad ``n`` raises ValueError at the call."""
+    if type(n) is not int or n not in (0, 256, 512, 1024):
+        raise ValueError(f"norm_bwd_cta_threads: n must be 0, 256, 512 or 1024, got {n!r}")
+    return _knob("set_norm_bwd_cta_threads", n)
 
 
 def norm_fwd_general_loop(n: int):

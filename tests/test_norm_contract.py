@@ -315,9 +315,46 @@ def test_bwd_elems_layouts(is_rms, elems, n, max_cluster):
 @pytest.mark.parametrize("n", [8192, 16384])
 def test_bwd_elems_taken(is_rms, n):
     """The backward knob changes the layout (8192: one CTA of 256 threads at 32 values, a 2-CTA
-    cluster at 16; 16384: 2 against 4 CTAs), and the default takes 32 at 8192, 16 at 16384."""
+    cluster at 16; 16384: 2 against 4 CTAs), and the default takes 32 at 8192, 16 at 16384. Under
+    norm_bwd_cta_threads(256): by default RMSNorm 16384 at 16 values runs in one CTA of 1024
+    threads, whose 132 workspace rows group the rows as the 132 two-CTA clusters at 32 values do
+    (the same bits: this test could not tell them apart); test_bwd_cta_threads_taken covers it."""
+    from engine import cuda_backend
+
     values = (32, 16) if n == 8192 else (16, 32)
-    check_bwd_knob_changes_path(is_rms, n, "norm_bwd_elems", values, same=0)
+    with cuda_backend.norm_bwd_cta_threads(256):
+        check_bwd_knob_changes_path(is_rms, n, "norm_bwd_elems", values, same=0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA backward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("cta", [0, 256, 512, 1024])
+@pytest.mark.parametrize("n", [4104, 8192, 12296, 16384, 16392])
+def test_bwd_cta_threads_layouts(is_rms, cta, n):
+    """The CUDA backward's one-CTA layout at 16 values per thread (cuda_backend.norm_bwd_cta_threads:
+    CTAs of up to 512 or 1024 threads for one row, 1024 for RMSNorm only; 256 none, 0 the default)
+    against float64 with poisoned outputs, over 301 rows: 4104 (257 threads) and 12296 (769) leave
+    lanes idle, 16384 fills 1024 threads and 16392 needs 1025, so it keeps the cluster layout."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        with cuda_backend.norm_bwd_cta_threads(cta):
+            check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA backward")
+@pytest.mark.parametrize("is_rms,n,values", [
+    (True, 8192, (256, 512)), (False, 8192, (256, 512)), (True, 16384, (1024, 256)),
+    (True, 16384, (1024, 512))], ids=["rms-8192", "ln-8192", "rms-16384-256", "rms-16384-512"])
+def test_bwd_cta_threads_taken(is_rms, n, values):
+    """The knob changes the layout: 8192 at 32 values in 256 threads against one CTA of 512 at
+    16; RMSNorm 16384 in one CTA of 1024 threads against a 4-CTA cluster (256 and 512 alike; the
+    LayerNorm builds of 1024 threads would spill, so LayerNorm keeps the cluster). The default
+    takes the first layout of each pair, bit for bit."""
+    check_bwd_knob_changes_path(is_rms, n, "norm_bwd_cta_threads", values, same=0)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")

@@ -44,6 +44,7 @@ std::vector<std::pair<int, const void*>> g_smem_raised;
 std::atomic<int> g_max_cluster{0}; /* 0: the device's largest (max_cluster_size) */
 std::atomic<int> g_norm_fwd_vectors{0};
 std::atomic<int> g_norm_bwd_elems{0};
+std::atomic<int> g_norm_bwd_cta_threads{0};
 std::atomic<int> g_norm_fwd_general_loop{0};
 
 /* Compiled like every kernel of the library: its PTX version tells whether the device code the
@@ -152,6 +153,8 @@ int norm_fwd_vectors() { return g_norm_fwd_vectors.load(std::memory_order_relaxe
 
 int norm_bwd_elems() { return g_norm_bwd_elems.load(std::memory_order_relaxed); }
 
+int norm_bwd_cta_threads() { return g_norm_bwd_cta_threads.load(std::memory_order_relaxed); }
+
 int norm_fwd_general_loop() { return g_norm_fwd_general_loop.load(std::memory_order_relaxed); }
 
 engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out) {
@@ -258,6 +261,11 @@ int engine_set_max_cluster_size(int n) {
 int engine_set_norm_bwd_elems(int n) {
   if (n != 0 && n != 16 && n != 32) return -1;
   return engine::g_norm_bwd_elems.exchange(n);
+}
+
+int engine_set_norm_bwd_cta_threads(int n) {
+  if (n != 0 && n != 256 && n != 512 && n != 1024) return -1;
+  return engine::g_norm_bwd_cta_threads.exchange(n);
 }
 
 int engine_set_norm_fwd_vectors(int n) {

@@ -63,6 +63,9 @@ int norm_fwd_vectors();
 /* engine_set_norm_bwd_elems's value now (0: the launcher's choice). */
 int norm_bwd_elems();
 
+/* engine_set_norm_bwd_cta_threads's value now (0: the launcher's choice). */
+int norm_bwd_cta_threads();
+
 /* engine_set_norm_fwd_general_loop's value now (0: the fast loop where it applies). */
 int norm_fwd_general_loop();
 

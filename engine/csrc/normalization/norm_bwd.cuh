@@ -18,7 +18,9 @@
  * dweight / dbias partials for its columns in registers across all of its CTA's rows, then the CTA
  * combines its row groups in a fixed order through shared memory and writes ONE row of fp32
  * partials to the workspace ([num_ctas, ws_pitch] for dweight, the same for dbias).
- * Cluster path (the register kernel, sm_90): rows wider than one 256-thread CTA (8K-32K for
+ * One-CTA path (the register kernel, 1024-thread build): RMSNorm rows of 8K-16K over 16-bit z
+ * and dy, 16 values per thread in one CTA per row, no cluster (launch_bwd; NOTES P34).
+ * Cluster path (the register kernel, sm_90): other rows wider than one 256-thread CTA (8K-32K for
  * 16-bit operands) are split over a thread-block cluster as in the forward; c1 / c2 are reduced
  * across the cluster in distributed shared memory, and the cluster writes one workspace row, each
  * CTA its own columns. Rows of 4K-8K over 16-bit z and dy take the same kernel with 32 values
@@ -47,7 +49,8 @@ constexpr int bwd_vec() {
   return 16 / (sizeof(Z) < sizeof(DY) ? sizeof(Z) : sizeof(DY));
 }
 
-/* kMaxThreads: 256 or kMaxRowThreads (rows that need more than 256 threads), as in the forward.
+/* kMaxThreads: 256 or kMaxRowThreads (rows that need more than 256 threads), as in the forward,
+ * or kBwdCtaThreads (launch_bwd's one-CTA layout of a RMSNorm row to 16K).
  * Blocks of up to 256 threads over 16-bit z and dy holding kBwdElems values per thread are
  * compiled for 3 CTAs per SM (at most 85 registers, no spills); with an fp32 operand that spills,
  * so those keep 2. The 32- and 64-value builds (2x / 4x kBwdElems) have no minimum: ptxas gives
@@ -422,7 +425,15 @@ engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, 
                              int block, size_t smem) {
   auto* narrow = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>;
   auto* wide = narrow;
-  if constexpr (!kNarrowOnly) wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>;
+  if constexpr (!kNarrowOnly) {
+    wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>;
+    /* One CTA of up to kBwdCtaThreads for a 16-bit row of 16 values per thread (launch_bwd);
+     * RMSNorm only: at 64 registers (1024 threads) the LayerNorm builds spill (4 bytes without
+     * dbias partials, 160-196 with them; ptxas -v) */
+    if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2 && NV * VEC == kBwdElems && kRms && !kHasDb) {
+      if (block > kMaxRowThreads) wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kBwdCtaThreads>;
+    }
+  }
   if constexpr (NV * VEC > kBwdElems) { /* the kernel's kPartSmem: the partials in shared memory */
     smem = (size_t)(kHasDb ? 2 : 1) * gb_floats(NV, a.tpr, VEC) * sizeof(float);
   }
@@ -511,6 +522,23 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   const int tpr = row_group_tpr(tpr_raw);
 
   a.cluster = 1;
+  /* 16 values per thread in one CTA per row (16-bit z and dy), as the Triton backward runs 16K (one
+   * program of 32 warps per SM, the row in registers: NOTES P33): no cluster barrier per row, the
+   * partials in registers. By default (ctx.bwd_cta_threads 0 or 1024) RMSNorm rows that need
+   * 513-1024 threads (bf16 8K-16K) in one CTA of up to 1024: fwd+bwd 16K 65 -> 77.5 % (P34). The
+   * 1024-thread build is RMSNorm only (launch_bwd_reg: LayerNorm's spills). 512: rows of 257-512
+   * threads (4K-8K) in one CTA of up to 512, both norms, which lost 5 points at 8K to the 32
+   * values in 256 threads below (P34), for A/B runs only; 256: neither. */
+  const int cta = ctx.bwd_cta_threads != 0 ? ctx.bwd_cta_threads : kBwdCtaThreadsDefault;
+  const bool one_cta =
+      cta == kMaxRowThreads ? tpr_raw > kClusterRowThreads && tpr_raw <= kMaxRowThreads
+      : cta == kBwdCtaThreads ? tpr_raw > kMaxRowThreads && tpr_raw <= kBwdCtaThreads && a.is_rms && a.ws_db == nullptr
+                             : false;
+  if (sizeof(Z) == 2 && sizeof(DY) == 2 && vec && ctx.bwd_elems != 32 && one_cta) {
+    a.tpr = (int)round_up(tpr_raw, 32);
+    a.rows_per_iter = 1;
+    return launch_bwd_reg_k<Z, DY, VEC, NV>(a, ctx, max_ctas, num_ctas, a.tpr, 0);
+  }
   /* 32 values per thread in one CTA for 16-bit rows of 4K-8K (tpr_raw 257-512), where 16 would
    * need a 2-CTA cluster: +2.3-2.5 points of fwd+bwd at 8K in an A/B/A run (P14); at 16K-32K
    * clusters of half the size at 32 values lost 2-3 points, so those keep 16 (the knob: 32

@@ -109,6 +109,8 @@ struct LaunchCtx {
   int fwd_vectors; /* forward register path, 16-bit z: vectors per thread (0: by row width) */
   int bwd_elems;   /* backward register path, 16-bit z and dy: values per thread (0: by width) */
   int fwd_general; /* forward register path: 1 runs the general row loop for every launch */
+  int bwd_cta_threads; /* backward register path, 16-bit z and dy: largest CTA for one row without
+                          a cluster at 16 values per thread (0: the default) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x
@@ -116,6 +118,11 @@ struct LaunchCtx {
 constexpr int kMaxRowThreads = 512;
 constexpr int kFwdNV = 8;
 constexpr int kBwdElems = 16;
+/* The backward's register path over 16-bit z and dy: the CTA one RMSNorm row of 513-1024 threads
+ * gets at kBwdElems values per thread without a cluster (engine_set_norm_bwd_cta_threads), and
+ * the launcher's default layout setting (that CTA: benchmarks/NOTES.md, P34). */
+constexpr int kBwdCtaThreads = 1024;
+constexpr int kBwdCtaThreadsDefault = kBwdCtaThreads;
 
 /* Upper bound on backward CTAs per SM, so that the workspace size depends on (rows, cols,
  * sm_count, sm_margin) only, not on dtypes or occupancy. */
