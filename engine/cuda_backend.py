@@ -285,11 +285,11 @@ def norm_bwd_elems(n: int):
     x and dy) holds ``n`` values of a row per thread (16 or 32), or ``n = 0``, the default, the
     launcher's choice (32 in one CTA for rows of 4K-8K, 16 up to 32K, 32 and 64 past:
     benchmarks/NOTES.md, P11 and P14; at 16 the RMSNorm rows of 8K-16K run in one CTA of up to
-    1024 threads, the others in clusters: ``norm_bwd_cta_threads``). At 32, rows past 4K take 32 values per thread: one CTA per
-    row to 8K, thread-block clusters of half the size beyond, the dweight / dbias partials in
-    shared memory; at 16, rows wider than 16-value clusters hold take the blocked kernel. For
-    tests and A/B benchmarks of the layouts on one GPU. Process-wide, not thread-safe; restores
-    the previous value on exit. A bad ``n`` raises ValueError at the call."""
+    1024 threads, the others in clusters: ``norm_bwd_cta_threads``). At 32, rows past 4K take 32
+    values per thread: one CTA per row to 8K, thread-block clusters of half the size beyond, the
+    dweight / dbias partials in shared memory; at 16, rows wider than 16-value clusters hold take
+    the blocked kernel. For tests and A/B benchmarks of the layouts on one GPU. Process-wide, not
+    thread-safe; restores the previous value on exit. A bad ``n`` raises ValueError at the call."""
     if type(n) is not int or n not in (0, 16, 32):
         raise ValueError(f"norm_bwd_elems: n must be 0, 16 or 32, got {n!r}")
     return _knob("set_norm_bwd_elems", n)

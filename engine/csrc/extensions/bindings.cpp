@@ -461,9 +461,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_norm_bwd_cta_threads", &engine_set_norm_bwd_cta_threads,
-        "Largest CTA the norm backward's register path gives a 16-bit row without a cluster, 0 for "
-        "the default (engine/csrc/include/engine/common.h); returns the previous value, -1 for an "
-        "invalid n",
+        "One-CTA layouts of the norm backward's register path for 16-bit rows (1024, 512, 256: "
+        "none), 0 for the default (engine/csrc/include/engine/common.h); returns the previous "
+        "value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_norm_fwd_vectors", &engine_set_norm_fwd_vectors,
         "Vectors of x per thread of the norm forward's register path, 0 for the default "

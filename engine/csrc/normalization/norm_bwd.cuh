@@ -525,15 +525,16 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   /* 16 values per thread in one CTA per row (16-bit z and dy), as the Triton backward runs 16K (one
    * program of 32 warps per SM, the row in registers: NOTES P33): no cluster barrier per row, the
    * partials in registers. By default (ctx.bwd_cta_threads 0 or 1024) RMSNorm rows that need
-   * 513-1024 threads (bf16 8K-16K) in one CTA of up to 1024: fwd+bwd 16K 65 -> 77.5 % (P34). The
+   * 513-1024 threads (bf16 8K-16K) in one CTA of up to 1024: fwd+bwd 16K 65 -> 77 % (P34). The
    * 1024-thread build is RMSNorm only (launch_bwd_reg: LayerNorm's spills). 512: rows of 257-512
    * threads (4K-8K) in one CTA of up to 512, both norms, which lost 5 points at 8K to the 32
    * values in 256 threads below (P34), for A/B runs only; 256: neither. */
   const int cta = ctx.bwd_cta_threads != 0 ? ctx.bwd_cta_threads : kBwdCtaThreadsDefault;
+  const bool rms_only = a.is_rms && a.ws_db == nullptr;
   const bool one_cta =
-      cta == kMaxRowThreads ? tpr_raw > kClusterRowThreads && tpr_raw <= kMaxRowThreads
-      : cta == kBwdCtaThreads ? tpr_raw > kMaxRowThreads && tpr_raw <= kBwdCtaThreads && a.is_rms && a.ws_db == nullptr
-                             : false;
+      cta == kMaxRowThreads   ? tpr_raw > kClusterRowThreads && tpr_raw <= kMaxRowThreads
+      : cta == kBwdCtaThreads ? tpr_raw > kMaxRowThreads && tpr_raw <= kBwdCtaThreads && rms_only
+                              : false;
   if (sizeof(Z) == 2 && sizeof(DY) == 2 && vec && ctx.bwd_elems != 32 && one_cta) {
     a.tpr = (int)round_up(tpr_raw, 32);
     a.rows_per_iter = 1;

@@ -109,8 +109,8 @@ struct LaunchCtx {
   int fwd_vectors; /* forward register path, 16-bit z: vectors per thread (0: by row width) */
   int bwd_elems;   /* backward register path, 16-bit z and dy: values per thread (0: by width) */
   int fwd_general; /* forward register path: 1 runs the general row loop for every launch */
-  int bwd_cta_threads; /* backward register path, 16-bit z and dy: largest CTA for one row without
-                          a cluster at 16 values per thread (0: the default) */
+  int bwd_cta_threads; /* backward register path, 16-bit z and dy: the one-CTA layouts at 16
+                          values per thread (engine_set_norm_bwd_cta_threads; 0: the default) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x
