@@ -288,3 +288,21 @@ def test_row_sums_two_operand_reduction():
         k[(1,)](a, b, s2, s1, IS_RMS_NORM=is_rms, SEPARATE=separate, BM=4, BN=64)
         torch.testing.assert_close(s2, a.sum(1), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(s1, torch.zeros(4, device=DEVICE) if is_rms else b.sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_triton_fwd_refuses_residual_without_residual_out():
+    """With a residual the kernel stores x + residual into residual_out and normalises that; the
+    launcher once put x in a missing residual_out's slot (the kernel would have overwritten x).
+    It raises instead, as the CUDA backend does."""
+    use_backend("triton")
+    try:
+        x, r = torch.randn(3, 64, device=DEVICE), torch.randn(3, 64, device=DEVICE)
+        x0 = x.clone()
+        w = torch.ones(64, device=DEVICE)
+        out, rs = torch.empty_like(x), torch.empty(3, device=DEVICE)
+        with pytest.raises(ValueError, match="without residual_out"):
+            nm.norm_fwd(x, w, None, r, 1e-5, out, None, None, rs, None, None, None, None, is_rms_norm=True,
+                        zero_centered_gamma=False, current_scaling=False, amax_epsilon=0.0, sm_margin=0)
+        assert torch.equal(x, x0)
+    finally:
+        engine.backend.reset_for_tests()

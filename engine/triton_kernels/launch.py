@@ -111,9 +111,10 @@ def arg_key(a):
 class Launcher:
     """Launch one ``@triton.jit`` kernel through a cache of compiled kernels (see the module).
 
-    The kernel's constexpr parameters must come last in its signature (engine's kernels do), so
-    that ``args`` (the runtime arguments, in order) followed by the constexpr values (in signature
-    order) is the full argument list the compiled launcher takes.
+    The kernel's parameters must come as its tensors, then its ints and floats, then its
+    constexprs (engine's kernels do; constexprs last is checked here, the tensors-then-scalars
+    split on every cache miss), so that the tensors' pointers, the scalars and the constexpr values
+    (in signature order) are the full argument list the compiled launcher takes.
     """
 
     def __init__(self, kernel):

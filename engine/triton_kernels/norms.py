@@ -499,8 +499,9 @@ def _lean(is_rms_norm: bool, residual: bool) -> bool:
     LayerNorm forward without a residual only. They cut the instructions per value by 22 % (SASS,
     LayerNorm e4m3 16K), and the LayerNorm forward is issue-bound (ncu: 24 per value, issue slots
     69-77 % busy): e4m3 4K / 16K / 32K-128K +7 / +10 / +4 to +5 points (1K and 8K within 1), bf16
-    8K-32K +1 to +3 (kernel time, H200, NOTES P27). RMSNorm's forward is latency-bound: with fewer registers ptxas issued pass 2's loads in
-    two batches and it lost up to 18 points (e4m3 32K), as did the residual forms (up to 11)."""
+    8K-32K +1 to +3 (kernel time, H200, NOTES P27). RMSNorm's forward is latency-bound: with
+    fewer registers ptxas issued pass 2's loads in two batches and it lost up to 18 points (e4m3
+    32K), as did the residual forms (up to 11)."""
     return not is_rms_norm and not residual
 
 
@@ -564,6 +565,8 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
                 scale.copy_(compute_scale(amax, fp8_max, amax_epsilon))
             scale_inv.copy_(1.0 / scale)
         return
+    if residual is not None and residual_out is None:  # as the CUDA backend's check
+        raise ValueError("norm forward: residual given without residual_out")
     grid = min(-(-m // cfg.block_m), cap)
     dummy = rsigma
     rest = (weight, bias if bias is not None else weight, out)
@@ -572,16 +575,13 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
     tail = (m, n, float(eps), fp8_max, float(amax_epsilon))
     if len(passes) == 2:
         amax.zero_()
-    if residual is None:
-        launcher.launch(grid, (x, x) + rest + (x,) + stats_q, (x.stride(0), 0, out.stride(0), 0) + tail,
-                        cfg.num_warps, cfg.num_stages, passes[0])
-        z = x
-    else:
-        ro = residual_out if residual_out is not None else x
-        launcher.launch(grid, (x, residual) + rest + (ro,) + stats_q,
-                        (x.stride(0), residual.stride(0), out.stride(0), ro.stride(0)) + tail,
-                        cfg.num_warps, cfg.num_stages, passes[0])
-        z = ro
+    # Without a residual its slots take x (never read: HAS_RES is off) and stride 0; with one, the
+    # norm's input z is residual_out (the kernel stores x + residual there).
+    r, z = (x, x) if residual is None else (residual, residual_out)
+    launcher.launch(grid, (x, r) + rest + (z,) + stats_q,
+                    (x.stride(0), 0 if residual is None else r.stride(0), out.stride(0),
+                     0 if residual is None else z.stride(0)) + tail,
+                    cfg.num_warps, cfg.num_stages, passes[0])
     if len(passes) == 2:
         launcher.launch(grid, (z, z) + rest + (z,) + stats_q, (z.stride(0), 0, out.stride(0), 0) + tail,
                         cfg.num_warps, cfg.num_stages, passes[1])

@@ -425,14 +425,21 @@ engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, 
                              int block, size_t smem) {
   auto* narrow = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>;
   auto* wide = narrow;
+  int max_block = kClusterRowThreads;
   if constexpr (!kNarrowOnly) {
     wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>;
+    max_block = kMaxRowThreads;
     /* One CTA of up to kBwdCtaThreads for a 16-bit row of 16 values per thread (launch_bwd);
      * RMSNorm only: at 64 registers (1024 threads) the LayerNorm builds spill (4 bytes without
      * dbias partials, 160-196 with them; ptxas -v) */
     if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2 && NV * VEC == kBwdElems && kRms && !kHasDb) {
+      max_block = kBwdCtaThreads;
       if (block > kMaxRowThreads) wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kBwdCtaThreads>;
     }
+  }
+  if (a.cluster <= 1 && block > max_block) { /* the launcher asked for a build this one lacks */
+    return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm_bwd_reg_kernel: no %d-thread build here",
+                     block);
   }
   if constexpr (NV * VEC > kBwdElems) { /* the kernel's kPartSmem: the partials in shared memory */
     smem = (size_t)(kHasDb ? 2 : 1) * gb_floats(NV, a.tpr, VEC) * sizeof(float);
