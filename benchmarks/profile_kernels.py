@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                          "engine.cuda_backend.norm_bwd_elems), for A/B runs of the layouts")
     ap.add_argument("--bwd-cta-threads", type=int, choices=[0, 256, 512, 1024],
                     help="CUDA: the backward's one-CTA layouts of a 16-bit row at 16 values per "
-                         "thread (1024: RMSNorm 8K-16K, 512: 4K-8K, 256: none, 0: the default; "
+                         "thread (1024: 8K-16K, 512: 4K-8K, 256: none, 0: the default; "
                          "engine.cuda_backend.norm_bwd_cta_threads), for A/B runs of the layouts")
     ap.add_argument("--fwd-general", type=int, choices=[0, 1],
                     help="CUDA: 1 runs the forward's general row loop for every launch (0: the "

@@ -61,22 +61,27 @@ def run(external: str) -> int:
             t = engine.cast_transpose(xc, Float8CurrentScalingQuantizer(E4M3, columnwise=True))
             engine.fp8_transpose(t)
     # 16-bit z and dy (the loop above runs the backward over an fp32 residual stream): the
-    # backward's one-CTA layouts, RMSNorm rows of 12296 / 16384 in one CTA of 800 / 1024 threads
-    # and 4104 / 8192 in one CTA of 32 values per thread (LayerNorm: 16384 in a 4-CTA cluster)
+    # backward's one-CTA layouts, rows of 12296 / 16384 in one CTA of 800 / 1024 threads (the
+    # LayerNorm builds with their dweight, or dweight and dbias, partials in shared memory) and
+    # 4104 / 8192 in one CTA of 32 values per thread
     for m, n in ((3, 4104), (3, 8192), (3, 12296), (2, 16384)):
-        for is_rms in (True, False):
+        for is_rms, with_bias in ((True, False), (False, False), (False, True)):
             x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             w = torch.randn(n, device="cuda", requires_grad=True)
-            y = engine.rmsnorm(x, w, 1e-5) if is_rms else engine.layernorm(x, w, None, 1e-5)
+            b = torch.randn(n, device="cuda", requires_grad=True) if with_bias else None
+            y = engine.rmsnorm(x, w, 1e-5) if is_rms else engine.layernorm(x, w, b, 1e-5)
             dy = torch.randn_like(y)
-            dx, dw = torch.autograd.grad(y, (x, w), dy)
+            params = (x, w) + ((b,) if with_bias else ())
+            grads = torch.autograd.grad(y, params, dy)
             # the reference backend on fp32 copies of the same bf16 inputs
-            xc, wc = x.detach().cpu().float().requires_grad_(), w.detach().cpu().requires_grad_()
-            yc = engine.rmsnorm(xc, wc, 1e-5) if is_rms else engine.layernorm(xc, wc, None, 1e-5)
-            dxc, dwc = torch.autograd.grad(yc, (xc, wc), dy.cpu().float())
-            if not (torch.allclose(dx.float().cpu(), dxc, rtol=2e-2, atol=2e-2)
-                    and torch.allclose(dw.cpu(), dwc, rtol=1e-2, atol=1e-2)):
-                print(f"backward mismatch {m}x{n} rms={is_rms}")
+            cpu = [p.detach().cpu().float().requires_grad_() for p in params]
+            bc = cpu[2] if with_bias else None
+            yc = engine.rmsnorm(cpu[0], cpu[1], 1e-5) if is_rms else engine.layernorm(cpu[0], cpu[1], bc, 1e-5)
+            grads_c = torch.autograd.grad(yc, cpu, dy.cpu().float())
+            tols = [(2e-2, 2e-2)] + [(1e-2, 1e-2)] * (len(params) - 1)
+            if not all(torch.allclose(g.float().cpu(), gc, rtol=r, atol=a)
+                       for g, gc, (r, a) in zip(grads, grads_c, tols)):
+                print(f"backward mismatch {m}x{n} rms={is_rms} bias={with_bias}")
                 bad += 1
     torch.cuda.synchronize()
     return bad

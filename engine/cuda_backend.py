@@ -284,8 +284,8 @@ def norm_bwd_elems(n: int):
     """Context manager: inside the ``with`` block the CUDA norm backward's register path (16-bit
     x and dy) holds ``n`` values of a row per thread (16 or 32), or ``n = 0``, the default, the
     launcher's choice (32 in one CTA for rows of 4K-8K, 16 up to 32K, 32 and 64 past:
-    benchmarks/NOTES.md, P11 and P14; at 16 the RMSNorm rows of 8K-16K run in one CTA of up to
-    1024 threads, the others in clusters: ``norm_bwd_cta_threads``). At 32, rows past 4K take 32
+    benchmarks/NOTES.md, P11 and P14; at 16 the rows of 8K-16K run in one CTA of up to 1024
+    threads, the others in clusters: ``norm_bwd_cta_threads``). At 32, rows past 4K take 32
     values per thread: one CTA per row to 8K, thread-block clusters of half the size beyond, the
     dweight / dbias partials in shared memory; at 16, rows wider than 16-value clusters hold take
     the blocked kernel. For tests and A/B benchmarks of the layouts on one GPU. Process-wide, not
@@ -298,11 +298,12 @@ def norm_bwd_elems(n: int):
 def norm_bwd_cta_threads(n: int):
     """Context manager: inside the ``with`` block the CUDA norm backward's register path (16-bit
     x and dy) runs 16 values per thread in one CTA per row, without a thread-block cluster, as
-    ``n`` says: 1024, RMSNorm rows that need 513-1024 threads (bf16 8K-16K) in one CTA of up to
-    1024 threads (LayerNorm's build would spill at 64 registers: its rows keep the cluster);
-    512, rows of 257-512 threads (bf16 4K-8K), both norms, in one CTA of up to 512 (5 points
-    slower at 8K than the default's 32 values per thread in 256 threads); 256, neither (the
-    layouts of ``norm_bwd_elems``); 0, the default, as 1024 (benchmarks/NOTES.md, P34). For tests
+    ``n`` says: 1024, rows that need 513-1024 threads (bf16 8K-16K) in one CTA of up to 1024
+    threads (LayerNorm's with its dweight / dbias partials in shared memory, to fit the 64
+    registers of 1024 threads); 512, rows of 257-512 threads (bf16 4K-8K), both norms, in one
+    CTA of up to 512 (5 points slower at 8K than the default's 32 values per thread in 256
+    threads); 256, neither (the layouts of ``norm_bwd_elems``); 0, the default, as 1024
+    (benchmarks/NOTES.md, P34 and P37). For tests
     and A/B benchmarks of the layouts on one GPU. Process-wide, not thread-safe; restores the
     previous value on exit. A bad ``n`` raises ValueError at the call."""
     if type(n) is not int or n not in (0, 256, 512, 1024):

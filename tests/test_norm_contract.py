@@ -332,15 +332,20 @@ def test_bwd_elems_taken(is_rms, n):
 @pytest.mark.parametrize("n", [4104, 8192, 12296, 16384, 16392])
 def test_bwd_cta_threads_layouts(is_rms, cta, n):
     """The CUDA backward's one-CTA layout at 16 values per thread (cuda_backend.norm_bwd_cta_threads:
-    CTAs of up to 512 or 1024 threads for one row, 1024 for RMSNorm only; 256 none, 0 the default)
-    against float64 with poisoned outputs, over 301 rows: 4104 (257 threads) and 12296 (769) leave
-    lanes idle, 16384 fills 1024 threads and 16392 needs 1025, so it keeps the cluster layout."""
+    CTAs of up to 512 or 1024 threads for one row; 256 none, 0 the default) against float64 with
+    poisoned outputs, over 301 rows: 4104 (257 threads) and 12296 (769) leave lanes idle, 16384
+    fills 1024 threads and 16392 needs 1025, so it keeps the cluster layout. LayerNorm with and
+    without a bias (its 1024-thread builds keep one or two partials in shared memory), and fp16
+    with an fp32 gamma and a residual gradient in."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
         with cuda_backend.norm_bwd_cta_threads(cta):
             check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
+            if not is_rms:
+                check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=False)
+            check_bwd(is_rms, 301, n, F16, F32, F16, bias=not is_rms, res_dtype=F16)
     finally:
         engine.backend.reset_for_tests()
 
@@ -348,12 +353,13 @@ def test_bwd_cta_threads_layouts(is_rms, cta, n):
 @pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA backward")
 @pytest.mark.parametrize("is_rms,n,values", [
     (True, 8192, (256, 512)), (False, 8192, (256, 512)), (True, 16384, (1024, 256)),
-    (True, 16384, (1024, 512))], ids=["rms-8192", "ln-8192", "rms-16384-256", "rms-16384-512"])
+    (True, 16384, (1024, 512)), (False, 16384, (1024, 256))],
+    ids=["rms-8192", "ln-8192", "rms-16384-256", "rms-16384-512", "ln-16384-256"])
 def test_bwd_cta_threads_taken(is_rms, n, values):
     """The knob changes the layout: 8192 at 32 values in 256 threads against one CTA of 512 at
-    16; RMSNorm 16384 in one CTA of 1024 threads against a 4-CTA cluster (256 and 512 alike; the
-    LayerNorm builds of 1024 threads would spill, so LayerNorm keeps the cluster). The default
-    takes the first layout of each pair, bit for bit."""
+    16; 16384 in one CTA of 1024 threads against a 4-CTA cluster (256 and 512 alike; LayerNorm's
+    partials in shared memory there). The default takes the first layout of each pair, bit for
+    bit."""
     check_bwd_knob_changes_path(is_rms, n, "norm_bwd_cta_threads", values, same=0)
 
 

@@ -18,8 +18,9 @@
  * dweight / dbias partials for its columns in registers across all of its CTA's rows, then the CTA
  * combines its row groups in a fixed order through shared memory and writes ONE row of fp32
  * partials to the workspace ([num_ctas, ws_pitch] for dweight, the same for dbias).
- * One-CTA path (the register kernel, 1024-thread build): RMSNorm rows of 8K-16K over 16-bit z
- * and dy, 16 values per thread in one CTA per row, no cluster (launch_bwd; NOTES P34).
+ * One-CTA path (the register kernel, 1024-thread build): rows of 8K-16K over 16-bit z and dy,
+ * 16 values per thread in one CTA per row, no cluster (launch_bwd; NOTES P34, P37); LayerNorm's
+ * builds keep their partials in shared memory (kPartSmem) and gamma in global memory (L1).
  * Cluster path (the register kernel, sm_90): other rows wider than one 256-thread CTA (8K-32K for
  * 16-bit operands) are split over a thread-block cluster as in the forward; c1 / c2 are reduced
  * across the cluster in distributed shared memory, and the cluster writes one workspace row, each
@@ -93,8 +94,14 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
    * with a bias at 32, everything at 64). Each thread owns its slots there, laid out
    * [operand][slot][quad of 4 floats][tpr] so that a warp's 16-byte accesses are conflict-free;
    * the same fmaf per value in the same order, so the same bits as in registers. */
-  constexpr bool kPartSmem = NV * VEC > kBwdElems;
+  /* The LayerNorm builds of 1024 threads (one CTA per 16K row, launch_bwd) too: at their 64
+   * registers ptxas spilled 4 bytes without dbias partials, 160-196 with them in registers, and 24
+   * with dweight's in registers and dbias's here. */
+  constexpr bool kPartSmem = NV * VEC > kBwdElems || (!kRms && kMaxThreads > kMaxRowThreads);
   constexpr int kRegNV = kPartSmem ? 1 : NV;
+  /* gamma in shared memory: not on the LayerNorm 1024-thread builds, whose 64-128 KB of partials
+   * leave no room for it under gb_smem_offset's half-SM rule (launch_bwd_reg does not ask) */
+  constexpr bool kGammaSmem = !(kPartSmem && kMaxThreads > kMaxRowThreads && NV * VEC == kBwdElems);
   float dw[kRegNV][VEC];
   float db[kHasDb ? kRegNV : 1][VEC];
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
@@ -134,7 +141,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
    * forward): two 16-byte LDS per 8 values instead of a converted load and an add per value,
    * twice per row; the same floats either way. */
   const float* gsm = nullptr;
-  if (a.gb_off >= 0) {
+  if (kGammaSmem && a.gb_off >= 0) {
     float* gw = reinterpret_cast<float*>(reinterpret_cast<uint8_t*>(part) + a.gb_off);
     fill_row_slots(NV, tpr, glane - lr, gstride, nvec, [&](int k, int v) {
       float gv[VEC] = {};
@@ -149,7 +156,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   }
   /* gamma + g_add of slot i */
   auto gamma_at = [&](int i, float (&gv)[VEC]) {
-    if (gsm != nullptr) {
+    if (kGammaSmem && gsm != nullptr) {
       load_vec<float, VEC>(gsm + (i * tpr + lr) * VEC, gv);
     } else {
       load_vec_dt<VEC>(a.weight, col[i], a.w_dtype, gv);
@@ -194,10 +201,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
       if (ok && valid[i]) {
         float gv[VEC], pw[VEC], pb[VEC];
         gamma_at(i, gv);
-        if constexpr (kPartSmem) {
-          part_io(0, i, pw, false);
-          if constexpr (kHasDb) part_io(1, i, pb, false);
-        }
+        if constexpr (kPartSmem) part_io(0, i, pw, false);
         float(&aw)[VEC] = kPartSmem ? pw : dw[kPartSmem ? 0 : i];
         float(&ab)[VEC] = kPartSmem ? pb : db[(kPartSmem || !kHasDb) ? 0 : i];
 #pragma unroll
@@ -207,14 +211,11 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
           const float dy = unpack_at<DY, VEC>(dw_in[i], j);
           const float dyg = dy * gv[j];
           aw[j] = fmaf(dy, xhat, aw[j]);
-          if constexpr (kHasDb) ab[j] += dy;
+          if constexpr (kHasDb && !kPartSmem) ab[j] += dy;
           s[0] = fmaf(dyg, xhat, s[0]);
           if constexpr (!kRms) s[1] += dyg;
         }
-        if constexpr (kPartSmem) {
-          part_io(0, i, pw, true);
-          if constexpr (kHasDb) part_io(1, i, pb, true);
-        }
+        if constexpr (kPartSmem) part_io(0, i, pw, true);
       }
     }
     red(s);
@@ -241,6 +242,15 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
         }
         store_vec_dt<VEC>(a.dx, row * a.dx_stride + col[i], a.dx_dtype, dz);
         if (has_dres_out) store_vec_dt<VEC>(a.dres, row * a.dres_stride + col[i], a.dres_dtype, dz);
+        /* kPartSmem: dbias here, apart from dweight (the 1024-thread LayerNorm build spilled 44
+         * bytes with both partials in the first loop; NOTES P37) */
+        if constexpr (kPartSmem && kHasDb) {
+          float pb[VEC];
+          part_io(1, i, pb, false);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) pb[j] += unpack_at<DY, VEC>(dw_in[i], j);
+          part_io(1, i, pb, true);
+        }
       }
     }
   }
@@ -426,29 +436,35 @@ engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, 
   auto* narrow = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, 256>;
   auto* wide = narrow;
   int max_block = kClusterRowThreads;
+  bool cta1024 = false; /* the 1024-thread build runs */
   if constexpr (!kNarrowOnly) {
     wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kMaxRowThreads>;
     max_block = kMaxRowThreads;
-    /* One CTA of up to kBwdCtaThreads for a 16-bit row of 16 values per thread (launch_bwd);
-     * RMSNorm only: at 64 registers (1024 threads) the LayerNorm builds spill (4 bytes without
-     * dbias partials, 160-196 with them; ptxas -v) */
-    if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2 && NV * VEC == kBwdElems && kRms && !kHasDb) {
+    /* One CTA of up to kBwdCtaThreads for a 16-bit row of 16 values per thread (launch_bwd):
+     * RMSNorm without dbias partials (RMSNorm with them spilled 160 bytes at the 64 registers of
+     * 1024 threads; ptxas -v), LayerNorm with its partials in shared memory (kPartSmem) */
+    if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2 && NV * VEC == kBwdElems && !(kRms && kHasDb)) {
       max_block = kBwdCtaThreads;
-      if (block > kMaxRowThreads) wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kBwdCtaThreads>;
+      cta1024 = block > kMaxRowThreads;
+      if (cta1024) wide = &norm_bwd_reg_kernel<Z, DY, VEC, NV, kRms, kHasDb, kBwdCtaThreads>;
     }
   }
   if (a.cluster <= 1 && block > max_block) { /* the launcher asked for a build this one lacks */
     return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm_bwd_reg_kernel: no %d-thread build here",
                      block);
   }
-  if constexpr (NV * VEC > kBwdElems) { /* the kernel's kPartSmem: the partials in shared memory */
+  /* the kernel's kPartSmem: the partials in shared memory (one row per CTA or cluster) */
+  const bool ln_cta1024 = !kRms && cta1024;
+  if (NV * VEC > kBwdElems || ln_cta1024) {
     smem = (size_t)(kHasDb ? 2 : 1) * gb_floats(NV, a.tpr, VEC) * sizeof(float);
   }
   /* gamma + g_add as fp32 in shared memory after the row groups' partials, where gb_smem_offset
-   * allows (as in the forward). */
+   * allows (as in the forward); not on the LayerNorm 1024-thread builds (the kernel's
+   * kGammaSmem: their partials leave no room). */
   const void* fn = reinterpret_cast<const void*>(block <= kClusterRowThreads ? narrow : wide);
   const size_t gb = (size_t)gb_floats(NV, a.tpr, VEC) * sizeof(float);
-  ENGINE_TRY(gb_smem_offset(fn, block, a.cluster, gb, ctx, &smem, &a.gb_off));
+  a.gb_off = -1;
+  if (!ln_cta1024) ENGINE_TRY(gb_smem_offset(fn, block, a.cluster, gb, ctx, &smem, &a.gb_off));
   int64_t grid = 0;
   ENGINE_TRY(launch_row_kernel(narrow, wide, a, block, smem, ceil_div(a.rows, a.rows_per_iter), ctx,
                                kBwdMaxCtasPerSm, max_ctas, &grid, "norm_bwd_reg_kernel"));
@@ -531,16 +547,17 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   a.cluster = 1;
   /* 16 values per thread in one CTA per row (16-bit z and dy), as the Triton backward runs 16K (one
    * program of 32 warps per SM, the row in registers: NOTES P33): no cluster barrier per row, the
-   * partials in registers. By default (ctx.bwd_cta_threads 0 or 1024) RMSNorm rows that need
-   * 513-1024 threads (bf16 8K-16K) in one CTA of up to 1024: fwd+bwd 16K 65 -> 77 % (P34). The
-   * 1024-thread build is RMSNorm only (launch_bwd_reg: LayerNorm's spills). 512: rows of 257-512
+   * partials in registers. By default (ctx.bwd_cta_threads 0 or 1024) rows that need 513-1024
+   * threads (bf16 8K-16K) in one CTA of up to 1024: RMSNorm fwd+bwd 16K 65 -> 77 % (P34);
+   * LayerNorm's partials in shared memory there (P37). 512: rows of 257-512
    * threads (4K-8K) in one CTA of up to 512, both norms, which lost 5 points at 8K to the 32
    * values in 256 threads below (P34), for A/B runs only; 256: neither. */
   const int cta = ctx.bwd_cta_threads != 0 ? ctx.bwd_cta_threads : kBwdCtaThreadsDefault;
-  const bool rms_only = a.is_rms && a.ws_db == nullptr;
+  /* the 1024-thread builds (launch_bwd_reg): RMSNorm without dbias partials, LayerNorm */
+  const bool has_cta_build = !a.is_rms || a.ws_db == nullptr;
   const bool one_cta =
       cta == kMaxRowThreads   ? tpr_raw > kClusterRowThreads && tpr_raw <= kMaxRowThreads
-      : cta == kBwdCtaThreads ? tpr_raw > kMaxRowThreads && tpr_raw <= kBwdCtaThreads && rms_only
+      : cta == kBwdCtaThreads ? tpr_raw > kMaxRowThreads && tpr_raw <= kBwdCtaThreads && has_cta_build
                               : false;
   if (sizeof(Z) == 2 && sizeof(DY) == 2 && vec && ctx.bwd_elems != 32 && one_cta) {
     a.tpr = (int)round_up(tpr_raw, 32);

@@ -118,9 +118,9 @@ struct LaunchCtx {
 constexpr int kMaxRowThreads = 512;
 constexpr int kFwdNV = 8;
 constexpr int kBwdElems = 16;
-/* The backward's register path over 16-bit z and dy: the CTA one RMSNorm row of 513-1024 threads
- * gets at kBwdElems values per thread without a cluster (engine_set_norm_bwd_cta_threads), and
- * the launcher's default layout setting (that CTA: benchmarks/NOTES.md, P34). */
+/* The backward's register path over 16-bit z and dy: the CTA one row of 513-1024 threads gets at
+ * kBwdElems values per thread without a cluster (engine_set_norm_bwd_cta_threads), and the
+ * launcher's default layout setting (that CTA: benchmarks/NOTES.md, P34, P37). */
 constexpr int kBwdCtaThreads = 1024;
 constexpr int kBwdCtaThreadsDefault = kBwdCtaThreads;
 
