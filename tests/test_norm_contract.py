@@ -524,24 +524,31 @@ def test_layernorm_unmasked_tiles(backend, n, out_dtype):
 
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("cfg", [
-    pytest.param((2, 512, False), id="register"),
-    pytest.param((2, 128, True), id="blocked-3-chunks"),
-    pytest.param((2, 512, True), id="blocked-one-chunk"),
+    pytest.param((2, 512, False, F32, 300), id="register"),
+    pytest.param((2, 128, True, F32, 300), id="blocked-3-chunks"),
+    pytest.param((2, 512, True, F32, 300), id="blocked-one-chunk"),
+    pytest.param((1, 512, True, BF16, 300), id="blocked-one-chunk-bf16-gamma"),
+    pytest.param((1, 512, False, F32, 512), id="register-even"),
+    pytest.param((1, 512, True, BF16, 512), id="blocked-one-chunk-even"),
+    pytest.param((1, 128, True, F32, 512), id="blocked-4-chunks-even"),
 ])
 def test_triton_backward_paths(is_rms, cfg):
     """The Triton backward's three paths on one problem, each against the float64 oracle: the
     register tile, the blocked path over several chunks (dW/dB partials read-modified-written per
     row tile and chunk) and the blocked path with one chunk (ONE_CHUNK: gamma and the dW/dB
-    accumulators in registers across row tiles). Several row tiles per program (M = 37, 2-row
-    tiles), bias and zero-centred gamma."""
+    accumulators in registers across row tiles; with a 16-bit gamma and one-row tiles,
+    LayerNorm's ONE_CHUNK re-reads gamma per pass). Several row tiles per program (M = 37, 1- and
+    2-row tiles), bias and zero-centred gamma. N = 512 with one-row tiles runs them unmasked
+    (EVEN)."""
     from engine.triton_kernels import norms as nm
     from engine.triton_kernels.norms_common import NormConfig
 
     use_backend("triton")
-    m, n, eps = 37, 300, 1e-5
+    bm, bn, blocked, w_dtype, n = cfg
+    m, eps = 37, 1e-5
     x = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
-    w = torch.randn(n, device=DEVICE) * 0.5
-    b = None if is_rms else torch.randn(n, device=DEVICE)
+    w = (torch.randn(n, device=DEVICE) * 0.5).to(w_dtype)
+    b = None if is_rms else torch.randn(n, device=DEVICE).to(w_dtype)
     dy = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
     ref_f = ref_fwd(x, w, b, eps, is_rms, True)
     mu = None if is_rms else ref_f["mu"].float()
@@ -549,7 +556,6 @@ def test_triton_backward_paths(is_rms, cfg):
     dx = poisoned((m, n), torch.bfloat16)
     dw = poisoned((n,), torch.float32)
     db = None if is_rms else poisoned((n,), torch.float32)
-    bm, bn, blocked = cfg
     nm.launch_bwd(dy, x, mu, rsigma, w, None, dx, None, dw, db, is_rms_norm=is_rms, zero_centered_gamma=True,
                   sm_margin=0, config=NormConfig(bm, bn, blocked, 4, 2))
     ref = ref_bwd(dy, x, w, b, eps, is_rms, True, None)

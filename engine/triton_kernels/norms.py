@@ -117,6 +117,28 @@ def _row_sums(a, b, IS_RMS_NORM: tl.constexpr, SEPARATE: tl.constexpr):
 
 
 @triton.jit
+def _xhat(z, mean, rstd, mask, EVEN: tl.constexpr):
+    """(z - mean) * rstd of a backward tile, 0 outside ``mask`` (no select when EVEN)."""
+    xhat = (z - mean[:, None]) * rstd[:, None]
+    if not EVEN:
+        xhat = tl.where(mask, xhat, 0.0)
+    return xhat
+
+
+@triton.jit
+def _dz(dyg, xhat, rstd, c2, c1, IS_RMS_NORM: tl.constexpr):
+    """rstd * (dyg - xhat * c2 - c1) of a tile as two multiply-adds per value,
+    (dyg * rstd - c1 * rstd) + xhat * -(c2 * rstd), with the products of the row constants
+    formed once per row: ``(dyg - xhat * c2 - c1) * rstd`` compiled to a subtraction and a
+    negation more per value (NOTES P38). The order of the sums matters to ptxas: ``dyg * rstd +
+    (xhat * a - c1 * rstd)`` spilled 4 bytes in LayerNorm's 2-row 8K tile, and lost 1.5 points."""
+    a = -(c2 * rstd)
+    if IS_RMS_NORM:
+        return dyg * rstd[:, None] + xhat * a[:, None]
+    return (dyg * rstd[:, None] - (c1 * rstd)[:, None]) + xhat * a[:, None]
+
+
+@triton.jit
 def _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM: tl.constexpr):
     """Stored (mean, rstd) of a row tile; mean is 0 for RMSNorm."""
     rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
@@ -363,6 +385,7 @@ def _norm_bwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCKED: tl.constexpr,
     ONE_CHUNK: tl.constexpr,  # BLOCKED with N <= BLOCK_N (launch_bwd)
+    EVEN: tl.constexpr,  # one row per tile and N a multiple of BLOCK_N: no masked access (_even)
 ):
     """dz = rstd * (dy*g - c2*xhat - c1) with per-row constants c2 = mean(dy*g*xhat) and
     c1 = mean(dy*g) (LayerNorm only), computed once per row; dW/dB partials per program."""
@@ -373,9 +396,18 @@ def _norm_bwd_kernel(
     inv_n = 1.0 / N
     # ONE_CHUNK (blocked, N <= BLOCK_N): gamma and the dW/dB accumulators stay in registers
     # across the row tiles, as on the register path: no partial read-modify-write per row tile.
+    # LayerNorm's dB accumulator takes the 16 registers that a hoisted fp32 gamma holds: over
+    # 16-bit operands a one-row ONE_CHUNK tile re-reads gamma per pass (L1) instead, which the
+    # 32-warp 16K tile needs to fit 64 registers (ptxas, bf16: 48 bytes of spill stores -> none;
+    # +2.8 points fwd+bwd, NOTES P36). The 2-row 8K tile fits either way and lost 1 point to the
+    # re-read; with an fp32 operand it spills either way, and the re-read spilled more.
+    RELOAD_G: tl.constexpr = (ONE_CHUNK and HAS_DB and BLOCK_M == 1
+                              and W.dtype.element_ty != tl.float32
+                              and X.dtype.element_ty != tl.float32
+                              and DY.dtype.element_ty != tl.float32)
     if not BLOCKED or ONE_CHUNK:
         cmask = cols < N
-        g = _load_gamma(W, cols, N, ZERO_CENTERED, False, True)
+        g = _load_gamma(W, cols, N, ZERO_CENTERED, EVEN, True)
         dw = tl.zeros([BLOCK_N], dtype=tl.float32)
         db = tl.zeros([BLOCK_N], dtype=tl.float32)
     for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
@@ -385,21 +417,19 @@ def _norm_bwd_kernel(
         mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
         if not BLOCKED:
             mask = rmask[:, None] & cmask[None, :]
-            dy = _ld(DY + rows64[:, None] * stride_dy + cols[None, :], mask, "", False, True)
-            z = _ld(X + rows64[:, None] * stride_x + cols[None, :], mask, "", False, True)
-            xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
+            dy = _ld(DY + rows64[:, None] * stride_dy + cols[None, :], mask, "", EVEN, True)
+            z = _ld(X + rows64[:, None] * stride_x + cols[None, :], mask, "", EVEN, True)
+            xhat = _xhat(z, mean, rstd, mask, EVEN)
             dyg = dy * g[None, :]
             s2, s1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
-            dz = dyg - xhat * (s2 * inv_n)[:, None]
-            if not IS_RMS_NORM:
-                dz -= (s1 * inv_n)[:, None]
-            dz *= rstd[:, None]
+            dz = _dz(dyg, xhat, rstd, s2 * inv_n, s1 * inv_n, IS_RMS_NORM)
             if HAS_DRES_IN:
-                dz += _ld(DRES_IN + rows64[:, None] * stride_dri + cols[None, :], mask, "", False, True)
-            tl.store(DX + rows64[:, None] * stride_dx + cols[None, :], _cast(dz, DX.dtype.element_ty, INTERPRETER), mask=mask)
+                dz += _ld(DRES_IN + rows64[:, None] * stride_dri + cols[None, :], mask, "", EVEN, True)
+            _st(DX + rows64[:, None] * stride_dx + cols[None, :], _cast(dz, DX.dtype.element_ty, INTERPRETER),
+                mask, EVEN)
             if HAS_DRES:
-                tl.store(DRES + rows64[:, None] * stride_dres + cols[None, :], _cast(dz, DRES.dtype.element_ty, INTERPRETER),
-                         mask=mask)
+                _st(DRES + rows64[:, None] * stride_dres + cols[None, :],
+                    _cast(dz, DRES.dtype.element_ty, INTERPRETER), mask, EVEN)
             dw += tl.sum(dy * xhat, axis=0)
             if HAS_DB:
                 db += tl.sum(dy, axis=0)
@@ -411,10 +441,10 @@ def _norm_bwd_kernel(
                 cc = c0 + cols
                 mask = rmask[:, None] & (cc[None, :] < N)
                 # evict_last: keep the lines in L2 for pass 2's re-read (evict_first there).
-                dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_last", False, True)
-                z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_last", False, True)
-                gc = g if ONE_CHUNK else _load_gamma(W, cc, N, ZERO_CENTERED, False, True)
-                xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
+                dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_last", EVEN, True)
+                z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_last", EVEN, True)
+                gc = g if ONE_CHUNK and not RELOAD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
+                xhat = _xhat(z, mean, rstd, mask, EVEN)
                 dyg = dy * gc[None, :]
                 t2, t1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
                 s2 += t2
@@ -429,17 +459,18 @@ def _norm_bwd_kernel(
                 cc = c0 + cols
                 ccm = cc < N
                 mask = rmask[:, None] & ccm[None, :]
-                dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_first", False, True)
-                z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_first", False, True)
-                gc = g if ONE_CHUNK else _load_gamma(W, cc, N, ZERO_CENTERED, False, True)
-                xhat = tl.where(mask, (z - mean[:, None]) * rstd[:, None], 0.0)
-                dz = (dy * gc[None, :] - xhat * c2[:, None] - c1[:, None]) * rstd[:, None]
+                dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_first", EVEN, True)
+                z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_first", EVEN, True)
+                gc = g if ONE_CHUNK and not RELOAD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
+                xhat = _xhat(z, mean, rstd, mask, EVEN)
+                dz = _dz(dy * gc[None, :], xhat, rstd, c2, c1, IS_RMS_NORM)
                 if HAS_DRES_IN:
-                    dz += _ld(DRES_IN + rows64[:, None] * stride_dri + cc[None, :], mask, "", False, True)
-                tl.store(DX + rows64[:, None] * stride_dx + cc[None, :], _cast(dz, DX.dtype.element_ty, INTERPRETER), mask=mask)
+                    dz += _ld(DRES_IN + rows64[:, None] * stride_dri + cc[None, :], mask, "", EVEN, True)
+                _st(DX + rows64[:, None] * stride_dx + cc[None, :], _cast(dz, DX.dtype.element_ty, INTERPRETER),
+                    mask, EVEN)
                 if HAS_DRES:
-                    tl.store(DRES + rows64[:, None] * stride_dres + cc[None, :],
-                             _cast(dz, DRES.dtype.element_ty, INTERPRETER), mask=mask)
+                    _st(DRES + rows64[:, None] * stride_dres + cc[None, :],
+                        _cast(dz, DRES.dtype.element_ty, INTERPRETER), mask, EVEN)
                 if ONE_CHUNK:
                     dw += tl.sum(dy * xhat, axis=0)
                     if HAS_DB:
@@ -455,9 +486,9 @@ def _norm_bwd_kernel(
                 # layout), but make the ordering explicit before the next row tile reads it.
                 tl.debug_barrier()
     if not BLOCKED or ONE_CHUNK:
-        tl.store(DW_PART + part_row + cols, dw, mask=cmask)
+        _st(DW_PART + part_row + cols, dw, cmask, EVEN)
         if HAS_DB:
-            tl.store(DB_PART + part_row + cols, db, mask=cmask)
+            _st(DB_PART + part_row + cols, db, cmask, EVEN)
 
 
 # The forward compiled with N not specialised, for the in-kernel transposed FP8 store (STORE_T).
@@ -604,7 +635,7 @@ def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_r
         IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma, HAS_DRES_IN=has_dres_in,
         HAS_DRES=has_dres, HAS_DB=has_db, INTERPRETER=interpreter_rounding(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
-        ONE_CHUNK=cfg.blocked and n <= cfg.block_n)
+        ONE_CHUNK=cfg.blocked and n <= cfg.block_n, EVEN=_even(cfg, n, False))
     return cfg, persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm), constexprs
 
 
