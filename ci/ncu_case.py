@@ -1,9 +1,11 @@
-"""One norm forward call for an ncu profile (run by hand on the device machine):
+"""One norm forward (or backward) call for an ncu profile (run by hand on the device machine):
 
     ncu --kernel-name regex:norm_fwd -c 1 python3 ci/ncu_case.py cuda 4096 fp8 [ln]
+    ncu --kernel-name regex:norm_bwd -c 1 python3 ci/ncu_case.py triton 16384 bwd ln
     args: backend (cuda | triton), N, output (bf16 | fp8 | fp8T: e4m3 with the transposed copy
-    written by the norm kernel, ENGINE_NORM_EXTERNAL_TRANSPOSE=0), optionally the norm (rms, the
-    default, or ln: LayerNorm with a bias); M * N = 64M, bf16 input.
+    written by the norm kernel, ENGINE_NORM_EXTERNAL_TRANSPOSE=0; bwd: a bf16 forward, then
+    its backward), optionally the norm (rms, the default, or ln: LayerNorm with a bias);
+    M * N = 64M, bf16 input.
 """
 
 import sys
@@ -26,10 +28,18 @@ q = None
 if out in ("fp8", "fp8T"):
     q = Float8Quantizer(torch.full((1,), 32.0, device="cuda"), torch.zeros(1, device="cuda"),
                         torch.float8_e4m3fn, columnwise=out == "fp8T")
-with torch.no_grad():
+if out == "bwd":
+    for p in (x, w, b):
+        p.requires_grad_()
+    dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
     for _ in range(3):
-        if ln:
-            engine.layernorm(x, w, b, quantizer=q)
-        else:
-            engine.rmsnorm(x, w, quantizer=q)
+        y = engine.layernorm(x, w, b) if ln else engine.rmsnorm(x, w)
+        torch.autograd.grad(y, (x, w, b) if ln else (x, w), dy)
+else:
+    with torch.no_grad():
+        for _ in range(3):
+            if ln:
+                engine.layernorm(x, w, b, quantizer=q)
+            else:
+                engine.rmsnorm(x, w, quantizer=q)
 torch.cuda.synchronize()

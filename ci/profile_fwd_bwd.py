@@ -1,24 +1,52 @@
-"""Kernel-level profile of fwd+bwd through autograd, per backend (where does the time go?)."""
+"""Kernel-level profile of fwd+bwd through autograd, per backend and norm (where does the time go?).
+
+    python3 ci/profile_fwd_bwd.py [--n 1024 8192] [--norms rms ln] [--backends triton cuda]
+
+Rows of N bf16 elements, M * N = 64M (the benchmarks' shape), LayerNorm with a bf16 bias; each
+kernel's mean device time per fwd+bwd, most expensive first.
+"""
+
+import argparse
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import engine
 
-for backend in ("triton", "cuda"):
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("--n", type=int, nargs="*", default=[1024, 8192])
+ap.add_argument("--norms", nargs="*", default=["rms"], choices=["rms", "ln"])
+ap.add_argument("--backends", nargs="*", default=["triton", "cuda"], choices=["triton", "cuda"])
+args = ap.parse_args()
+
+for backend in args.backends:
     flag = "1" if backend == "triton" else "0"
-    engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag})
-    for m, n in ((65536, 1024), (8192, 8192)):
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        w = torch.ones(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-        dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-        for _ in range(3):
-            torch.autograd.grad(engine.rmsnorm(x, w), (x, w), dy)
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(5):
-                torch.autograd.grad(engine.rmsnorm(x, w), (x, w), dy)
+    engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag, "ENGINE_USE_LAYERNORM_TRITON": flag})
+    for norm in args.norms:
+        for n in args.n:
+            m = (64 << 20) // n
+            x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            b = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+            dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+            params = (x, w) if norm == "rms" else (x, w, b)
+
+            def step():
+                y = engine.rmsnorm(x, w) if norm == "rms" else engine.layernorm(x, w, b)
+                return torch.autograd.grad(y, params, dy)
+
+            for _ in range(3):
+                step()
             torch.cuda.synchronize()
-        print(f"== {backend} {m}x{n}")
-        for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:6]:
-            print(f"  {e.key[:70]:70s} n={e.count:3d} avg={e.device_time_total / max(e.count, 1):8.1f} us")
+            reps = 5
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(reps):
+                    step()
+                torch.cuda.synchronize()
+            print(f"== {backend} {norm} {m}x{n}")
+            total = 0.0
+            for e in sorted(prof.key_averages(), key=lambda e: -e.device_time_total)[:6]:
+                total += e.device_time_total / reps
+                print(f"  {e.key[:70]:70s} n={e.count:3d} per fwd+bwd {e.device_time_total / reps:8.1f} us")
+            print(f"  {'(these kernels)':70s}       per fwd+bwd {total:8.1f} us")
+            del x, w, b, dy
