@@ -76,7 +76,8 @@ def run(external: str) -> int:
             # the reference backend on fp32 copies of the same bf16 inputs
             cpu = [p.detach().cpu().float().requires_grad_() for p in params]
             bc = cpu[2] if with_bias else None
-            yc = engine.rmsnorm(cpu[0], cpu[1], 1e-5) if is_rms else engine.layernorm(cpu[0], cpu[1], bc, 1e-5)
+            yc = (engine.rmsnorm(cpu[0], cpu[1], 1e-5) if is_rms
+                  else engine.layernorm(cpu[0], cpu[1], bc, 1e-5))
             grads_c = torch.autograd.grad(yc, cpu, dy.cpu().float())
             tols = [(2e-2, 2e-2)] + [(1e-2, 1e-2)] * (len(params) - 1)
             if not all(torch.allclose(g.float().cpu(), gc, rtol=r, atol=a)

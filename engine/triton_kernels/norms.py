@@ -130,8 +130,9 @@ def _dz(dyg, xhat, rstd, c2, c1, IS_RMS_NORM: tl.constexpr):
     """rstd * (dyg - xhat * c2 - c1) of a tile as two multiply-adds per value,
     (dyg * rstd - c1 * rstd) + xhat * -(c2 * rstd), with the products of the row constants
     formed once per row: ``(dyg - xhat * c2 - c1) * rstd`` compiled to a subtraction and a
-    negation more per value (NOTES P38). The order of the sums matters to ptxas: ``dyg * rstd +
-    (xhat * a - c1 * rstd)`` spilled 4 bytes in LayerNorm's 2-row 8K tile, and lost 1.5 points."""
+    negation more per value (NOTES P38). ``dyg * rstd + (xhat * a - c1 * rstd)`` spilled 4 bytes
+    in LayerNorm's 2-row 8K tile, this order does not; both lost 1.5-2 points on that tile at 32
+    warps, which now runs 16 (NOTES P39)."""
     a = -(c2 * rstd)
     if IS_RMS_NORM:
         return dyg * rstd[:, None] + xhat * a[:, None]
@@ -443,7 +444,8 @@ def _norm_bwd_kernel(
                 # evict_last: keep the lines in L2 for pass 2's re-read (evict_first there).
                 dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_last", EVEN, True)
                 z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_last", EVEN, True)
-                gc = g if ONE_CHUNK and not RELOAD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
+                gc = (g if ONE_CHUNK and not RELOAD_G
+                      else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True))
                 xhat = _xhat(z, mean, rstd, mask, EVEN)
                 dyg = dy * gc[None, :]
                 t2, t1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
@@ -461,7 +463,8 @@ def _norm_bwd_kernel(
                 mask = rmask[:, None] & ccm[None, :]
                 dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_first", EVEN, True)
                 z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_first", EVEN, True)
-                gc = g if ONE_CHUNK and not RELOAD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
+                gc = (g if ONE_CHUNK and not RELOAD_G
+                      else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True))
                 xhat = _xhat(z, mean, rstd, mask, EVEN)
                 dz = _dz(dy * gc[None, :], xhat, rstd, c2, c1, IS_RMS_NORM)
                 if HAS_DRES_IN:
@@ -519,9 +522,9 @@ def _amax_v(cfg: nc.NormConfig, store_t: bool) -> int:
 
 def _even(cfg: nc.NormConfig, n: int, store_t: bool) -> bool:
     """Every tile lies inside the tensor: one row per tile (the row loop never passes M) and N a
-    multiple of the column tile, so the forward runs without masks (power-of-two widths on the
-    one-row configs). Not with the in-kernel transposed store, whose kernel is compiled with N
-    unspecialised (_norm_fwd_kernel_t)."""
+    multiple of the column tile, so the forward and the backward run without masks (power-of-two
+    widths on the one-row configs). Not with the in-kernel transposed store, whose kernel is
+    compiled with N unspecialised (_norm_fwd_kernel_t)."""
     return cfg.block_m == 1 and n % cfg.block_n == 0 and not store_t
 
 

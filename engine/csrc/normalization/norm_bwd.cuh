@@ -95,8 +95,8 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
    * [operand][slot][quad of 4 floats][tpr] so that a warp's 16-byte accesses are conflict-free;
    * the same fmaf per value in the same order, so the same bits as in registers. */
   /* The LayerNorm builds of 1024 threads (one CTA per 16K row, launch_bwd) too: at their 64
-   * registers ptxas spilled 4 bytes without dbias partials, 160-196 with them in registers, and 24
-   * with dweight's in registers and dbias's here. */
+   * registers ptxas spilled 4 bytes without dbias partials, 160-196 with them in registers, and
+   * 24-40 with dweight's in registers and dbias's here (NOTES P37, P39). */
   constexpr bool kPartSmem = NV * VEC > kBwdElems || (!kRms && kMaxThreads > kMaxRowThreads);
   constexpr int kRegNV = kPartSmem ? 1 : NV;
   /* gamma in shared memory: not on the LayerNorm 1024-thread builds, whose 64-128 KB of partials
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
     const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
     /* dz = rs * (dyg - xhat * c2 - c1) as dyg * rs + ((z - mean) * k2 + k1), k2 = -rs^2 c2 and
      * k1 = -rs c1 per row: two multiply-adds per value and no xhat (dweight took it in the first
-     * loop), one instruction fewer per value for RMSNorm, two for LayerNorm (NOTES P40). rs^2
+     * loop), one operation fewer per value for RMSNorm, two for LayerNorm (NOTES P40). rs^2
      * leaves fp32's normal range only for rows with sigma past 1e19. */
     const float k2 = -(rs * rs) * c2;
     const float k1 = -rs * c1;

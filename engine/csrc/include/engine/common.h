@@ -59,8 +59,9 @@ int engine_set_norm_bwd_elems(int n);
 
 /* The norm backward's register path over 16-bit z and dy, 16 values per thread in one CTA per row
  * without a thread-block cluster: n = 1024, rows that need 513-1024 threads (bf16 8K-16K) in one
- * CTA of up to 1024 threads (LayerNorm's partials in shared memory there); n = 512, rows of 257-512 threads (4K-8K), both norms, in one
- * CTA of up to 512 (slower than the default's 32 values per thread in 256 threads); n = 256,
+ * CTA of up to 1024 threads (LayerNorm's partials in shared memory there); n = 512, rows of
+ * 257-512 threads (4K-8K), both norms, in one CTA of up to 512 (slower than the default's 32
+ * values per thread in 256 threads); n = 256,
  * neither (the layouts before this setting); 0, the default, as 1024. For A/B runs of the layouts
  * on one device. Process-wide; returns the previous value, or -1 (and changes nothing) for any
  * other n. */
