@@ -161,7 +161,7 @@ def compile_variant(key, fn, target):
         elif isinstance(attr, str):
             attrs[(i,)] = backend.parse_attr(attr)
     src = ASTSource(fn, signature, constexprs, attrs)
-    options = {"num_warps": num_warps, "num_stages": num_stages}
+    options = {"num_warps": num_warps, "num_stages": num_stages, **launch_mod.COMPILE_OPTIONS}
     return triton.compile(src, target=target, options=options)
 
 

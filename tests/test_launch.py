@@ -90,6 +90,27 @@ def test_launcher_rejects_tensors_and_scalars_swapped():
         launch._slow(1, (part, out), (out, 2, 4), (16, 16, False), 4, 3)
 
 
+def test_launcher_pins_fp_fusion():
+    """Every compile (a cache miss goes through kernel[grid]) asks for fused multiply-adds
+    explicitly, so a change of Triton's default (3.10) cannot change the kernels silently."""
+    from engine.triton_kernels import launch as launch_mod
+    from engine.triton_kernels import norms_common as nc
+
+    seen = {}
+
+    class Kernel:
+        fn = nc._partials_reduce_kernel.fn
+
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.update(kw)
+
+    launch = Launcher(nc._partials_reduce_kernel)
+    launch.kernel = Kernel()
+    launch._slow(1, (torch.zeros(1, 2, 4), torch.zeros(4)), (2, 4), (16, 16, False), 4, 3)
+    assert seen.get("enable_fp_fusion") is True
+    assert launch_mod.COMPILE_OPTIONS == {"enable_fp_fusion": True}
+
+
 def test_launcher_checks_constexpr_names():
     launch = Launcher(nm._norm_bwd_kernel)
     with pytest.raises(TypeError, match="constexprs"):

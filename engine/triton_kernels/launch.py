@@ -53,6 +53,12 @@ _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 #: True: every launch takes ``kernel[grid]`` (for A/B measurements, e.g. benchmarks/profile_kernels.py).
 FORCE_JIT = False
 
+#: Compile options every launch passes: multiply-adds fused (``enable_fp_fusion``). The kernels'
+#: arithmetic is written for it (the backward's dz is two multiply-adds: benchmarks/NOTES.md, P38)
+#: and the configs were measured with it; triton 3.9 warns that its default turns fusion off
+#: in 3.10, which would change both the bits and the instruction count silently.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
+
 
 def _hook_set(hook) -> bool:
     """A launch hook is set: a callable, or a non-empty HookChain (triton 3.6+ keeps an empty chain)."""
@@ -177,4 +183,5 @@ class Launcher:
         scalars_key(scalars)  # raises for anything but ints and floats
         kw = dict(zip(self._constexpr_names, constexprs))
         grid = (grid,) if type(grid) is int else tuple(grid)
-        return self.kernel[grid](*tensors, *scalars, **kw, num_warps=num_warps, num_stages=num_stages)
+        return self.kernel[grid](*tensors, *scalars, **kw, num_warps=num_warps, num_stages=num_stages,
+                                 **COMPILE_OPTIONS)
