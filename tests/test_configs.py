@@ -66,6 +66,9 @@ def test_overrides_differ_from_the_base_table():
         assert cfg == nc.fwd_config(p2, torch.bfloat16, False, True, False), p2
     for p2, cfg in nc._LN_BWD_OVERRIDES.items():
         assert cfg != nc.bwd_config(p2, torch.bfloat16, True), p2
+    for p2, cfg in nc._RMS_BWD_OVERRIDES.items():
+        assert cfg != nc.bwd_config(p2, torch.bfloat16, False), p2
+        assert cfg == nc.bwd_config(p2, torch.bfloat16, True), p2
 
 
 def test_interpreter_grid_keeps_loops_iterating():

@@ -147,6 +147,11 @@ _LN_FWD_FP8_OVERRIDES = {
     65536: NormConfig(1, 16384, True, 16, 4, 4),
     131072: NormConfig(1, 16384, True, 16, 4, 3),
 }
+# RMSNorm backward entries off the base table (session 14, tune.py after the backward's EVEN and
+# two-FMA dz: h200_tune_bwd_1k_s14.log): 1K four-row tiles at 4 stages, 1.09x on the backward,
+# fwd+bwd kernel time 83.2 / 82.9 -> 88.5 / 88.2 % (h200_ab_s14_rms1k.log); LayerNorm's best
+# there was 1.01x over its entry: no change
+_RMS_BWD_OVERRIDES = {1024: NormConfig(4, 1024, False, 4, 4, 4)}
 _LN_BWD_OVERRIDES = {
     4096: NormConfig(1, 4096, False, 8, 2),  # 1.23x
     # 8K: two rows in one blocked chunk (ONE_CHUNK), 1.08x over the 1 x 8192 register tile that
@@ -208,6 +213,8 @@ def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
     p2 = triton.next_power_of_2(n)
     if not rms and p2 in _LN_BWD_OVERRIDES:
         return _LN_BWD_OVERRIDES[p2]
+    if rms and p2 in _RMS_BWD_OVERRIDES:
+        return _RMS_BWD_OVERRIDES[p2]
     if p2 in _BWD_BLOCKED_TABLE:
         return _BWD_BLOCKED_TABLE[p2]
     if p2 > MAX_FUSED_N_BWD:
