@@ -140,6 +140,21 @@ def _dz(dyg, xhat, rstd, c2, c1, IS_RMS_NORM: tl.constexpr):
 
 
 @triton.jit
+def _store_dx(dz, DRES_IN, DX, DRES, rows64, cols, mask, stride_dri, stride_dx, stride_dres,
+              HAS_DRES_IN: tl.constexpr, HAS_DRES: tl.constexpr, INTERPRETER: tl.constexpr,
+              EVEN: tl.constexpr):
+    """The backward's output tile: dz plus the residual's gradient (HAS_DRES_IN), stored as dx
+    and, in the residual's dtype, as dres (HAS_DRES); masked unless EVEN."""
+    if HAS_DRES_IN:
+        dz += _ld(DRES_IN + rows64[:, None] * stride_dri + cols[None, :], mask, "", EVEN, True)
+    _st(DX + rows64[:, None] * stride_dx + cols[None, :], _cast(dz, DX.dtype.element_ty, INTERPRETER),
+        mask, EVEN)
+    if HAS_DRES:
+        _st(DRES + rows64[:, None] * stride_dres + cols[None, :],
+            _cast(dz, DRES.dtype.element_ty, INTERPRETER), mask, EVEN)
+
+
+@triton.jit
 def _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM: tl.constexpr):
     """Stored (mean, rstd) of a row tile; mean is 0 for RMSNorm."""
     rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
@@ -406,6 +421,7 @@ def _norm_bwd_kernel(
                               and W.dtype.element_ty != tl.float32
                               and X.dtype.element_ty != tl.float32
                               and DY.dtype.element_ty != tl.float32)
+    HOLD_G: tl.constexpr = ONE_CHUNK and not RELOAD_G  # the blocked passes use the hoisted g
     if not BLOCKED or ONE_CHUNK:
         cmask = cols < N
         g = _load_gamma(W, cols, N, ZERO_CENTERED, EVEN, True)
@@ -424,13 +440,8 @@ def _norm_bwd_kernel(
             dyg = dy * g[None, :]
             s2, s1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
             dz = _dz(dyg, xhat, rstd, s2 * inv_n, s1 * inv_n, IS_RMS_NORM)
-            if HAS_DRES_IN:
-                dz += _ld(DRES_IN + rows64[:, None] * stride_dri + cols[None, :], mask, "", EVEN, True)
-            _st(DX + rows64[:, None] * stride_dx + cols[None, :], _cast(dz, DX.dtype.element_ty, INTERPRETER),
-                mask, EVEN)
-            if HAS_DRES:
-                _st(DRES + rows64[:, None] * stride_dres + cols[None, :],
-                    _cast(dz, DRES.dtype.element_ty, INTERPRETER), mask, EVEN)
+            _store_dx(dz, DRES_IN, DX, DRES, rows64, cols, mask, stride_dri, stride_dx, stride_dres,
+                      HAS_DRES_IN, HAS_DRES, INTERPRETER, EVEN)
             dw += tl.sum(dy * xhat, axis=0)
             if HAS_DB:
                 db += tl.sum(dy, axis=0)
@@ -444,8 +455,7 @@ def _norm_bwd_kernel(
                 # evict_last: keep the lines in L2 for pass 2's re-read (evict_first there).
                 dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_last", EVEN, True)
                 z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_last", EVEN, True)
-                gc = (g if ONE_CHUNK and not RELOAD_G
-                      else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True))
+                gc = g if HOLD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
                 xhat = _xhat(z, mean, rstd, mask, EVEN)
                 dyg = dy * gc[None, :]
                 t2, t1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
@@ -463,17 +473,11 @@ def _norm_bwd_kernel(
                 mask = rmask[:, None] & ccm[None, :]
                 dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_first", EVEN, True)
                 z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_first", EVEN, True)
-                gc = (g if ONE_CHUNK and not RELOAD_G
-                      else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True))
+                gc = g if HOLD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
                 xhat = _xhat(z, mean, rstd, mask, EVEN)
                 dz = _dz(dy * gc[None, :], xhat, rstd, c2, c1, IS_RMS_NORM)
-                if HAS_DRES_IN:
-                    dz += _ld(DRES_IN + rows64[:, None] * stride_dri + cc[None, :], mask, "", EVEN, True)
-                _st(DX + rows64[:, None] * stride_dx + cc[None, :], _cast(dz, DX.dtype.element_ty, INTERPRETER),
-                    mask, EVEN)
-                if HAS_DRES:
-                    _st(DRES + rows64[:, None] * stride_dres + cc[None, :],
-                        _cast(dz, DRES.dtype.element_ty, INTERPRETER), mask, EVEN)
+                _store_dx(dz, DRES_IN, DX, DRES, rows64, cc, mask, stride_dri, stride_dx, stride_dres,
+                          HAS_DRES_IN, HAS_DRES, INTERPRETER, EVEN)
                 if ONE_CHUNK:
                     dw += tl.sum(dy * xhat, axis=0)
                     if HAS_DB:

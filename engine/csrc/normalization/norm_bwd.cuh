@@ -61,6 +61,19 @@ constexpr int bwd_min_blocks(int max_threads, int elems) {
   return (max_threads <= 256 && sizeof(Z) == 2 && sizeof(DY) == 2 && elems <= kBwdElems) ? 3 : 1;
 }
 
+/* Where a build of the register kernel (kMaxThreads, values per thread) keeps its dweight /
+ * dbias partials and gamma: one definition for the kernel and its launcher (launch_bwd_reg).
+ * Partials in shared memory: the 32- and 64-value builds, and LayerNorm's 1024-thread builds
+ * (kernel comments). Gamma in shared memory where the launcher finds room, except on LayerNorm's
+ * 1024-thread builds, whose 64-128 KB of partials leave none under gb_smem_offset's half-SM rule
+ * (the kernel then compiles that path out, which it needed to fit 64 registers). */
+__host__ __device__ constexpr bool bwd_part_smem(bool rms, int max_threads, int elems) {
+  return elems > kBwdElems || (!rms && max_threads > kMaxRowThreads);
+}
+__host__ __device__ constexpr bool bwd_gamma_smem(bool rms, int max_threads, int elems) {
+  return rms || max_threads <= kMaxRowThreads || elems != kBwdElems;
+}
+
 /* kRms is a template parameter on the register path (the forward's reason: no mean subtraction
  * per value, twice, and no c1 for RMSNorm in an issue-bound loop). */
 template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb, int kMaxThreads>
@@ -97,11 +110,9 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   /* The LayerNorm builds of 1024 threads (one CTA per 16K row, launch_bwd) too: at their 64
    * registers ptxas spilled 4 bytes without dbias partials, 160-196 with them in registers, and
    * 24-40 with dweight's in registers and dbias's here (NOTES P37, P39). */
-  constexpr bool kPartSmem = NV * VEC > kBwdElems || (!kRms && kMaxThreads > kMaxRowThreads);
+  constexpr bool kPartSmem = bwd_part_smem(kRms, kMaxThreads, NV * VEC);
   constexpr int kRegNV = kPartSmem ? 1 : NV;
-  /* gamma in shared memory: not on the LayerNorm 1024-thread builds, whose 64-128 KB of partials
-   * leave no room for it under gb_smem_offset's half-SM rule (launch_bwd_reg does not ask) */
-  constexpr bool kGammaSmem = !(kPartSmem && kMaxThreads > kMaxRowThreads && NV * VEC == kBwdElems);
+  constexpr bool kGammaSmem = bwd_gamma_smem(kRms, kMaxThreads, NV * VEC);
   float dw[kRegNV][VEC];
   float db[kHasDb ? kRegNV : 1][VEC];
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
@@ -458,18 +469,21 @@ engine_status launch_bwd_reg(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, 
     return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm_bwd_reg_kernel: no %d-thread build here",
                      block);
   }
-  /* the kernel's kPartSmem: the partials in shared memory (one row per CTA or cluster) */
-  const bool ln_cta1024 = !kRms && cta1024;
-  if (NV * VEC > kBwdElems || ln_cta1024) {
+  /* the build that runs, and where it keeps its partials and gamma (bwd_part_smem,
+   * bwd_gamma_smem: the kernel's kPartSmem and kGammaSmem) */
+  const bool narrow_runs = block <= kClusterRowThreads;
+  const int build = narrow_runs ? 256 : (cta1024 ? kBwdCtaThreads : kMaxRowThreads);
+  if (bwd_part_smem(kRms, build, NV * VEC)) { /* one row per CTA or cluster */
     smem = (size_t)(kHasDb ? 2 : 1) * gb_floats(NV, a.tpr, VEC) * sizeof(float);
   }
   /* gamma + g_add as fp32 in shared memory after the row groups' partials, where gb_smem_offset
-   * allows (as in the forward); not on the LayerNorm 1024-thread builds (the kernel's
-   * kGammaSmem: their partials leave no room). */
-  const void* fn = reinterpret_cast<const void*>(block <= kClusterRowThreads ? narrow : wide);
+   * allows (as in the forward) */
+  const void* fn = reinterpret_cast<const void*>(narrow_runs ? narrow : wide);
   const size_t gb = (size_t)gb_floats(NV, a.tpr, VEC) * sizeof(float);
   a.gb_off = -1;
-  if (!ln_cta1024) ENGINE_TRY(gb_smem_offset(fn, block, a.cluster, gb, ctx, &smem, &a.gb_off));
+  if (bwd_gamma_smem(kRms, build, NV * VEC)) {
+    ENGINE_TRY(gb_smem_offset(fn, block, a.cluster, gb, ctx, &smem, &a.gb_off));
+  }
   int64_t grid = 0;
   ENGINE_TRY(launch_row_kernel(narrow, wide, a, block, smem, ceil_div(a.rows, a.rows_per_iter), ctx,
                                kBwdMaxCtasPerSm, max_ctas, &grid, "norm_bwd_reg_kernel"));
