@@ -65,11 +65,15 @@ def main(argv=None) -> int:
                     help="CUDA: 1 runs the forward's general row loop for every launch (0: the "
                          "default, the fast FP8 loop where it applies; engine.cuda_backend."
                          "norm_fwd_general_loop), for A/B runs of the two loops")
+    ap.add_argument("--fwd-blocked-from", type=int,
+                    help="CUDA: row width from which the forward runs its blocked kernel (0: the "
+                         "default, 1073741824: never; engine.cuda_backend.norm_fwd_blocked_from), "
+                         "for A/B runs of the paths")
     args = ap.parse_args(argv)
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
              ("bwd_elems", "norm_bwd_elems"), ("bwd_cta_threads", "norm_bwd_cta_threads"),
-             ("fwd_general", "norm_fwd_general_loop"))
+             ("fwd_general", "norm_fwd_general_loop"), ("fwd_blocked_from", "norm_fwd_blocked_from"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:
             if getattr(args, arg) is not None and H.on_gpu():

@@ -30,7 +30,7 @@ Tensor = torch.Tensor
 
 __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
-           "norm_fwd_general_loop",
+           "norm_fwd_general_loop", "norm_fwd_blocked_from",
            "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
@@ -321,3 +321,18 @@ def norm_fwd_general_loop(n: int):
     if type(n) is not int or n not in (0, 1):
         raise ValueError(f"norm_fwd_general_loop: n must be 0 or 1, got {n!r}")
     return _knob("set_norm_fwd_general_loop", n)
+
+
+def norm_fwd_blocked_from(n: int):
+    """Context manager: inside the ``with`` block the CUDA norm forward runs its blocked kernel
+    (two passes over each row, the second re-reading it from L2; CTAs of 512 threads, two per SM)
+    for rows of ``n`` columns and more where x and the residual stream share a dtype and allow
+    16-byte vectors, instead of the register path or a thread-block cluster (a width past every
+    row, e.g. ``1 << 30``: never, the paths before session 15); ``n = 0``, the default, the
+    launcher's choice: rows of 32K and more with a fused residual add, no others
+    (benchmarks/NOTES.md, P44). For tests and A/B benchmarks of the paths on one
+    GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` (not an
+    int, or negative) raises ValueError at the call."""
+    if type(n) is not int or n < 0:
+        raise ValueError(f"norm_fwd_blocked_from: n must be an int >= 0, got {n!r}")
+    return _knob("set_norm_fwd_blocked_from", n)

@@ -130,6 +130,8 @@ KNOBS = {
                              [1, 128, 2048, 512.0, "1024", True], "0, 256, 512 or 1024"),
     "norm_fwd_general_loop": ("set_norm_fwd_general_loop", 1, 0, 0, 2, [-1, 2, 1.0, "1", True],
                               "0 or 1"),
+    "norm_fwd_blocked_from": ("set_norm_fwd_blocked_from", 16384, 1 << 30, 0, -5,
+                              [-1, -5, 16384.0, "16384", True], "int >= 0"),
 }
 
 

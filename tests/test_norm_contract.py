@@ -391,6 +391,68 @@ def test_fwd_vector_layouts_taken(is_rms):
     check_knob_changes_path(is_rms, 4096, "norm_fwd_vectors", (8, 4))
 
 
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("blocked_from", [1, 1 << 30], ids=["blocked", "never"])
+@pytest.mark.parametrize("n", [1024, 4104, 16384, 24584, 32768, 65536, 131072])
+def test_fwd_blocked_from(is_rms, blocked_from, n):
+    """The CUDA forward's blocked kernel (norm_fwd_blocked_from: every width from 1) and the paths
+    it replaces (1 << 30: never) against float64 with poisoned outputs: bf16 with a bias and a
+    bf16 residual (z packed, two CTAs per SM), fp16 with zero-centred gamma to fp32, fp32 x (z
+    as packed floats); an fp32 residual stream under bf16 x keeps the other paths (z is not x's
+    dtype) and must still be right. 24584: two chunks, the second partly past the row; 301
+    rows: CTAs loop over rows. 1 << 30 gives no row the blocked kernel, so 1024-32768 then run
+    the register path and clusters."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        with cuda_backend.norm_fwd_blocked_from(blocked_from):
+            check_fwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
+            check_fwd(is_rms, 37, n, F16, F16, F32, zcg=True)
+            check_fwd(is_rms, 37, n, F32, F32, BF16, bias=not is_rms)
+            check_fwd(is_rms, 37, n, BF16, BF16, BF16, res_dtype=F32)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [8192, 65536])
+def test_fwd_blocked_from_taken(is_rms, n):
+    """The knob changes the path (the blocked kernel adds a row's values in chunks of 16K over
+    512 threads; the register path and the clusters in their own orders), over 301 rows."""
+    check_knob_changes_path(is_rms, n, "norm_fwd_blocked_from", (n, 1 << 30))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n,res,taken", [(32768, True, True), (131072, True, True),
+                                         (16384, True, False), (65536, False, False)])
+def test_fwd_blocked_default(is_rms, n, res, taken):
+    """By default the fused residual add takes the blocked kernel from 32K (the same bits as the
+    knob at 32K; other bits than with it off), and nothing else does (the bits of the knob
+    off)."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        x = torch.randn(64, n, device=DEVICE, dtype=BF16)
+        r = torch.randn(64, n, device=DEVICE, dtype=BF16) if res else None
+        w = torch.randn(n, device=DEVICE, dtype=BF16)
+        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
+        outs = {}
+        for v in (0, 32768, 1 << 30):
+            with cuda_backend.norm_fwd_blocked_from(v):
+                out, _, mu, rsigma = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
+            outs[v] = rsigma if is_rms else torch.cat([mu, rsigma])
+        assert torch.equal(outs[0], outs[32768 if taken else 1 << 30])
+        if n >= 32768:  # the knob at 32K takes these rows to the blocked kernel, res or not
+            assert not torch.equal(outs[32768], outs[1 << 30])
+    finally:
+        engine.backend.reset_for_tests()
+
+
 def test_layernorm_large_mean(backend):
     """Rows of 1e4 + unit noise in fp32: the variance must come from centred values.
 

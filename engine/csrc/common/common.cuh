@@ -68,6 +68,8 @@ int norm_bwd_cta_threads();
 
 /* engine_set_norm_fwd_general_loop's value now (0: the fast loop where it applies). */
 int norm_fwd_general_loop();
+/* engine_set_norm_fwd_blocked_from's value now (0: the launcher's default width). */
+int norm_fwd_blocked_from();
 
 /*
  * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at

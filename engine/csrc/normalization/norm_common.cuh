@@ -111,6 +111,8 @@ struct LaunchCtx {
   int fwd_general; /* forward register path: 1 runs the general row loop for every launch */
   int bwd_cta_threads; /* backward register path, 16-bit z and dy: the one-CTA layouts at 16
                           values per thread (engine_set_norm_bwd_cta_threads; 0: the default) */
+  int fwd_blocked_from; /* forward: width from which the blocked kernel runs (0: the default;
+                           engine_set_norm_fwd_blocked_from) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

@@ -450,11 +450,25 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   }
 }
 
+/* CTAs per SM the blocked kernel is compiled for: 2 (64 registers) on the vector path where z has
+ * x's type, its chunk then held packed (16 registers for 32 values of a 16-bit z); 1 otherwise
+ * (an fp32 residual stream under 16-bit x: z as floats; the scalar path). One 512-thread CTA per
+ * SM kept one row in flight per SM and read 43 % of copy at 16K (NOTES P20); two CTAs per SM
+ * are what Triton's blocked tiles of the same shape run at (P44). */
+template <typename X, typename R, int VEC>
+constexpr int fwd_blocked_min_blocks() {
+  return (VEC > 1 && std::is_same<X, R>::value) ? 2 : 1;
+}
+
 template <typename X, typename R, typename O, int VEC, int NVB>
-__global__ void __launch_bounds__(kMaxRowThreads, 1)
+__global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_min_blocks<X, R, VEC>()))
     norm_fwd_blocked_kernel(const FwdArgs a) {
   constexpr bool kFp8 = is_fp8_v<O>;
   constexpr int OVEC = VEC; /* output elements per access */
+  /* z of a chunk's slots: packed words of R where z has x's type on the vector path (see
+   * fwd_blocked_min_blocks), floats otherwise; zv(i, j) reads value j of slot i either way. */
+  constexpr bool kPacked = VEC > 1 && std::is_same<X, R>::value;
+  constexpr int ZW = kPacked ? VEC * (int)sizeof(R) / 4 : 1; /* PackedWords<R, VEC>::kWords */
   __shared__ float red_buf[2 * 32];
   __shared__ float chan_buf[3 * 33];
   __shared__ int amax_buf[32];
@@ -472,6 +486,35 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
   float amax = 0.0f;
   RowGroupSum<1> red(red_buf, nt, 0);
 
+  uint32_t zw[kPacked ? NVB : 1][ZW] = {};
+  float zf[kPacked ? 1 : NVB][kPacked ? 1 : VEC] = {};
+  auto zv = [&](int i, int j) -> float {
+    if constexpr (kPacked) {
+      return unpack_at<R, VEC>(zw[i], j);
+    } else {
+      return zf[i][j];
+    }
+  };
+  /* z of slot i from a row of T (x, or residual_out in pass 2); 0 where invalid. */
+  auto load_z = [&](int i, const auto* row, int col, bool valid) {
+    using T = std::remove_cv_t<std::remove_pointer_t<decltype(row)>>;
+    if constexpr (kPacked) {
+      if (valid) {
+        load_words<VEC * sizeof(T)>(row + col, zw[i]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < ZW; ++k) zw[i][k] = 0u;
+      }
+    } else {
+      if (valid) {
+        load_vec<T, VEC>(row + col, zf[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) zf[i][j] = 0.0f;
+      }
+    }
+  };
+
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     float mean = 0.0f;
     float rs;
@@ -482,29 +525,29 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
       float cnt = 0.0f, cmean = 0.0f, cm2 = 0.0f; /* LayerNorm running (n, mean, M2) */
       float ss = 0.0f;                            /* RMSNorm running sum of squares */
       for (int c0 = 0; c0 < cols; c0 += chunk) {
-        float z[NVB][VEC];
         bool valid[NVB];
         int col[NVB];
 #pragma unroll
         for (int i = 0; i < NVB; ++i) {
           col[i] = c0 + (threadIdx.x + i * nt) * VEC;
           valid[i] = col[i] < cols; /* VEC divides cols on the vector path */
-          if (valid[i]) {
-            load_vec<X, VEC>(xrow + col[i], z[i]);
-          } else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) z[i][j] = 0.0f;
-          }
+          load_z(i, xrow, col[i], valid[i]);
         }
-        if (has_res) {
+        if (has_res) { /* z = round_R(x + residual), stored as residual_out */
 #pragma unroll
           for (int i = 0; i < NVB; ++i) {
             if (valid[i]) {
-              float r[VEC];
+              float z[VEC], r[VEC];
               load_vec<R, VEC>(rrow + col[i], r);
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) z[i][j] = round_to<R>(z[i][j] + r[j]);
-              store_vec<R, VEC>(orow + col[i], z[i]);
+              for (int j = 0; j < VEC; ++j) z[j] = round_to<R>(zv(i, j) + r[j]);
+              if constexpr (kPacked) {
+                pack_to<R, VEC>(z, zw[i]); /* exact: z is already rounded to R */
+              } else {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) zf[i][j] = z[j];
+              }
+              store_vec<R, VEC>(orow + col[i], z);
             }
           }
         }
@@ -512,7 +555,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
 #pragma unroll
           for (int i = 0; i < NVB; ++i) {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) ss = fmaf(z[i][j], z[i][j], ss);
+            for (int j = 0; j < VEC; ++j) ss = fmaf(zv(i, j), zv(i, j), ss);
           }
         } else {
           float n = 0.0f, s = 0.0f;
@@ -521,7 +564,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
             if (valid[i]) {
               n += (float)VEC;
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) s += z[i][j];
+              for (int j = 0; j < VEC; ++j) s += zv(i, j);
             }
           }
           if (n > 0.0f) {
@@ -532,7 +575,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
               if (valid[i]) {
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) {
-                  const float d = z[i][j] - m;
+                  const float d = zv(i, j) - m;
                   m2 = fmaf(d, d, m2);
                 }
               }
@@ -567,19 +610,16 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
     const R* zr = z_from_res ? static_cast<const R*>(a.residual_out) + row * a.res_out_stride
                              : nullptr;
     for (int c0 = 0; c0 < cols; c0 += chunk) {
-      float z[NVB][VEC];
       bool valid[NVB];
       int col[NVB];
 #pragma unroll
       for (int i = 0; i < NVB; ++i) {
         col[i] = c0 + (threadIdx.x + i * nt) * VEC;
         valid[i] = col[i] < cols;
-        if (valid[i]) {
-          if (z_from_res) {
-            load_vec<R, VEC>(zr + col[i], z[i]);
-          } else {
-            load_vec<X, VEC>(zx + col[i], z[i]);
-          }
+        if (z_from_res) {
+          load_z(i, zr, col[i], valid[i]);
+        } else {
+          load_z(i, zx, col[i], valid[i]);
         }
       }
 #pragma unroll
@@ -588,7 +628,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, 1)
           float gv[VEC], bv[VEC], y[OVEC];
           load_gamma_beta<VEC>(a, col[i], has_bias, gv, bv);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) y[j] = norm_y(z[i][j], mean, rs, gv[j] + g_add, bv[j], has_bias);
+          for (int j = 0; j < VEC; ++j) y[j] = norm_y(zv(i, j), mean, rs, gv[j] + g_add, bv[j], has_bias);
           if constexpr (kFp8) {
             if (mode != kApply) {
 #pragma unroll

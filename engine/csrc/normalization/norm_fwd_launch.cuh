@@ -143,10 +143,25 @@ int fwd_vectors(int nvec, int want) {
   return ceil_div(nvec, want) <= kClusterRowThreads ? want : NV;
 }
 
+/* Row width from which the forward takes the blocked kernel over the register path or a cluster
+ * (where x and z share a dtype and allow 16-byte vectors): engine_set_norm_fwd_blocked_from's
+ * value, or by default kFwdBlockedFromRes for the fused residual add and never without one.
+ * Measured on the H200 (benchmarks/NOTES.md, P44; kernel time, % of copy, clusters -> blocked):
+ * RMSNorm + residual 32K / 64K / 128K 70.5 / 67.8 / 65.5 -> 79.3 / 73.3 / 73.4, LayerNorm +
+ * residual 64.7 / 61.0 / 57.6 -> 66.1 / 61.9 / 63.2 (pass 1 writes residual_out, which pass 2
+ * re-reads from L2, where a cluster row keeps z in registers but spends its barrier per row on
+ * twice the bytes); the plain forward and the FP8 outputs lost 1-20 points there, and every
+ * row at 16K (one CTA per row, the register path). */
+constexpr int kFwdBlockedFromRes = 32768;
+inline bool fwd_take_blocked(int cols, bool has_res, int knob) {
+  const int from = knob != 0 ? knob : (has_res ? kFwdBlockedFromRes : 0);
+  return from > 0 && cols >= from;
+}
+
 /*
  * Launch one forward pass with the register path when the operands allow 16-byte vectors and the
- * row fits, the blocked path otherwise. Configuration depends on cols and dtypes only, never on
- * rows (rows only caps the grid).
+ * row fits (up to fwd_take_blocked's width), the blocked path otherwise. Configuration depends on
+ * cols and dtypes only, never on rows (rows only caps the grid).
  */
 template <typename X, typename R, typename O>
 engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
@@ -167,7 +182,10 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
 
   a.cluster = 1;
   a.gb_off = -1; /* launch_fwd_reg decides */
-  const int cluster = vec ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
+  const bool wide_blocked =
+      vec && std::is_same<X, R>::value &&
+      fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from);
+  const int cluster = vec && !wide_blocked ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
     a.cluster = cluster;
     a.tpr = cluster_tpr(tpr_raw, cluster);
@@ -179,7 +197,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
     return launch_fwd_reg_k<X, R, O, NV>(a, ctx, a.tpr, 0);
   }
 
-  if (vec && tpr <= kMaxRowThreads) {
+  if (vec && !wide_blocked && tpr <= kMaxRowThreads) {
     if constexpr (sizeof(R) == 2) {
       switch (fwd_vectors<X, R>(nvec, ctx.fwd_vectors)) {
         case 4: return launch_fwd_rows<X, R, O, 4>(a, ctx, transposed);

@@ -74,6 +74,16 @@ int engine_set_norm_bwd_cta_threads(int n);
  * (and changes nothing) for any other n. */
 int engine_set_norm_fwd_general_loop(int n);
 
+/* Row width from which the norm forward takes its blocked kernel (two passes over the row, the
+ * second re-reading it from L2; 512-thread CTAs, two per SM) where x and the residual stream share
+ * a dtype and allow 16-byte vectors, instead of the register path or a thread-block cluster:
+ * n > 0 from n columns (a width past every row, e.g. 1 << 30: never, the paths before session
+ * 15), 0 (the default) the launcher's choice (norm_fwd_launch.cuh: fwd_take_blocked; rows of
+ * 32K and more with a fused residual add, no others). For A/B runs
+ * of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
+ * nothing) for n < 0. */
+int engine_set_norm_fwd_blocked_from(int n);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
