@@ -427,12 +427,14 @@ def test_fwd_blocked_from_taken(is_rms, n):
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n,res,taken", [(32768, True, True), (131072, True, True),
-                                         (16384, True, False), (65536, False, False)])
-def test_fwd_blocked_default(is_rms, n, res, taken):
-    """By default the fused residual add takes the blocked kernel from 32K (the same bits as the
-    knob at 32K; other bits than with it off), and nothing else does (the bits of the knob
-    off)."""
+@pytest.mark.parametrize("n,res,rms_taken,ln_taken", [
+    (32768, True, True, True), (131072, True, True, True), (16384, True, False, False),
+    (32768, False, True, False), (65536, False, False, False)])
+def test_fwd_blocked_default(is_rms, n, res, rms_taken, ln_taken):
+    """By default (fwd_take_blocked, 16-bit outputs) the fused residual add takes the blocked
+    kernel from 32K and RMSNorm without it at 32K-64K (exclusive): the same bits as the knob at
+    32K there, the bits of the knob off elsewhere (which differ from the blocked kernel's)."""
+    taken = rms_taken if is_rms else ln_taken
     from engine import cuda_backend
 
     use_backend("cuda")

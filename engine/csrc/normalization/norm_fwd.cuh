@@ -460,7 +460,15 @@ constexpr int fwd_blocked_min_blocks() {
   return (VEC > 1 && std::is_same<X, R>::value) ? 2 : 1;
 }
 
-template <typename X, typename R, typename O, int VEC, int NVB>
+/* The blocked kernel's norm: kBlkRuntime reads the norm kind and the bias from FwdArgs and the
+ * weight dtype per access (the scalar path, the fp32-residual builds); otherwise bit 0 is RMSNorm
+ * and bit 1 a bias, both and the weight type W fixed at compile time (the packed builds, where
+ * the run-time forms cost 1.67x Triton's instructions per value: NOTES P44, P45). */
+constexpr int kBlkRuntime = -1;
+constexpr int blk_kind(bool rms, bool bias) { return (rms ? 1 : 0) | (bias ? 2 : 0); }
+
+template <typename X, typename R, typename O, int VEC, int NVB, typename W = float,
+          int kNorm = kBlkRuntime>
 __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_min_blocks<X, R, VEC>()))
     norm_fwd_blocked_kernel(const FwdArgs a) {
   constexpr bool kFp8 = is_fp8_v<O>;
@@ -477,8 +485,10 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_min_blocks<X, R, 
   const int chunk = nt * NVB * VEC;
   const int cols = a.cols;
   const int mode = a.mode;
-  const bool is_rms = a.is_rms != 0;
-  const bool has_bias = a.bias != nullptr;
+  constexpr bool kFixed = kNorm != kBlkRuntime;
+  constexpr bool kBias = kFixed && (kNorm & 2) != 0;
+  const bool is_rms = kFixed ? (kNorm & 1) != 0 : a.is_rms != 0;
+  const bool has_bias = kFixed ? kBias : a.bias != nullptr;
   const bool has_res = a.residual != nullptr;
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
   const float scale = fwd_fp8_scale<kFp8>(a);
@@ -626,7 +636,11 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_min_blocks<X, R, 
       for (int i = 0; i < NVB; ++i) {
         if (valid[i]) {
           float gv[VEC], bv[VEC], y[OVEC];
-          load_gamma_beta<VEC>(a, col[i], has_bias, gv, bv);
+          if constexpr (kFixed) {
+            load_gamma_beta_t<W, kBias, VEC>(a, col[i], gv, bv);
+          } else {
+            load_gamma_beta<VEC>(a, col[i], has_bias, gv, bv);
+          }
 #pragma unroll
           for (int j = 0; j < VEC; ++j) y[j] = norm_y(zv(i, j), mean, rs, gv[j] + g_add, bv[j], has_bias);
           if constexpr (kFp8) {

@@ -143,24 +143,69 @@ int fwd_vectors(int nvec, int want) {
   return ceil_div(nvec, want) <= kClusterRowThreads ? want : NV;
 }
 
-/* Row width from which the forward takes the blocked kernel over the register path or a cluster
- * (where x and z share a dtype and allow 16-byte vectors): engine_set_norm_fwd_blocked_from's
- * value, or by default kFwdBlockedFromRes for the fused residual add and never without one.
- * Measured on the H200 (benchmarks/NOTES.md, P44; kernel time, % of copy, clusters -> blocked):
- * RMSNorm + residual 32K / 64K / 128K 70.5 / 67.8 / 65.5 -> 79.3 / 73.3 / 73.4, LayerNorm +
- * residual 64.7 / 61.0 / 57.6 -> 66.1 / 61.9 / 63.2 (pass 1 writes residual_out, which pass 2
- * re-reads from L2, where a cluster row keeps z in registers but spends its barrier per row on
- * twice the bytes); the plain forward and the FP8 outputs lost 1-20 points there, and every
- * row at 16K (one CTA per row, the register path). */
-constexpr int kFwdBlockedFromRes = 32768;
-inline bool fwd_take_blocked(int cols, bool has_res, int knob) {
-  const int from = knob != 0 ? knob : (has_res ? kFwdBlockedFromRes : 0);
-  return from > 0 && cols >= from;
+/* The vector blocked kernel (VEC = 16 bytes of x, NVB = 4 vectors per thread and chunk) for one
+ * weight type and norm kind (kNorm: norm_fwd.cuh, blk_kind / kBlkRuntime). */
+template <typename X, typename R, typename O, typename W, int kNorm>
+engine_status launch_fwd_blocked(const FwdArgs& a, const LaunchCtx& ctx) {
+  constexpr int VEC = 16 / sizeof(X);
+  constexpr int NVB = 4;
+  const int block = kMaxRowThreads;
+  auto* kernel = &norm_fwd_blocked_kernel<X, R, O, VEC, NVB, W, kNorm>;
+  int per_sm = 1;
+  ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), block, 0, &per_sm));
+  const int64_t grid = persistent_grid(a.rows, ctx.sm_count, ctx.sm_margin, per_sm);
+  kernel<<<(unsigned)grid, block, 0, ctx.stream>>>(a);
+  ENGINE_CHECK_LAUNCH("norm_fwd_blocked_kernel");
+  return ENGINE_SUCCESS;
+}
+
+template <typename X, typename R, typename O, typename W>
+engine_status launch_fwd_blocked_k(const FwdArgs& a, const LaunchCtx& ctx) {
+  const bool bias = a.bias != nullptr;
+  if (a.is_rms) {
+    return bias ? launch_fwd_blocked<X, R, O, W, blk_kind(true, true)>(a, ctx)
+                : launch_fwd_blocked<X, R, O, W, blk_kind(true, false)>(a, ctx);
+  }
+  return bias ? launch_fwd_blocked<X, R, O, W, blk_kind(false, true)>(a, ctx)
+              : launch_fwd_blocked<X, R, O, W, blk_kind(false, false)>(a, ctx);
+}
+
+/* The vector blocked kernel: the norm kind, bias and weight type at compile time where z has x's
+ * dtype (the packed builds) and the weights are fp32 or x's dtype; the run-time build otherwise
+ * (an fp32 residual stream under 16-bit x; fp32 x with 16-bit weights, current scaling's apply
+ * pass). */
+template <typename X, typename R, typename O>
+engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
+  if constexpr (std::is_same<X, R>::value) {
+    if (a.w_dtype == ENGINE_DTYPE_FLOAT32) return launch_fwd_blocked_k<X, R, O, float>(a, ctx);
+    if constexpr (sizeof(X) == 2) return launch_fwd_blocked_k<X, R, O, X>(a, ctx);
+  }
+  return launch_fwd_blocked<X, R, O, float, kBlkRuntime>(a, ctx);
+}
+
+/* Whether the forward takes the blocked kernel over the register path or a cluster (where x and z
+ * share a dtype and allow 16-byte vectors): from engine_set_norm_fwd_blocked_from's width where
+ * it is set, else by the widths where it measured faster on the H200 (benchmarks/NOTES.md, P44
+ * and P45; kernel time, % of copy, register path / clusters -> blocked, two runs each):
+ *   - the fused residual add from 32K (pass 1 writes residual_out, pass 2 re-reads it from L2,
+ *     where a cluster's row barrier waits on twice the bytes): RMSNorm 32K / 64K / 128K 70 / 68
+ *     / 65 -> 82 / 75 / 75, LayerNorm 65 / 61 / 57 -> 73 / 69 / 71;
+ *   - FP8 outputs: RMSNorm 32K-64K (62 / 58 -> 68 / 60; 128K 55 -> 49), LayerNorm from 64K (45 /
+ *     41 -> 51 / 46; 32K 51 -> 49);
+ *   - 16-bit outputs: RMSNorm 32K-64K exclusive (75 -> 78; 64K 71 -> 64, 128K 67 -> 57), never
+ *     for LayerNorm (its per-chunk Chan merge: 57 M instructions against RMSNorm's 37 M at 32K,
+ *     ncu; 67 / 61 / 55 -> 64 / 57 / 54).
+ * Rows of 16K stay on the register path (one CTA per row) in every case (by 0 to 20 points). */
+inline bool fwd_take_blocked(int cols, bool has_res, bool rms, bool fp8, int knob) {
+  if (knob != 0) return cols >= knob;
+  if (has_res) return cols >= 32768;
+  if (fp8) return rms ? (cols >= 32768 && cols < 131072) : cols >= 65536;
+  return rms && cols >= 32768 && cols < 65536;
 }
 
 /*
  * Launch one forward pass with the register path when the operands allow 16-byte vectors and the
- * row fits (up to fwd_take_blocked's width), the blocked path otherwise. Configuration depends on
+ * row fits (and fwd_take_blocked does not say otherwise), the blocked path otherwise. Configuration depends on
  * cols and dtypes only, never on rows (rows only caps the grid).
  */
 template <typename X, typename R, typename O>
@@ -184,7 +229,8 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   a.gb_off = -1; /* launch_fwd_reg decides */
   const bool wide_blocked =
       vec && std::is_same<X, R>::value &&
-      fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from);
+      fwd_take_blocked(cols, a.residual != nullptr, a.is_rms != 0, is_fp8_v<O>,
+                       ctx.fwd_blocked_from);
   const int cluster = vec && !wide_blocked ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
     a.cluster = cluster;
@@ -210,14 +256,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   a.out_t = nullptr;
   a.tile_rows = 0;
   if (vec) {
-    constexpr int NVB = 4;
-    const int block = kMaxRowThreads;
-    const void* fn = reinterpret_cast<const void*>(&norm_fwd_blocked_kernel<X, R, O, VEC, NVB>);
-    int per_sm = 1;
-    ENGINE_TRY(blocks_per_sm(fn, block, 0, &per_sm));
-    const int64_t grid = persistent_grid(rows, ctx.sm_count, ctx.sm_margin, per_sm);
-    norm_fwd_blocked_kernel<X, R, O, VEC, NVB><<<(unsigned)grid, block, 0, ctx.stream>>>(a);
-    ENGINE_CHECK_LAUNCH("norm_fwd_blocked_kernel");
+    return launch_fwd_blocked_w<X, R, O>(a, ctx);
   } else {
     constexpr int NVB = 8;
     int64_t want = round_up(ceil_div(cols, NVB), 32);

@@ -78,8 +78,8 @@ int engine_set_norm_fwd_general_loop(int n);
  * second re-reading it from L2; 512-thread CTAs, two per SM) where x and the residual stream share
  * a dtype and allow 16-byte vectors, instead of the register path or a thread-block cluster:
  * n > 0 from n columns (a width past every row, e.g. 1 << 30: never, the paths before session
- * 15), 0 (the default) the launcher's choice (norm_fwd_launch.cuh: fwd_take_blocked; rows of
- * 32K and more with a fused residual add, no others). For A/B runs
+ * 15), 0 (the default) the launcher's choice (norm_fwd_launch.cuh: fwd_take_blocked: the fused
+ * residual add from 32K, and some norm / output / width pairs past 32K). For A/B runs
  * of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
  * nothing) for n < 0. */
 int engine_set_norm_fwd_blocked_from(int n);
