@@ -190,16 +190,16 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
  *   - the fused residual add from 32K (pass 1 writes residual_out, pass 2 re-reads it from L2,
  *     where a cluster's row barrier waits on twice the bytes): RMSNorm 32K / 64K / 128K 70 / 68
  *     / 65 -> 82 / 75 / 75, LayerNorm 65 / 61 / 57 -> 73 / 69 / 71;
- *   - FP8 outputs: RMSNorm 32K-64K (62 / 58 -> 68 / 60; 128K 55 -> 49), LayerNorm from 64K (45 /
- *     41 -> 51 / 46; 32K 51 -> 49);
- *   - 16-bit outputs: RMSNorm 32K-64K exclusive (75 -> 78; 64K 71 -> 64, 128K 67 -> 57), never
- *     for LayerNorm (its per-chunk Chan merge: 57 M instructions against RMSNorm's 37 M at 32K,
- *     ncu; 67 / 61 / 55 -> 64 / 57 / 54).
- * Rows of 16K stay on the register path (one CTA per row) in every case (by 0 to 20 points). */
-inline bool fwd_take_blocked(int cols, bool has_res, bool rms, bool fp8, int knob) {
+ *   - RMSNorm without it at 32K-64K exclusive (bf16 out 75 -> 78, e4m3 62 -> 68; at 64K / 128K
+ *     bf16 71 / 67 -> 64 / 57), never LayerNorm (its per-chunk Chan merge: 57 M instructions
+ *     against RMSNorm's 37 M at 32K, ncu; bf16 out 67 / 61 / 55 -> 64 / 57 / 54).
+ * Not the output dtype: the path fixes the order of a row's sums, and an FP8 output must be the
+ * exact cast of the same call's fp32 output (tests/test_fp8.py). So the FP8 widths that gained
+ * alone (RMSNorm e4m3 64K 58 -> 60, LayerNorm e4m3 64K / 128K 45 / 41 -> 51 / 46) stay with their
+ * 16-bit rows. Rows of 16K stay on the register path (one CTA per row; by 0 to 20 points). */
+inline bool fwd_take_blocked(int cols, bool has_res, bool rms, int knob) {
   if (knob != 0) return cols >= knob;
   if (has_res) return cols >= 32768;
-  if (fp8) return rms ? (cols >= 32768 && cols < 131072) : cols >= 65536;
   return rms && cols >= 32768 && cols < 65536;
 }
 
@@ -229,8 +229,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   a.gb_off = -1; /* launch_fwd_reg decides */
   const bool wide_blocked =
       vec && std::is_same<X, R>::value &&
-      fwd_take_blocked(cols, a.residual != nullptr, a.is_rms != 0, is_fp8_v<O>,
-                       ctx.fwd_blocked_from);
+      fwd_take_blocked(cols, a.residual != nullptr, a.is_rms != 0, ctx.fwd_blocked_from);
   const int cluster = vec && !wide_blocked ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
     a.cluster = cluster;
