@@ -450,14 +450,15 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   }
 }
 
-/* CTAs per SM the blocked kernel is compiled for: 2 (64 registers) on the vector path where z has
- * x's type, its chunk then held packed (16 registers for 32 values of a 16-bit z); 1 otherwise
- * (an fp32 residual stream under 16-bit x: z as floats; the scalar path). One 512-thread CTA per
- * SM kept one row in flight per SM and read 43 % of copy at 16K (NOTES P20); two CTAs per SM
- * are what Triton's blocked tiles of the same shape run at (P44). */
+/* The blocked kernel's packed builds: the vector path (VEC > 1) where z has x's type, a chunk of
+ * z held packed (16 registers for 32 values of a 16-bit z) and the build compiled for 2 CTAs per
+ * SM (64 registers); the others (an fp32 residual stream under 16-bit x: z as floats; the scalar
+ * path) for 1. One 512-thread CTA per SM kept one row in flight per SM and read 43 % of copy at
+ * 16K (NOTES P20); two CTAs per SM are what Triton's blocked tiles of the same shape run at
+ * (P44). The launcher sends rows from the register path and clusters only to packed builds. */
 template <typename X, typename R, int VEC>
-constexpr int fwd_blocked_min_blocks() {
-  return (VEC > 1 && std::is_same<X, R>::value) ? 2 : 1;
+constexpr bool fwd_blocked_packed() {
+  return VEC > 1 && std::is_same<X, R>::value;
 }
 
 /* The blocked kernel's norm: kBlkRuntime reads the norm kind and the bias from FwdArgs and the
@@ -469,13 +470,13 @@ constexpr int blk_kind(bool rms, bool bias) { return (rms ? 1 : 0) | (bias ? 2 :
 
 template <typename X, typename R, typename O, int VEC, int NVB, typename W = float,
           int kNorm = kBlkRuntime>
-__global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_min_blocks<X, R, VEC>()))
+__global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>() ? 2 : 1))
     norm_fwd_blocked_kernel(const FwdArgs a) {
   constexpr bool kFp8 = is_fp8_v<O>;
   constexpr int OVEC = VEC; /* output elements per access */
-  /* z of a chunk's slots: packed words of R where z has x's type on the vector path (see
-   * fwd_blocked_min_blocks), floats otherwise; zv(i, j) reads value j of slot i either way. */
-  constexpr bool kPacked = VEC > 1 && std::is_same<X, R>::value;
+  /* z of a chunk's slots: packed words of R in the packed builds (fwd_blocked_packed), floats
+   * otherwise; zv(i, j) reads value j of slot i either way. */
+  constexpr bool kPacked = fwd_blocked_packed<X, R, VEC>();
   constexpr int ZW = kPacked ? VEC * (int)sizeof(R) / 4 : 1; /* PackedWords<R, VEC>::kWords */
   __shared__ float red_buf[2 * 32];
   __shared__ float chan_buf[3 * 33];

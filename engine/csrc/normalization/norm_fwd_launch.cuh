@@ -143,31 +143,35 @@ int fwd_vectors(int nvec, int want) {
   return ceil_div(nvec, want) <= kClusterRowThreads ? want : NV;
 }
 
-/* The vector blocked kernel (VEC = 16 bytes of x, NVB = 4 vectors per thread and chunk) for one
- * weight type and norm kind (kNorm: norm_fwd.cuh, blk_kind / kBlkRuntime). */
-template <typename X, typename R, typename O, typename W, int kNorm>
-engine_status launch_fwd_blocked(const FwdArgs& a, const LaunchCtx& ctx) {
-  constexpr int VEC = 16 / sizeof(X);
-  constexpr int NVB = 4;
-  const int block = kMaxRowThreads;
+/* One launch of the blocked kernel: VEC elements per access (16 bytes of x, or 1 on the scalar
+ * path), NVB accesses per thread and chunk, one weight type and norm kind (kNorm: norm_fwd.cuh,
+ * blk_kind / kBlkRuntime); a persistent grid at the build's occupancy. */
+template <typename X, typename R, typename O, int VEC, int NVB, typename W, int kNorm>
+engine_status launch_fwd_blocked(const FwdArgs& a, const LaunchCtx& ctx, int block) {
   auto* kernel = &norm_fwd_blocked_kernel<X, R, O, VEC, NVB, W, kNorm>;
   int per_sm = 1;
   ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), block, 0, &per_sm));
   const int64_t grid = persistent_grid(a.rows, ctx.sm_count, ctx.sm_margin, per_sm);
   kernel<<<(unsigned)grid, block, 0, ctx.stream>>>(a);
-  ENGINE_CHECK_LAUNCH("norm_fwd_blocked_kernel");
+  ENGINE_CHECK_LAUNCH(VEC > 1 ? "norm_fwd_blocked_kernel" : "norm_fwd_blocked_kernel(scalar)");
   return ENGINE_SUCCESS;
+}
+
+/* The vector blocked kernel: 4 vectors of 16 bytes per thread and chunk, 512 threads. */
+template <typename X, typename R, typename O, typename W, int kNorm>
+engine_status launch_fwd_blocked_vec(const FwdArgs& a, const LaunchCtx& ctx) {
+  return launch_fwd_blocked<X, R, O, 16 / sizeof(X), 4, W, kNorm>(a, ctx, kMaxRowThreads);
 }
 
 template <typename X, typename R, typename O, typename W>
 engine_status launch_fwd_blocked_k(const FwdArgs& a, const LaunchCtx& ctx) {
   const bool bias = a.bias != nullptr;
   if (a.is_rms) {
-    return bias ? launch_fwd_blocked<X, R, O, W, blk_kind(true, true)>(a, ctx)
-                : launch_fwd_blocked<X, R, O, W, blk_kind(true, false)>(a, ctx);
+    return bias ? launch_fwd_blocked_vec<X, R, O, W, blk_kind(true, true)>(a, ctx)
+                : launch_fwd_blocked_vec<X, R, O, W, blk_kind(true, false)>(a, ctx);
   }
-  return bias ? launch_fwd_blocked<X, R, O, W, blk_kind(false, true)>(a, ctx)
-              : launch_fwd_blocked<X, R, O, W, blk_kind(false, false)>(a, ctx);
+  return bias ? launch_fwd_blocked_vec<X, R, O, W, blk_kind(false, true)>(a, ctx)
+              : launch_fwd_blocked_vec<X, R, O, W, blk_kind(false, false)>(a, ctx);
 }
 
 /* The vector blocked kernel: the norm kind, bias and weight type at compile time where z has x's
@@ -176,11 +180,11 @@ engine_status launch_fwd_blocked_k(const FwdArgs& a, const LaunchCtx& ctx) {
  * pass). */
 template <typename X, typename R, typename O>
 engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
-  if constexpr (std::is_same<X, R>::value) {
+  if constexpr (fwd_blocked_packed<X, R, 16 / sizeof(X)>()) {
     if (a.w_dtype == ENGINE_DTYPE_FLOAT32) return launch_fwd_blocked_k<X, R, O, float>(a, ctx);
     if constexpr (sizeof(X) == 2) return launch_fwd_blocked_k<X, R, O, X>(a, ctx);
   }
-  return launch_fwd_blocked<X, R, O, float, kBlkRuntime>(a, ctx);
+  return launch_fwd_blocked_vec<X, R, O, float, kBlkRuntime>(a, ctx);
 }
 
 /* Whether the forward takes the blocked kernel over the register path or a cluster (where x and z
@@ -228,7 +232,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   a.cluster = 1;
   a.gb_off = -1; /* launch_fwd_reg decides */
   const bool wide_blocked =
-      vec && std::is_same<X, R>::value &&
+      vec && fwd_blocked_packed<X, R, VEC>() &&
       fwd_take_blocked(cols, a.residual != nullptr, a.is_rms != 0, ctx.fwd_blocked_from);
   const int cluster = vec && !wide_blocked ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
@@ -254,20 +258,11 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
 
   a.out_t = nullptr;
   a.tile_rows = 0;
-  if (vec) {
-    return launch_fwd_blocked_w<X, R, O>(a, ctx);
-  } else {
-    constexpr int NVB = 8;
-    int64_t want = round_up(ceil_div(cols, NVB), 32);
-    const int block = (int)(want < 32 ? 32 : (want > kMaxRowThreads ? kMaxRowThreads : want));
-    const void* fn = reinterpret_cast<const void*>(&norm_fwd_blocked_kernel<X, R, O, 1, NVB>);
-    int per_sm = 1;
-    ENGINE_TRY(blocks_per_sm(fn, block, 0, &per_sm));
-    const int64_t grid = persistent_grid(rows, ctx.sm_count, ctx.sm_margin, per_sm);
-    norm_fwd_blocked_kernel<X, R, O, 1, NVB><<<(unsigned)grid, block, 0, ctx.stream>>>(a);
-    ENGINE_CHECK_LAUNCH("norm_fwd_blocked_kernel(scalar)");
-  }
-  return ENGINE_SUCCESS;
+  if (vec) return launch_fwd_blocked_w<X, R, O>(a, ctx);
+  constexpr int NVB = 8; /* the scalar path: a CTA sized to the row, up to 512 threads */
+  const int64_t want = round_up(ceil_div(cols, NVB), 32);
+  const int block = (int)(want < 32 ? 32 : (want > kMaxRowThreads ? kMaxRowThreads : want));
+  return launch_fwd_blocked<X, R, O, 1, NVB, float, kBlkRuntime>(a, ctx, block);
 }
 
 /* Dispatch over (x dtype, residual dtype) for one output type. */
