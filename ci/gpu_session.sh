@@ -17,7 +17,8 @@
 # ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out[:ln] ..."), ncuop (the same cases:
 # executed SASS instructions per opcode), ncusrc (the same cases: per SASS instruction, CSV), ncustall (the same cases: warp
 # stall reasons per issued instruction, occupancy, DRAM throughput). Optional inputs carried from an
-# earlier call: .carry/_C*.so (the built extension) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
+# earlier call: .carry/_C*.so.xz with .carry/_C.srchash (the built extension, used where the hash
+# matches) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu}; mkdir -p "$OUT"
@@ -33,7 +34,16 @@ else
   export PYTHONPATH=$PWD
 fi
 python3 -c "import setuptools" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fallback/*.whl
-if ls .carry/_C*.so >/dev/null 2>&1; then cp .carry/_C*.so engine/ && touch engine/_C*.so; fi
+# The extension of an earlier call, xz-compressed (the .so itself is over the 16 MiB a returned file
+# may hold), is used only where its source hash matches this tree's engine/csrc and engine/_build.py.
+src_hash() { find engine/csrc engine/_build.py -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' \
+  -o -name '*.cpp' -o -name '*.py' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16; }
+if ls .carry/_C*.so.xz >/dev/null 2>&1 && [ "$(cat .carry/_C.srchash 2>/dev/null)" = "$(src_hash)" ]; then
+  for f in .carry/_C*.so.xz; do b=$(basename "$f" .xz); xz -dc "$f" > "engine/$b"; done
+  touch engine/_C*.so; echo "using the carried extension (source hash $(src_hash))"
+elif ls .carry/_C*.so.xz >/dev/null 2>&1; then
+  echo "the carried extension was built from other sources: rebuilding"
+fi
 if [ -f .carry/triton_cache.tgz ]; then tar xzf .carry/triton_cache.tgz; fi
 
 {
@@ -46,7 +56,8 @@ for stage in "$@"; do
   log "== stage $stage =="
   case "$stage" in
     build) timeout "${BUILD_LIMIT:-300}" bash ci/build_ext.sh "$OUT" 2>&1 | tee -a "$OUT/session.log"
-          cp engine/_C*.so "$OUT/" 2>/dev/null || true ;;
+          for f in engine/_C*.so; do [ -f "$f" ] && xz -T0 -6 -c "$f" > "$OUT/$(basename "$f").xz"; done
+          src_hash > "$OUT/_C.srchash"; ls -l "$OUT" ;;
     L1) timeout "${L1_LIMIT:-330}" python3 -m pytest -q -p no:cacheprovider -m "not slow" -n 8 --maxfail=60 \
           -rfE tests > "$OUT/L1.log" 2>&1; log "L1 exit $?"; tail -40 "$OUT/L1.log" ;;
     smoke) timeout "${SMOKE_LIMIT:-150}" python3 ci/cuda_smoke.py --quick > "$OUT/smoke.log" 2>&1;
@@ -90,7 +101,7 @@ for stage in "$@"; do
     ncu) for c in ${NCU_CASES:-cuda:4096:bf16 cuda:4096:fp8 triton:4096:fp8 triton:4096:bf16}; do
            c="${c//:/ }"  # backend:N:out (ci/ncu_case.py)
            echo "== ncu $c" >> "$OUT/ncu.log"
-           timeout 120 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 \
+           timeout 120 ncu --clock-control none --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 \
              --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
              --section MemoryWorkloadAnalysis --section InstructionStats --section SchedulerStats \
              python3 ci/ncu_case.py $c >> "$OUT/ncu.log" 2>&1
@@ -99,7 +110,7 @@ for stage in "$@"; do
            # ("details": each count with its opcode; "values" printed the counts alone, session 6)
            c="${c//:/ }"
            echo "== ncuop $c" >> "$OUT/ncuop.log"
-           timeout 120 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --print-metric-instances details \
+           timeout 120 ncu --clock-control none --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --print-metric-instances details \
              --metrics sass__inst_executed_per_opcode,smsp__inst_executed.sum \
              python3 ci/ncu_case.py $c >> "$OUT/ncuop.log" 2>&1
          done; log "ncuop done"; grep -vE "^==PROF==" "$OUT/ncuop.log" | head -80 ;;
@@ -112,12 +123,12 @@ for stage in "$@"; do
              M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio; done
            for c in ${NCU_CASES:-triton:16384:fp8}; do  # warp stall reasons per issued instruction
              echo "== ncustall $c" >> "$OUT/ncustall.log"; c="${c//:/ }"
-             timeout 120 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --metrics "$M" \
+             timeout 120 ncu --clock-control none --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --metrics "$M" \
                python3 ci/ncu_case.py $c 2>&1 | grep -vE "^==PROF==|^ +-+ |Metric Name" >> "$OUT/ncustall.log"
            done; log "ncustall done"; grep -E "^==|duration|dram__throughput|registers_per|warps_active|issue_active|stalled_(barrier|long|short|mio|lg|wait)" "$OUT/ncustall.log" | head -200 ;;
     ncusrc) for c in ${NCU_CASES:-cuda:4096:fp8:ln}; do  # executed instructions per SASS line (CSV)
            f="$OUT/ncusrc_${c//:/_}.csv"; c="${c//:/ }"
-           timeout 150 ncu --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --section SourceCounters \
+           timeout 150 ncu --clock-control none --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --section SourceCounters \
              --page source --print-source sass --csv python3 ci/ncu_case.py $c > "$f" 2>&1
            log "ncusrc $c exit $? ($(wc -l < "$f") lines)"
          done ;;
