@@ -30,7 +30,7 @@ Tensor = torch.Tensor
 
 __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
-           "norm_fwd_general_loop", "norm_fwd_blocked_from",
+           "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
@@ -337,3 +337,19 @@ def norm_fwd_blocked_from(n: int):
     if type(n) is not int or n < 0:
         raise ValueError(f"norm_fwd_blocked_from: n must be an int >= 0, got {n!r}")
     return _knob("set_norm_fwd_blocked_from", n)
+
+
+def norm_fwd_grid_per_sm(n: int):
+    """Context manager: inside the ``with`` block the CUDA norm forward's register path (rows
+    that fit one CTA, no thread-block cluster) launches ``n`` CTAs per SM (1 to 64, capped at its
+    row blocks); where more are launched than fit an SM at once, the block scheduler starts each
+    as another ends, and each loops over its share of the rows. ``n = 0``, the default, is the
+    launcher's choice (``fwd_grid_per_sm`` in engine/csrc/normalization/norm_fwd_launch.cuh): 16
+    for RMSNorm to a non-FP8 output without a residual, the resident CTAs (a persistent grid) for
+    the rest, as measured on the H200 (benchmarks/NOTES.md, P46).
+    The grid changes no row's arithmetic: every output bit is the same. For tests and A/B
+    benchmarks on one GPU. Process-wide, not thread-safe; restores the previous value on exit. A
+    bad ``n`` (not an int in 0..64) raises ValueError at the call."""
+    if type(n) is not int or not 0 <= n <= 64:
+        raise ValueError(f"norm_fwd_grid_per_sm: n must be an int in 0..64, got {n!r}")
+    return _knob("set_norm_fwd_grid_per_sm", n)

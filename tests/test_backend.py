@@ -132,6 +132,8 @@ KNOBS = {
                               "0 or 1"),
     "norm_fwd_blocked_from": ("set_norm_fwd_blocked_from", 16384, 1 << 30, 0, -5,
                               [-1, -5, 16384.0, "16384", True], "int >= 0"),
+    "norm_fwd_grid_per_sm": ("set_norm_fwd_grid_per_sm", 16, 1, 0, 65,
+                             [-1, 65, 128, 4.0, "4", True], "int in 0..64"),
 }
 
 

@@ -47,6 +47,7 @@ std::atomic<int> g_norm_bwd_elems{0};
 std::atomic<int> g_norm_bwd_cta_threads{0};
 std::atomic<int> g_norm_fwd_general_loop{0};
 std::atomic<int> g_norm_fwd_blocked_from{0};
+std::atomic<int> g_norm_fwd_grid_per_sm{0};
 
 /* Compiled like every kernel of the library: its PTX version tells whether the device code the
  * driver loads for this device was compiled for sm_90+ (where clusters exist), e.g. not when only
@@ -159,6 +160,8 @@ int norm_bwd_cta_threads() { return g_norm_bwd_cta_threads.load(std::memory_orde
 int norm_fwd_general_loop() { return g_norm_fwd_general_loop.load(std::memory_order_relaxed); }
 
 int norm_fwd_blocked_from() { return g_norm_fwd_blocked_from.load(std::memory_order_relaxed); }
+
+int norm_fwd_grid_per_sm() { return g_norm_fwd_grid_per_sm.load(std::memory_order_relaxed); }
 
 engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out) {
   int dev = 0;
@@ -284,6 +287,11 @@ int engine_set_norm_fwd_general_loop(int n) {
 int engine_set_norm_fwd_blocked_from(int n) {
   if (n < 0) return -1;
   return engine::g_norm_fwd_blocked_from.exchange(n);
+}
+
+int engine_set_norm_fwd_grid_per_sm(int n) {
+  if (n < 0 || n > 64) return -1;
+  return engine::g_norm_fwd_grid_per_sm.exchange(n);
 }
 
 }  // extern "C"

@@ -70,6 +70,8 @@ int norm_bwd_cta_threads();
 int norm_fwd_general_loop();
 /* engine_set_norm_fwd_blocked_from's value now (0: the launcher's default width). */
 int norm_fwd_blocked_from();
+/* engine_set_norm_fwd_grid_per_sm's value now (0: the launcher's default grid). */
+int norm_fwd_grid_per_sm();
 
 /*
  * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at

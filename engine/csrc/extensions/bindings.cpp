@@ -473,6 +473,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Row width from which the norm forward takes its blocked kernel (0: the default; "
         "engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
+  m.def("set_norm_fwd_grid_per_sm", &engine_set_norm_fwd_grid_per_sm,
+        "CTAs per SM of the norm forward's register path without a cluster (1..64), 0 for the "
+        "default (engine/csrc/include/engine/common.h); returns the previous value, -1 for an "
+        "invalid n",
+        py::arg("n"));
   m.def("set_norm_fwd_general_loop", &engine_set_norm_fwd_general_loop,
         "1: the norm forward's register kernels run their general row loop for every launch, 0 "
         "(the default): the fast FP8 loop where it applies (engine/csrc/include/engine/common.h); "

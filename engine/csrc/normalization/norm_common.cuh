@@ -113,6 +113,8 @@ struct LaunchCtx {
                           values per thread (engine_set_norm_bwd_cta_threads; 0: the default) */
   int fwd_blocked_from; /* forward: width from which the blocked kernel runs (0: the default;
                            engine_set_norm_fwd_blocked_from) */
+  int fwd_grid_per_sm;  /* forward register path without a cluster: CTAs per SM of the grid (0:
+                           the default; engine_set_norm_fwd_grid_per_sm) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x
@@ -198,12 +200,14 @@ __device__ __forceinline__ void row_slots(int glane, int gstride, int nvec, int 
  * every cluster launch), `wide` its kMaxRowThreads build. The grid is persistent over `work` row
  * blocks, with at most per_sm_cap CTAs per SM (0: occupancy alone) and max_units grid units in all
  * (CTAs, or clusters when a.cluster > 1); *units receives it, and so does the kernel's
- * a.grid_clusters (the row loop's stride).
+ * a.grid_clusters (the row loop's stride). per_sm_set > 0 (without a cluster) sets the CTAs per SM
+ * instead of the occupancy: more than fit at once queue for the block scheduler.
  */
 template <typename Args>
 engine_status launch_row_kernel(void (*narrow)(Args), void (*wide)(Args), Args a, int block,
                                 size_t smem, int64_t work, const LaunchCtx& ctx, int per_sm_cap,
-                                int64_t max_units, int64_t* units, const char* name) {
+                                int64_t max_units, int64_t* units, const char* name,
+                                int per_sm_set = 0) {
   void (*kernel)(Args) = block <= kClusterRowThreads ? narrow : wide;
   const void* fn = reinterpret_cast<const void*>(kernel);
   int64_t grid = 1;
@@ -218,6 +222,7 @@ engine_status launch_row_kernel(void (*narrow)(Args), void (*wide)(Args), Args a
     int per_sm = 1;
     ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
     if (per_sm_cap > 0 && per_sm > per_sm_cap) per_sm = per_sm_cap;
+    if (per_sm_set > 0) per_sm = per_sm_set;
     grid = persistent_grid(work, ctx.sm_count, ctx.sm_margin, per_sm);
   }
   if (grid > max_units) grid = max_units;

@@ -11,6 +11,21 @@
 namespace engine {
 namespace norm {
 
+/* CTAs per SM of the register path's grid without a cluster: engine_set_norm_fwd_grid_per_sm's
+ * value where it is set; else 16 for RMSNorm to a 16-bit or fp32 output without a residual, and 0
+ * (the resident CTAs, 3-4 per SM: a persistent grid) for the rest. 16 CTAs per SM queue for the
+ * block scheduler, which starts each as another ends. Measured on the H200 with bf16 in and out
+ * (benchmarks/NOTES.md, P46; kernel time, % of copy, two runs each, resident -> 16 per SM; fp16
+ * and fp32 outputs not measured, taken alike): RMSNorm bf16 fwd 1K-16K
+ * 90 / 88 / 85 / 84 / 83 -> 92 / 92 / 91 / 88 / 87; but the FP8 outputs lost 1-6 points (RMSNorm
+ * e4m3 8K 88 -> 81), the fused residual add 0-6 (RMSNorm 8K 87 -> 81) and LayerNorm all but 2K (4K
+ * 85 -> 82; 2K 83 -> 88), so they keep the persistent grid. */
+template <typename O>
+int fwd_grid_per_sm(const FwdArgs& a, const LaunchCtx& ctx) {
+  if (ctx.fwd_grid_per_sm != 0) return ctx.fwd_grid_per_sm;
+  return !is_fp8_v<O> && a.is_rms && a.residual == nullptr ? 16 : 0;
+}
+
 /* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields):
  * the fast row loop (FwdPath) for FP8 outputs in mode kFull in blocks of up to 256 threads, with
  * gamma / beta in shared memory where they fit (gb_smem_offset) or from global memory, the general
@@ -50,7 +65,7 @@ engine_status launch_fwd_reg(FwdArgs a, const LaunchCtx& ctx, int block, size_t 
   const int64_t work = ceil_div(a.rows, a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter);
   int64_t grid = 0;
   return launch_row_kernel(narrow, wide, a, block, smem, work, ctx, 0, work, &grid,
-                           "norm_fwd_reg_kernel");
+                           "norm_fwd_reg_kernel", a.cluster > 1 ? 0 : fwd_grid_per_sm<O>(a, ctx));
 }
 
 /* The weight type: float, or x's 16-bit dtype (norm_api's check); with fp32 x, either 16-bit
