@@ -1,12 +1,15 @@
 """README.rst result tables from a ``benchmarks/run.py`` JSON (so no number is copied by hand).
 
     python benchmarks/readme_tables.py benchmarks/results/h200_bench_all.json [more.json ...]
+    python benchmarks/readme_tables.py --kernels benchmarks/results/h200_profile_kernels_s16_all.json
 
 Prints three reStructuredText tables: the norms (engine's two backends and the best peer per
 cell, % of copy bandwidth), the FP8 outputs (with the in-kernel transpose rows; LayerNorm's when a
 JSON of ``run.py --suite fp8 --fp8-norm layernorm`` is given too) and the small shapes (µs per
 call, host + device). With several JSON files the rows of all are used, each cell as % of the copy
 bandwidth measured in its own run; where two runs have the same cell the first file's is shown.
+With ``--kernels`` it prints the kernel-time table of one ``profile_kernels.py --json`` run (the
+device time of engine's kernels alone, % of the copy bandwidth of that run).
 """
 
 from __future__ import annotations
@@ -66,9 +69,33 @@ def small_table(rows):
     return tabulate(out, headers=["op", "shape"] + impls, tablefmt="rst")
 
 
+_KERNEL_OPS = (("rmsnorm", "fwd", "rms fwd"), ("rmsnorm", "fwd+bwd", "rms f+b"),
+               ("rmsnorm", "res-fwd", "rms +res fwd"), ("rmsnorm", "fp8-delayed", "rms >e4m3 dly"),
+               ("layernorm", "fwd", "ln fwd"), ("layernorm", "fwd+bwd", "ln f+b"),
+               ("layernorm", "res-fwd", "ln +res fwd"), ("layernorm", "fp8-delayed", "ln >e4m3 dly"))
+
+
+def kernel_table(data):
+    """Kernel time (``benchmarks/profile_kernels.py --json``): % of copy per (op, impl, N)."""
+    rows = data["rows"]
+    ns = sorted({r["n"] for r in rows})
+    out = []
+    for norm, mode, label in _KERNEL_OPS:
+        for impl in ("cuda", "triton"):
+            cells = {r["n"]: r for r in rows if (r["norm"], r["mode"], r["impl"]) == (norm, mode, impl)}
+            if cells:
+                out.append([label, impl] + [f"{cells[n]['kernels_pct']:.0f}" if n in cells else "-"
+                                            for n in ns])
+    return tabulate(out, headers=["op", "impl"] + [_n(n) for n in ns], tablefmt="rst")
+
+
 def main(argv=None) -> int:
+    args = list(argv or sys.argv[1:])
+    if args and args[0] == "--kernels":  # one profile_kernels.py JSON
+        print(kernel_table(json.loads(Path(args[1]).read_text())))
+        return 0
     rows = []
-    for path in (argv or sys.argv[1:]):  # several runs: their rows together, each % of its own copy
+    for path in args:  # several runs: their rows together, each % of its own copy
         rows += _rows(json.loads(Path(path).read_text()))
     eng = [("cuda", "cuda"), ("triton", "triton")]
     print(large_table(rows, ["rms fwd", "rms f+b", "rms +res fwd", "ln fwd", "ln f+b", "ln +res fwd"], eng))

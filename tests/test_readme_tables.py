@@ -31,3 +31,20 @@ def test_two_runs_first_wins_and_layernorm_fp8_rows(tmp_path, capsys):
     assert len(cast) == 1 and cast[0].split()[-1] == "82"
     assert any(ln_.startswith("ln >e4m3 dly") and ln_.split()[-1] == "66" for ln_ in lines)
     assert any(ln_.startswith("castT e4m3") and "39 compile" in ln_ for ln_ in lines)
+
+
+def test_kernel_table(tmp_path, capsys):
+    """--kernels: one profile_kernels.py JSON to one row per (op, impl), a cell per width, "-"
+    where that width was not measured; ops with no row are left out."""
+    rows = [{"norm": "rmsnorm", "mode": "fwd", "impl": "cuda", "n": 1024, "kernels_pct": 91.6},
+            {"norm": "rmsnorm", "mode": "fwd", "impl": "cuda", "n": 2048, "kernels_pct": 88.4},
+            {"norm": "rmsnorm", "mode": "fwd", "impl": "triton", "n": 1024, "kernels_pct": 95.2},
+            {"norm": "layernorm", "mode": "fwd+bwd", "impl": "cuda", "n": 2048, "kernels_pct": 80.5}]
+    p = tmp_path / "profk.json"
+    p.write_text(json.dumps({"rows": rows}))
+    assert readme_tables.main(["--kernels", str(p)]) == 0
+    lines = [ln_.split() for ln_ in capsys.readouterr().out.splitlines()]
+    assert ["rms", "fwd", "cuda", "92", "88"] in lines
+    assert ["rms", "fwd", "triton", "95", "-"] in lines
+    assert ["ln", "f+b", "cuda", "-", "80"] in lines  # 80.5 rounds to even
+    assert not any(ln_[:2] == ["rms", "f+b"] for ln_ in lines)
