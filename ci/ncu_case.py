@@ -2,12 +2,15 @@
 
     ncu --kernel-name regex:norm_fwd -c 1 python3 ci/ncu_case.py cuda 4096 fp8 [ln]
     ncu --kernel-name regex:norm_bwd -c 1 python3 ci/ncu_case.py triton 16384 bwd ln
+    ncu ... python3 ci/ncu_case.py cuda 8192 fp8 norm_fwd_grid_per_sm=16
     args: backend (cuda | triton), N, output (bf16 | fp8 | fp8T: e4m3 with the transposed copy
     written by the norm kernel, ENGINE_NORM_EXTERNAL_TRANSPOSE=0; bwd: a bf16 forward, then
     its backward), optionally the norm (rms, the default, or ln: LayerNorm with a bias);
-    M * N = 64M, bf16 input.
+    M * N = 64M, bf16 input. Any argument NAME=VALUE sets the engine.cuda_backend knob NAME to
+    the int VALUE for the run (e.g. norm_fwd_grid_per_sm=16).
 """
 
+import contextlib
 import sys
 
 import torch
@@ -15,8 +18,16 @@ import torch
 import engine
 from engine.fp8 import Float8Quantizer
 
-backend, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-ln = len(sys.argv) > 4 and sys.argv[4] == "ln"
+pos = [a for a in sys.argv[1:] if "=" not in a]
+knobs = [a.split("=", 1) for a in sys.argv[1:] if "=" in a]
+backend, n, out = pos[0], int(pos[1]), pos[2]
+ln = len(pos) > 3 and pos[3] == "ln"
+stack = contextlib.ExitStack()
+if knobs:
+    from engine import cuda_backend
+
+    for name, value in knobs:
+        stack.enter_context(getattr(cuda_backend, name)(int(value)))
 flag = "1" if backend == "triton" else "0"
 engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag, "ENGINE_USE_LAYERNORM_TRITON": flag,
                                 "ENGINE_NORM_EXTERNAL_TRANSPOSE": "0" if out == "fp8T" else "1"})
