@@ -17,9 +17,11 @@ namespace norm {
  * block scheduler, which starts each as another ends. Measured on the H200 with bf16 in and out
  * (benchmarks/NOTES.md, P46; kernel time, % of copy, two runs each, resident -> 16 per SM; fp16
  * and fp32 outputs not measured, taken alike): RMSNorm bf16 fwd 1K-16K
- * 90 / 88 / 85 / 84 / 83 -> 92 / 92 / 91 / 88 / 87; but the FP8 outputs lost 1-6 points (RMSNorm
- * e4m3 8K 88 -> 81), the fused residual add 0-6 (RMSNorm 8K 87 -> 81) and LayerNorm all but 2K (4K
- * 85 -> 82; 2K 83 -> 88), so they keep the persistent grid. */
+ * 90 / 88 / 85 / 84 / 83 -> 92 / 92 / 91 / 88 / 87; but the FP8 outputs lost 1-9 points (RMSNorm
+ * e4m3 8K 88 -> 82, LayerNorm e4m3 2K 80 -> 72), the fused residual add 0-6 (RMSNorm 8K 87 -> 81)
+ * and LayerNorm all but 2K (4K 85 -> 82; 2K 83 -> 88), so they keep the persistent grid. ncu (Q2):
+ * 16 CTAs per SM run each CTA's prologue and epilogue 5x as often, 10-17 % more instructions,
+ * which the FP8 kernels (63-69 % issue active) pay for and the bf16 one (43 %) does not. */
 template <typename O>
 int fwd_grid_per_sm(const FwdArgs& a, const LaunchCtx& ctx) {
   if (ctx.fwd_grid_per_sm != 0) return ctx.fwd_grid_per_sm;
