@@ -250,6 +250,31 @@ def test_fp8_vector_layouts(is_rms, vectors, m, n):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="a grid knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [1024, 2056, 8192, 16384])
+def test_fp8_grid_per_sm(is_rms, n):
+    """The CUDA forward's register path to e4m3 at 1, 3, 16 and 64 CTAs per SM
+    (cuda_backend.norm_fwd_grid_per_sm) over 3001 rows: the FP8 bytes and amax equal the default
+    grid's bit for bit (the grid changes no row's arithmetic; every block's amax reaches the one
+    global max)."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        x, w, b = inputs(3001, n, is_rms)
+        q0 = delayed(E4M3, scale=8.0, amax=0.0)
+        t0 = call(is_rms, x, w, b, quantizer=q0)
+        for v in (1, 3, 16, 64):
+            with cuda_backend.norm_fwd_grid_per_sm(v):
+                q = delayed(E4M3, scale=8.0, amax=0.0)
+                t = call(is_rms, x, w, b, quantizer=q)
+            assert torch.equal(t.data.view(torch.uint8), t0.data.view(torch.uint8)), v
+            assert torch.equal(q.amax, q0.amax), v
+    finally:
+        engine.backend.reset_for_tests()
+
+
 def cuda_kernel_names(fn):
     """Names of the CUDA kernels one call of ``fn`` launches (torch profiler)."""
     from torch.profiler import ProfilerActivity, profile
