@@ -31,7 +31,7 @@ Tensor = torch.Tensor
 __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
-           "IN_KERNEL_TRANSPOSE_MAX_N"]
+           "norm_bwd_stream_from", "norm_bwd_stream_threads", "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE is unset, wider rows from the tiled transpose after it: measured
@@ -353,3 +353,30 @@ def norm_fwd_grid_per_sm(n: int):
     if type(n) is not int or not 0 <= n <= 64:
         raise ValueError(f"norm_fwd_grid_per_sm: n must be an int in 0..64, got {n!r}")
     return _knob("set_norm_fwd_grid_per_sm", n)
+
+
+def norm_bwd_stream_from(n: int):
+    """Context manager: inside the ``with`` block the CUDA norm backward runs its streamed
+    cluster kernel for rows of ``n`` columns and more where x and dy are 16-bit and allow 16-byte
+    vectors (on a GPU with thread-block clusters): the row is split over a cluster and each CTA
+    copies its slice of the next two rows into shared memory (cp.async) while it reduces one row
+    and writes the previous row's dx (engine/csrc/normalization/norm_bwd_stream.cuh). A width
+    past every row (e.g. ``1 << 30``) never takes it: the paths before session 17; ``n = 0``, the
+    default, is the launcher's choice (``bwd_take_stream``). For tests and A/B benchmarks of the
+    paths on one GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad
+    ``n`` (not an int, or negative) raises ValueError at the call."""
+    if type(n) is not int or n < 0:
+        raise ValueError(f"norm_bwd_stream_from: n must be an int >= 0, got {n!r}")
+    return _knob("set_norm_bwd_stream_from", n)
+
+
+def norm_bwd_stream_threads(n: int):
+    """Context manager: inside the ``with`` block the CUDA backward's streamed kernel (above) runs
+    CTAs of at most ``n`` threads (128, 256 or 512): its cluster is the smallest power of two
+    whose CTAs of at most ``n`` threads hold the row at 16 values per thread, so a smaller ``n``
+    means a larger cluster of smaller CTAs. ``n = 0``, the default, is 512. For tests and A/B
+    benchmarks. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n``
+    raises ValueError at the call."""
+    if type(n) is not int or n not in (0, 128, 256, 512):
+        raise ValueError(f"norm_bwd_stream_threads: n must be 0, 128, 256 or 512, got {n!r}")
+    return _knob("set_norm_bwd_stream_threads", n)

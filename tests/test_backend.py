@@ -134,6 +134,10 @@ KNOBS = {
                               [-1, -5, 16384.0, "16384", True], "int >= 0"),
     "norm_fwd_grid_per_sm": ("set_norm_fwd_grid_per_sm", 16, 1, 0, 65,
                              [-1, 65, 128, 4.0, "4", True], "int in 0..64"),
+    "norm_bwd_stream_from": ("set_norm_bwd_stream_from", 32768, 1 << 30, 0, -3,
+                             [-1, -3, 32768.0, "32768", True], "int >= 0"),
+    "norm_bwd_stream_threads": ("set_norm_bwd_stream_threads", 256, 512, 0, 64,
+                                [1, 64, 1024, 256.0, "256", True], "0, 128, 256 or 512"),
 }
 
 

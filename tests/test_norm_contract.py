@@ -455,6 +455,42 @@ def test_fwd_blocked_default(is_rms, n, res, rms_taken, ln_taken):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA backward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("threads", [0, 128, 256])
+@pytest.mark.parametrize("n", [1024, 8200, 32768, 32776, 65536, 98312, 131072])
+def test_bwd_stream(is_rms, threads, n):
+    """The CUDA backward's streamed cluster kernel (norm_bwd_stream_from(1): every width) at CTAs of
+    up to 512 (the default), 128 and 256 threads against float64 with poisoned outputs: bf16 with a
+    bias over 301 rows (clusters loop over many rows, the ring of stages wraps), fp16 with an fp32
+    gamma, zero-centred, a residual gradient in and an fp32 dres out, rows strided; one row (M=1).
+    32776 and 98312 leave the last CTA's slice partly past the row (zero-filled copies, masked
+    stores); 1024 runs 2-CTA clusters of 32 threads; where no cluster holds the row at the
+    thread cap (131072 at 128 threads) the launcher takes the other paths, which must be right
+    too."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        with cuda_backend.norm_bwd_stream_from(1), cuda_backend.norm_bwd_stream_threads(threads):
+            check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
+            check_bwd(is_rms, 37, n, F16, F32, F16, zcg=True, bias=not is_rms, res_dtype=F32,
+                      row_extra=8)
+            check_bwd(is_rms, 1, n, BF16, F32, BF16, bias=not is_rms, res_dtype=BF16)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA backward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [32768, 131072])
+def test_bwd_stream_taken(is_rms, n):
+    """The knob changes the path (the streamed kernel groups a column's rows per cluster, the
+    other cluster kernels per cluster of their own shape), over 301 rows; the default takes the
+    streamed kernel at these widths, bit for bit."""
+    check_bwd_knob_changes_path(is_rms, n, "norm_bwd_stream_from", (n, 1 << 30), same=0)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a grid knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [1024, 2056, 8192, 16384])

@@ -72,6 +72,10 @@ int norm_fwd_general_loop();
 int norm_fwd_blocked_from();
 /* engine_set_norm_fwd_grid_per_sm's value now (0: the launcher's default grid). */
 int norm_fwd_grid_per_sm();
+/* engine_set_norm_bwd_stream_from's value now (0: the launcher's default width). */
+int norm_bwd_stream_from();
+/* engine_set_norm_bwd_stream_threads's value now (0: the launcher's default). */
+int norm_bwd_stream_threads();
 
 /*
  * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at

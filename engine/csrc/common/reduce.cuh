@@ -135,17 +135,30 @@ __device__ __forceinline__ float cluster_load(const float* p, int rank) {
  * reads of this one. cluster_finish() must follow the last call before the CTA exits (its shared
  * memory must outlive the other CTAs' reads). No state is carried between calls: the kernels
  * using it sit at their register limits. */
+/* The two halves of cluster_sync(), for work between them (the streamed backward's previous
+ * row): arrive releases this thread's earlier shared-memory writes, wait returns once every thread
+ * of the cluster has arrived. Called uniformly by all threads, arrive and wait alternating. */
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+
+/* After a cluster barrier: v[k] = the sum over ranks 0..n-1, in rank order, of buf[k] in each
+ * rank's shared memory. Lane r of every warp loads rank r's value (n <= 32), the warp adds them
+ * in rank order by broadcast shuffles: one remote load per lane instead of n per thread (the same
+ * bits; no measurable change in time on the H200, benchmarks/NOTES.md C3). */
 template <int K>
-__device__ __forceinline__ void cluster_sum(float (&v)[K], float* buf, int n) {
-  if (n == 1) return;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) buf[k] = v[k];
-  }
-  cluster_sync();
-  /* Lane r of every warp loads rank r's value (n <= 32), the warp adds them in rank order by
-   * broadcast shuffles: one remote load per lane instead of n per thread (the same bits; no
-   * measurable change in time on the H200, benchmarks/NOTES.md C3). */
+__device__ __forceinline__ void cluster_gather_sum(float (&v)[K], const float* buf, int n) {
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -154,6 +167,17 @@ __device__ __forceinline__ void cluster_sum(float (&v)[K], float* buf, int n) {
     for (int r = 1; r < n; ++r) s += __shfl_sync(kFullMask, p, r);
     v[k] = s;
   }
+}
+
+template <int K>
+__device__ __forceinline__ void cluster_sum(float (&v)[K], float* buf, int n) {
+  if (n == 1) return;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) buf[k] = v[k];
+  }
+  cluster_sync();
+  cluster_gather_sum<K>(v, buf, n);
 }
 
 __device__ __forceinline__ void cluster_finish(int n) {

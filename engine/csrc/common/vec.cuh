@@ -191,6 +191,35 @@ __device__ __forceinline__ float load_scalar_dt(const void* p, int64_t idx, engi
   return to_float(static_cast<const __half*>(p)[idx]);
 }
 
+/* ---- asynchronous copies global -> shared (cp.async, sm_80+) ------------------------------ */
+
+/* Copy 16 bytes from global `src` to shared-memory address `dst` (a __cvta_generic_to_shared
+ * value) without passing through registers; with full == false nothing is read (src need only be
+ * a valid address) and the 16 bytes are zero-filled. Bypasses L1 (.cg). Completion is per thread:
+ * cp_async_commit() closes a group of this thread's copies, cp_async_wait<N>() returns once at
+ * most N of its groups are still in flight; a thread reading only what it copied itself needs no
+ * other synchronisation. */
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool full) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+               "r"(full ? 16 : 0)
+               : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
 }  // namespace engine
 
 #endif  // ENGINE_CSRC_COMMON_VEC_CUH_

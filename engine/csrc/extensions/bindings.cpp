@@ -478,6 +478,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "default (engine/csrc/include/engine/common.h); returns the previous value, -1 for an "
         "invalid n",
         py::arg("n"));
+  m.def("set_norm_bwd_stream_from", &engine_set_norm_bwd_stream_from,
+        "Row width from which the norm backward takes its streamed cluster kernel (0: the "
+        "default; engine/csrc/include/engine/common.h); returns the previous value, -1 for an "
+        "invalid n",
+        py::arg("n"));
+  m.def("set_norm_bwd_stream_threads", &engine_set_norm_bwd_stream_threads,
+        "Largest CTA of the norm backward's streamed kernel (128, 256, 512), 0 for the default "
+        "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
+        py::arg("n"));
   m.def("set_norm_fwd_general_loop", &engine_set_norm_fwd_general_loop,
         "1: the norm forward's register kernels run their general row loop for every launch, 0 "
         "(the default): the fast FP8 loop where it applies (engine/csrc/include/engine/common.h); "

@@ -40,6 +40,7 @@
 #include "common/dtype.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
+#include "normalization/norm_bwd_stream.cuh"
 #include "normalization/norm_common.cuh"
 
 namespace engine {
@@ -564,6 +565,13 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   const int tpr = row_group_tpr(tpr_raw);
 
   a.cluster = 1;
+  /* The streamed cluster kernel (norm_bwd_stream.cuh) for 16-bit rows from bwd_take_stream's
+   * width, where a cluster holds the row. */
+  if (sizeof(Z) == 2 && sizeof(DY) == 2 && vec && bwd_take_stream(cols, ctx.bwd_stream_from)) {
+    engine_status st = ENGINE_SUCCESS;
+    if (launch_bwd_stream<Z, DY>(a, ctx, max_ctas, num_ctas, &st)) return st;
+    a.cluster = 1;
+  }
   /* 16 values per thread in one CTA per row (16-bit z and dy), as the Triton backward runs 16K (one
    * program of 32 warps per SM, the row in registers: NOTES P33): no cluster barrier per row, the
    * partials in registers. By default (ctx.bwd_cta_threads 0 or 1024) rows that need 513-1024

@@ -115,6 +115,10 @@ struct LaunchCtx {
                            engine_set_norm_fwd_blocked_from) */
   int fwd_grid_per_sm;  /* forward register path without a cluster: CTAs per SM of the grid (0:
                            the default; engine_set_norm_fwd_grid_per_sm) */
+  int bwd_stream_from;  /* backward: width from which the streamed kernel runs (0: the default;
+                           engine_set_norm_bwd_stream_from) */
+  int bwd_stream_threads; /* backward, streamed kernel: largest CTA (0: the default;
+                             engine_set_norm_bwd_stream_threads) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

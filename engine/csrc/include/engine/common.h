@@ -93,6 +93,21 @@ int engine_set_norm_fwd_blocked_from(int n);
  * changes nothing) for any other n. */
 int engine_set_norm_fwd_grid_per_sm(int n);
 
+/* Row width from which the norm backward takes its streamed cluster kernel (16-bit x and dy with
+ * 16-byte vectors, on a device with thread-block clusters): the row split over a cluster, each CTA
+ * copying its slice of the next two rows into shared memory (cp.async) while it reduces one and
+ * writes the previous one's dx (norm_bwd_stream.cuh). n > 0 from n columns (e.g. 1 << 30: never,
+ * the paths before session 17), 0 (the default) the launcher's choice (bwd_take_stream). For A/B
+ * runs of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
+ * nothing) for n < 0. */
+int engine_set_norm_bwd_stream_from(int n);
+
+/* Largest CTA of the streamed backward (above): n = 128, 256 or 512 threads (the cluster is the
+ * smallest power of two whose CTAs of at most n threads hold the row at 16 values per thread), 0
+ * (the default) 512. For A/B runs. Process-wide; returns the previous value, or -1 (and changes
+ * nothing) for any other n. */
+int engine_set_norm_bwd_stream_threads(int n);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,298 @@
+/*
+ * Streamed cluster backward (sm_90): rows of 16-bit z and dy split over a thread-block cluster,
+ * each CTA owning a contiguous slice of tpr * NV 16-byte vectors of the row, the rows streamed
+ * through a ring of kStreamStages shared-memory stages by cp.async, two rows ahead of the one
+ * being reduced.
+ *
+ * Why: the cluster kernels of launch_bwd_wide (rows past 32K) hold their slice of a row in
+ * registers, so no load of the next row starts before the current one has been reduced over the
+ * cluster (a cluster barrier per row) and its dx stored, and at 32-64 values per thread they hold
+ * one or two CTAs per SM: fwd+bwd 46-60 % of copy at 32K-128K (benchmarks/NOTES.md, session 16).
+ * Here the copies of rows k+1 and k+2 are in flight while row k is reduced, and the barrier's
+ * latency is covered by the previous row's second half:
+ *
+ *   iteration k:  copy row k+2 (its stage last held row k-2);  wait for row k's copies;
+ *                 phase A of row k: dweight / dbias partials and the CTA's (c2, c1) sums, which
+ *                 thread 0 puts in shared memory; arrive at the cluster barrier;
+ *                 phase B of row k-1: dx (and dres) from its c1 / c2, known since iteration k-1;
+ *                 wait at the cluster barrier; sum row k's CTA sums in rank order (DSMEM).
+ *
+ * Each thread copies and later reads only its own 16-byte vectors (slot i of thread t at vector
+ * rank * tpr * NV + i * tpr + t of the row; in shared memory at ((operand * NV + i) * tpr + t) * 16
+ * of its stage, conflict-free), so cp.async's per-thread completion (wait_group) is the only
+ * synchronisation the data needs. A vector past the row is zero-filled by the copy and then adds
+ * zeros to every sum; its stores are masked. gamma (+ the zero-centred 1) is held as floats in
+ * registers for the whole kernel, the partials too, and the cluster writes one workspace row
+ * (its CTAs their slices) for norm_bwd_reduce_kernel: deterministic, as the other paths.
+ * The formulas and the order of operations per value are the register path's (norm_bwd.cuh).
+ */
+#ifndef ENGINE_CSRC_NORMALIZATION_NORM_BWD_STREAM_CUH_
+#define ENGINE_CSRC_NORMALIZATION_NORM_BWD_STREAM_CUH_
+
+#include "common/common.cuh"
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
+#include "normalization/norm_common.cuh"
+
+namespace engine {
+namespace norm {
+
+constexpr int kStreamStages = 4;       /* rows k-1, k, k+1, k+2 */
+constexpr int kStreamNV = 2;           /* 16-byte vectors per thread and operand */
+constexpr int kStreamMaxThreads = 512; /* CTA threads (launch bound: up to 128 registers) */
+
+template <typename Z, typename DY, int NV, bool kRms, bool kHasDb>
+__global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(const BwdArgs a) {
+  static_assert(sizeof(Z) == 2 && sizeof(DY) == 2, "the streamed backward takes 16-bit z and dy");
+  constexpr int VEC = 8;
+  __shared__ float red_buf[2][32][2]; /* [iteration parity][warp][c2, c1] */
+  __shared__ float cl_buf[2][2];      /* [iteration parity][c2, c1]: this CTA's, read by the cluster */
+  extern __shared__ __align__(16) uint8_t ring[];
+
+  const int T = blockDim.x;
+  const int t = threadIdx.x;
+  const int C = a.cluster;
+  const int nvec = a.cols / VEC;
+  const int v0 = cluster_rank() * T * NV + t;
+  const int64_t cid = blockIdx.x / C;
+  const int64_t stride = a.grid_clusters;
+  const int64_t count = cid < a.rows ? (a.rows - 1 - cid) / stride + 1 : 0;
+  const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+  const int stage_bytes = 2 * NV * T * 16;
+
+  float g[NV][VEC];
+  float dw[NV][VEC];
+  float db[kHasDb ? NV : 1][VEC];
+  const float g_add = a.zero_centered ? 1.0f : 0.0f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = v0 + i * T;
+    if (v < nvec) {
+      load_vec_dt<VEC>(a.weight, (int64_t)v * VEC, a.w_dtype, g[i]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) g[i][j] += g_add;
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) g[i][j] = 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      dw[i][j] = 0.0f;
+      if constexpr (kHasDb) db[i][j] = 0.0f;
+    }
+  }
+
+  /* The copies of row k into stage k % kStreamStages (an empty group past the last row, so that
+   * every thread commits one group per iteration and wait<2> means "row k has landed"). */
+  auto issue = [&](int64_t k) {
+    if (k < count) {
+      const int64_t row = cid + k * stride;
+      const Z* zr = static_cast<const Z*>(a.x) + row * a.x_stride;
+      const DY* dr = static_cast<const DY*>(a.dy) + row * a.dy_stride;
+      const uint32_t base = ring_s + (uint32_t)((k % kStreamStages) * stage_bytes) + t * 16;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = v0 + i * T;
+        const bool ok = v < nvec;
+        cp_async16(base + (uint32_t)(i * T * 16), ok ? zr + (int64_t)v * VEC : zr, ok);
+        cp_async16(base + (uint32_t)((NV + i) * T * 16), ok ? dr + (int64_t)v * VEC : dr, ok);
+      }
+    }
+    cp_async_commit();
+  };
+  /* slot i of operand op (0: z, 1: dy) of row k's stage, as floats */
+  auto slot = [&](int64_t k, int op, int i, float (&f)[VEC]) {
+    const uint8_t* p = ring + (k % kStreamStages) * stage_bytes + ((op * NV + i) * T + t) * 16;
+    if (op == 0) {
+      load_vec<Z, VEC>(reinterpret_cast<const Z*>(p), f);
+    } else {
+      load_vec<DY, VEC>(reinterpret_cast<const DY*>(p), f);
+    }
+  };
+  auto stats = [&](int64_t k, float& rs, float& mu) {
+    if (k < count) {
+      const int64_t row = cid + k * stride;
+      rs = a.rsigma[row];
+      if constexpr (!kRms) mu = a.mu[row];
+    }
+  };
+
+  issue(0);
+  issue(1);
+  float rs_c = 0.0f, mu_c = 0.0f; /* row k */
+  stats(0, rs_c, mu_c);
+  float rs_p = 0.0f, mu_p = 0.0f, k2_p = 0.0f, k1_p = 0.0f; /* row k-1 */
+  const int warp = t >> 5, lane = t & 31, nwarps = T >> 5;
+  for (int64_t k = 0; k <= count; ++k) {
+    issue(k + 2);
+    float rs_n = 0.0f, mu_n = 0.0f; /* row k+1, read a row ahead of its use */
+    stats(k + 1, rs_n, mu_n);
+    /* row k-1's dresidual, read here so that phase A covers its latency */
+    float dr[NV][VEC];
+    const bool has_dr = a.dresidual != nullptr && k > 0;
+    if (has_dr) {
+      const int64_t row = cid + (k - 1) * stride;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = v0 + i * T;
+        if (v < nvec) {
+          load_vec_dt<VEC>(a.dresidual, row * a.dresidual_stride + (int64_t)v * VEC, a.dres_dtype, dr[i]);
+        }
+      }
+    }
+    cp_async_wait<2>();
+    const bool has_a = k < count; /* uniform over the cluster: its CTAs share the row sequence */
+    const int par = (int)(k & 1);
+    if (has_a) { /* phase A of row k */
+      float s[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        float zv[VEC], dv[VEC];
+        slot(k, 0, i, zv);
+        slot(k, 1, i, dv);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float xhat = (kRms ? zv[j] : zv[j] - mu_c) * rs_c;
+          const float dyg = dv[j] * g[i][j];
+          dw[i][j] = fmaf(dv[j], xhat, dw[i][j]);
+          if constexpr (kHasDb) db[i][j] += dv[j];
+          s[0] = fmaf(dyg, xhat, s[0]);
+          if constexpr (!kRms) s[1] += dyg;
+        }
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        s[0] += __shfl_xor_sync(kFullMask, s[0], off);
+        if constexpr (!kRms) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
+      }
+      if (lane == 0) {
+        red_buf[par][warp][0] = s[0];
+        red_buf[par][warp][1] = s[1];
+      }
+      /* red_buf[par] is written again two iterations on, after the next iteration's barrier,
+       * which thread 0 reaches only after its reads below */
+      __syncthreads();
+      if (t == 0) {
+        float c0 = red_buf[par][0][0], c1 = red_buf[par][0][1];
+        for (int w = 1; w < nwarps; ++w) {
+          c0 += red_buf[par][w][0];
+          c1 += red_buf[par][w][1];
+        }
+        /* cl_buf[par] is written again two iterations on, after this CTA has passed the next
+         * iteration's cluster barrier, at which every CTA arrives only after its reads of this
+         * one (cluster_gather_sum below) */
+        cl_buf[par][0] = c0;
+        cl_buf[par][1] = c1;
+      }
+      cluster_arrive();
+    }
+    if (k > 0) { /* phase B of row k-1 */
+      const int64_t row = cid + (k - 1) * stride;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = v0 + i * T;
+        if (v < nvec) {
+          float zv[VEC], dv[VEC], dz[VEC];
+          slot(k - 1, 0, i, zv);
+          slot(k - 1, 1, i, dv);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float dyg = dv[j] * g[i][j];
+            dz[j] = fmaf(dyg, rs_p, kRms ? zv[j] * k2_p : fmaf(zv[j] - mu_p, k2_p, k1_p));
+          }
+          const int64_t col = (int64_t)v * VEC;
+          if (has_dr) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) dz[j] += dr[i][j];
+          }
+          store_vec_dt<VEC>(a.dx, row * a.dx_stride + col, a.dx_dtype, dz);
+          if (a.dres != nullptr) store_vec_dt<VEC>(a.dres, row * a.dres_stride + col, a.dres_dtype, dz);
+        }
+      }
+    }
+    if (has_a) {
+      cluster_wait();
+      float s[2];
+      cluster_gather_sum<2>(s, cl_buf[par], C);
+      const float c2 = s[0] * a.inv_n;
+      const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
+      /* dz = rs * (dyg - xhat * c2 - c1) as in the register path (NOTES P40) */
+      k2_p = -(rs_c * rs_c) * c2;
+      k1_p = -rs_c * c1;
+      rs_p = rs_c;
+      mu_p = mu_c;
+    }
+    rs_c = rs_n;
+    mu_c = mu_n;
+  }
+  cluster_sync(); /* the cluster's last reads of cl_buf precede any CTA's exit */
+
+  float* wsd = a.ws_dw + cid * a.ws_pitch;
+  float* wsb = a.ws_db != nullptr ? a.ws_db + cid * a.ws_pitch : nullptr;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = v0 + i * T;
+    if (v < nvec) {
+      store_vec<float, VEC>(wsd + (int64_t)v * VEC, dw[i]);
+      if constexpr (kHasDb) store_vec<float, VEC>(wsb + (int64_t)v * VEC, db[i]);
+    }
+  }
+}
+
+/* Whether the streamed kernel takes a row of `cols` 16-bit values: from engine_set_norm_bwd_
+ * stream_from's width where it is set, else from kStreamFromDefault. */
+constexpr int kStreamFromDefault = 32768;
+inline bool bwd_take_stream(int cols, int stream_from) {
+  return cols >= (stream_from != 0 ? stream_from : kStreamFromDefault);
+}
+
+/* Launch the streamed kernel for 16-bit z and dy with 16-byte vectors: the smallest cluster (a
+ * power of two up to ctx.max_cluster, at least 2: the kernel's barriers need sm_90's clusters)
+ * whose CTAs of at most `threads` threads (ctx.bwd_stream_threads, else kStreamMaxThreads) hold
+ * the row at kStreamNV vectors per thread and operand, with kStreamStages stages of shared memory
+ * that fit the opt-in limit. Returns false (nothing launched) where none fits. */
+template <typename Z, typename DY>
+bool launch_bwd_stream(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
+                       engine_status* st) {
+  if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2) {
+    constexpr int NV = kStreamNV;
+    if (ctx.max_cluster < 2) return false;
+    const int nvec = a.cols / 8;
+    const int tmax = ctx.bwd_stream_threads != 0 ? ctx.bwd_stream_threads : kStreamMaxThreads;
+    int c = 2, tpr = 0;
+    for (; c <= ctx.max_cluster; c *= 2) {
+      tpr = (int)round_up(ceil_div(nvec, (int64_t)c * NV), 32);
+      if (tpr <= tmax) break;
+    }
+    if (c > ctx.max_cluster) return false;
+    const size_t smem = (size_t)kStreamStages * 2 * NV * tpr * 16;
+    if (smem + 1024 > (size_t)ctx.max_smem_optin) return false;
+    const bool has_db = a.ws_db != nullptr;
+    void (*kernel)(BwdArgs) =
+        a.is_rms ? (has_db ? &norm_bwd_stream_kernel<Z, DY, NV, true, true>
+                           : &norm_bwd_stream_kernel<Z, DY, NV, true, false>)
+                 : (has_db ? &norm_bwd_stream_kernel<Z, DY, NV, false, true>
+                           : &norm_bwd_stream_kernel<Z, DY, NV, false, false>);
+    const void* fn = reinterpret_cast<const void*>(kernel);
+    int active = 0;
+    *st = active_clusters(fn, tpr, smem, c, &active);
+    if (*st != ENGINE_SUCCESS) return true;
+    int64_t grid = persistent_clusters(a.rows, active, ctx.sm_count, ctx.sm_margin);
+    if (grid > max_ctas) grid = max_ctas;
+    a.cluster = c;
+    a.tpr = tpr;
+    a.rows_per_iter = 1;
+    a.grid_clusters = (int)grid;
+    a.gb_off = -1;
+    *num_ctas = (int)grid;
+    *st = launch_in_clusters(kernel, grid * c, tpr, smem, c, ctx.stream, a);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace norm
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_NORMALIZATION_NORM_BWD_STREAM_CUH_
