@@ -16,7 +16,8 @@
 # hostprof (ci/host_profile.py: cProfile of a host-bound row; HOSTPROF_ARGS),
 # ncu (ci/ncu_case.py under ncu; NCU_CASES="backend:N:out[:ln] ..."), ncuop (the same cases:
 # executed SASS instructions per opcode), ncusrc (the same cases: per SASS instruction, CSV), ncustall (the same cases: warp
-# stall reasons per issued instruction, occupancy, DRAM throughput). Optional inputs carried from an
+# stall reasons per issued instruction, occupancy, DRAM throughput; NCU_KERNEL: the kernel-name
+# regex, norm_fwd by default). Optional inputs carried from an
 # earlier call: .carry/_C*.so.xz with .carry/_C.srchash (the built extension, used where the hash
 # matches) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
 set -uo pipefail
@@ -123,7 +124,7 @@ for stage in "$@"; do
              M=$M,smsp__average_warps_issue_stalled_${r}_per_issue_active.ratio; done
            for c in ${NCU_CASES:-triton:16384:fp8}; do  # warp stall reasons per issued instruction
              echo "== ncustall $c" >> "$OUT/ncustall.log"; c="${c//:/ }"
-             timeout 120 ncu --clock-control none --kernel-name regex:"norm_fwd" --launch-skip 2 -c 1 --metrics "$M" \
+             timeout 120 ncu --clock-control none --kernel-name regex:"${NCU_KERNEL:-norm_fwd}" --launch-skip 2 -c 1 --metrics "$M" \
                python3 ci/ncu_case.py $c 2>&1 | grep -vE "^==PROF==|^ +-+ |Metric Name" >> "$OUT/ncustall.log"
            done; log "ncustall done"; grep -E "^==|duration|dram__throughput|registers_per|warps_active|issue_active|stalled_(barrier|long|short|mio|lg|wait)" "$OUT/ncustall.log" | head -200 ;;
     ncusrc) for c in ${NCU_CASES:-cuda:4096:fp8:ln}; do  # executed instructions per SASS line (CSV)

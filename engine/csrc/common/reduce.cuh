@@ -135,30 +135,17 @@ __device__ __forceinline__ float cluster_load(const float* p, int rank) {
  * reads of this one. cluster_finish() must follow the last call before the CTA exits (its shared
  * memory must outlive the other CTAs' reads). No state is carried between calls: the kernels
  * using it sit at their register limits. */
-/* The two halves of cluster_sync(), for work between them (the streamed backward's previous
- * row): arrive releases this thread's earlier shared-memory writes, wait returns once every thread
- * of the cluster has arrived. Called uniformly by all threads, arrive and wait alternating. */
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-#elif defined(__CUDA_ARCH__)
-  __trap();
-#endif
-}
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#elif defined(__CUDA_ARCH__)
-  __trap();
-#endif
-}
-
-/* After a cluster barrier: v[k] = the sum over ranks 0..n-1, in rank order, of buf[k] in each
- * rank's shared memory. Lane r of every warp loads rank r's value (n <= 32), the warp adds them
- * in rank order by broadcast shuffles: one remote load per lane instead of n per thread (the same
- * bits; no measurable change in time on the H200, benchmarks/NOTES.md C3). */
 template <int K>
-__device__ __forceinline__ void cluster_gather_sum(float (&v)[K], const float* buf, int n) {
+__device__ __forceinline__ void cluster_sum(float (&v)[K], float* buf, int n) {
+  if (n == 1) return;
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) buf[k] = v[k];
+  }
+  cluster_sync();
+  /* Lane r of every warp loads rank r's value (n <= 32), the warp adds them in rank order by
+   * broadcast shuffles: one remote load per lane instead of n per thread (the same bits; no
+   * measurable change in time on the H200, benchmarks/NOTES.md C3). */
   const int lane = threadIdx.x & 31;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -169,19 +156,75 @@ __device__ __forceinline__ void cluster_gather_sum(float (&v)[K], const float* b
   }
 }
 
-template <int K>
-__device__ __forceinline__ void cluster_sum(float (&v)[K], float* buf, int n) {
-  if (n == 1) return;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) buf[k] = v[k];
-  }
-  cluster_sync();
-  cluster_gather_sum<K>(v, buf, n);
-}
-
 __device__ __forceinline__ void cluster_finish(int n) {
   if (n > 1) cluster_sync();
+}
+
+/* mbarriers and st.async (sm_90): a CTA sends values into the shared memory of the CTAs of its
+ * cluster, each send completing bytes of the receiver's mbarrier transaction count, and a
+ * receiver waits on its own mbarrier only. Unlike barrier.cluster (cluster_sync), whose release
+ * orders every earlier memory access of the arriving thread, global stores included, a send
+ * orders nothing but itself: a kernel streaming stores past its per-row reductions does not wait
+ * for their acknowledgement at every row (the streamed backward, norm_bwd_stream.cuh).
+ * mbar_init: by one thread, then mbar_init_fence() and a cluster_sync() before any send. */
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return (uint32_t)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+/* This thread's arrival at `bar` (of this CTA), raising the phase's expected transaction bytes by
+ * `bytes` (sends may have completed some already: the count may go below zero meanwhile). */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+/* Wait until the phase of `bar` with the given parity (0 for its 1st, 3rd, ... phase) completes;
+ * the sends it counted are then visible to this thread. */
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+        "selp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(done)
+        : "r"(smem_u32(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#elif defined(__CUDA_ARCH__)
+  __trap();
+#endif
+}
+/* Send two floats to `p` (8-byte aligned) in the shared memory of cluster CTA `rank`, completing 8
+ * transaction bytes of `bar` there (p and bar: this CTA's addresses of the same variables). */
+__device__ __forceinline__ void st_async_f2(const float* p, uint64_t* bar, int rank, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t rp, rb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rp) : "r"(smem_u32(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+               ::"r"(rp), "f"(a), "f"(b), "r"(rb)
+               : "memory");
+#elif defined(__CUDA_ARCH__)
+  (void)p, (void)bar, (void)rank, (void)a, (void)b;
+  __trap();
+#endif
 }
 
 /* Chan et al. merge of (count, mean, M2) statistics: (n, mean, m2) <- (n, mean, m2) + (nb, ...). */

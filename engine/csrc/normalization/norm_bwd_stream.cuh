@@ -41,20 +41,24 @@ namespace norm {
 constexpr int kStreamStages = 4;       /* rows k-1, k, k+1, k+2 */
 constexpr int kStreamNV = 2;           /* 16-byte vectors per thread and operand */
 constexpr int kStreamMaxThreads = 512; /* CTA threads (launch bound: up to 128 registers) */
+constexpr int kStreamMaxCluster = 16;
 
 template <typename Z, typename DY, int NV, bool kRms, bool kHasDb>
 __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(const BwdArgs a) {
   static_assert(sizeof(Z) == 2 && sizeof(DY) == 2, "the streamed backward takes 16-bit z and dy");
   constexpr int VEC = 8;
-  __shared__ float red_buf[2][32][2]; /* [iteration parity][warp][c2, c1] */
-  __shared__ float cl_buf[2][2];      /* [iteration parity][c2, c1]: this CTA's, read by the cluster */
+  /* [iteration parity][source rank][source warp][c2, c1]: every warp's row sums, sent by every
+   * CTA of the cluster to every CTA (st.async), counted by mbar[parity] */
+  __shared__ __align__(8) float recv[2][kStreamMaxCluster][kStreamMaxThreads / 32][2];
+  __shared__ uint64_t mbar[2];
   extern __shared__ __align__(16) uint8_t ring[];
 
   const int T = blockDim.x;
   const int t = threadIdx.x;
   const int C = a.cluster;
   const int nvec = a.cols / VEC;
-  const int v0 = cluster_rank() * T * NV + t;
+  const int rank = cluster_rank();
+  const int v0 = rank * T * NV + t;
   const int64_t cid = blockIdx.x / C;
   const int64_t stride = a.grid_clusters;
   const int64_t count = cid < a.rows ? (a.rows - 1 - cid) / stride + 1 : 0;
@@ -118,12 +122,18 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
   };
 
+  const int warp = t >> 5, lane = t & 31, nwarps = T >> 5;
+  if (t == 0) {
+    mbar_init(&mbar[0], 1);
+    mbar_init(&mbar[1], 1);
+    mbar_init_fence();
+  }
+  cluster_sync(); /* every CTA's mbarriers are initialised before any send */
   issue(0);
   issue(1);
   float rs_c = 0.0f, mu_c = 0.0f; /* row k */
   stats(0, rs_c, mu_c);
   float rs_p = 0.0f, mu_p = 0.0f, k2_p = 0.0f, k1_p = 0.0f; /* row k-1 */
-  const int warp = t >> 5, lane = t & 31, nwarps = T >> 5;
   for (int64_t k = 0; k <= count; ++k) {
     issue(k + 2);
     float rs_n = 0.0f, mu_n = 0.0f; /* row k+1, read a row ahead of its use */
@@ -166,26 +176,12 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
         s[0] += __shfl_xor_sync(kFullMask, s[0], off);
         if constexpr (!kRms) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
       }
-      if (lane == 0) {
-        red_buf[par][warp][0] = s[0];
-        red_buf[par][warp][1] = s[1];
-      }
-      /* red_buf[par] is written again two iterations on, after the next iteration's barrier,
-       * which thread 0 reaches only after its reads below */
-      __syncthreads();
-      if (t == 0) {
-        float c0 = red_buf[par][0][0], c1 = red_buf[par][0][1];
-        for (int w = 1; w < nwarps; ++w) {
-          c0 += red_buf[par][w][0];
-          c1 += red_buf[par][w][1];
-        }
-        /* cl_buf[par] is written again two iterations on, after this CTA has passed the next
-         * iteration's cluster barrier, at which every CTA arrives only after its reads of this
-         * one (cluster_gather_sum below) */
-        cl_buf[par][0] = c0;
-        cl_buf[par][1] = c1;
-      }
-      cluster_arrive();
+      /* Lane r sends the warp's sums to rank r. recv[par] and mbar[par] are used again two
+       * rows on: a CTA sends row k+2's sums only after its wait for row k+1, which completes
+       * once every warp of every CTA has sent its row k+1 sums, which each does after its reads
+       * of row k's (below); by then each receiver's mbar[par] has completed row k's phase. */
+      if (t == 0) mbar_arrive_expect_tx(&mbar[par], (unsigned)(nwarps * C * 8));
+      if (lane < C) st_async_f2(&recv[par][rank][warp][0], &mbar[par], lane, s[0], s[1]);
     }
     if (k > 0) { /* phase B of row k-1 */
       const int64_t row = cid + (k - 1) * stride;
@@ -212,9 +208,22 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
       }
     }
     if (has_a) {
-      cluster_wait();
-      float s[2];
-      cluster_gather_sum<2>(s, cl_buf[par], C);
+      mbar_wait(&mbar[par], (unsigned)((k >> 1) & 1));
+      /* lane w adds warp w's sums over the ranks in rank order, then the warp adds the lanes
+       * (xor butterfly): the same values in the same order in every warp of every CTA of the
+       * cluster, so the same bits */
+      float s[2] = {0.0f, 0.0f};
+      if (lane < nwarps) {
+        for (int r = 0; r < C; ++r) {
+          s[0] += recv[par][r][lane][0];
+          s[1] += recv[par][r][lane][1];
+        }
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+        s[0] += __shfl_xor_sync(kFullMask, s[0], off);
+        if constexpr (!kRms) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
+      }
       const float c2 = s[0] * a.inv_n;
       const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
       /* dz = rs * (dyg - xhat * c2 - c1) as in the register path (NOTES P40) */
@@ -226,7 +235,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     rs_c = rs_n;
     mu_c = mu_n;
   }
-  cluster_sync(); /* the cluster's last reads of cl_buf precede any CTA's exit */
+  cluster_sync(); /* no CTA exits while a send to it may be in flight */
 
   float* wsd = a.ws_dw + cid * a.ws_pitch;
   float* wsb = a.ws_db != nullptr ? a.ws_db + cid * a.ws_pitch : nullptr;
@@ -258,14 +267,15 @@ bool launch_bwd_stream(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* 
   if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2) {
     constexpr int NV = kStreamNV;
     if (ctx.max_cluster < 2) return false;
+    const int max_c = ctx.max_cluster < kStreamMaxCluster ? ctx.max_cluster : kStreamMaxCluster;
     const int nvec = a.cols / 8;
     const int tmax = ctx.bwd_stream_threads != 0 ? ctx.bwd_stream_threads : kStreamMaxThreads;
     int c = 2, tpr = 0;
-    for (; c <= ctx.max_cluster; c *= 2) {
+    for (; c <= max_c; c *= 2) {
       tpr = (int)round_up(ceil_div(nvec, (int64_t)c * NV), 32);
       if (tpr <= tmax) break;
     }
-    if (c > ctx.max_cluster) return false;
+    if (c > max_c) return false;
     const size_t smem = (size_t)kStreamStages * 2 * NV * tpr * 16;
     if (smem + 1024 > (size_t)ctx.max_smem_optin) return false;
     const bool has_db = a.ws_db != nullptr;
