@@ -1,8 +1,7 @@
 /*
  * Streamed cluster backward (sm_90): rows of 16-bit z and dy split over a thread-block cluster,
  * each CTA owning a contiguous slice of tpr * NV 16-byte vectors of the row, the rows streamed
- * through a ring of kStreamStages shared-memory stages by cp.async, two rows ahead of the one
- * being reduced.
+ * through a ring of shared-memory stages by cp.async, D rows ahead of the one being reduced.
  *
  * Why: the cluster kernels of launch_bwd_wide (rows past 32K) hold their slice of a row in
  * registers, so no load of the next row starts before the current one has been reduced over the
@@ -38,12 +37,13 @@
 namespace engine {
 namespace norm {
 
-constexpr int kStreamStages = 4;       /* rows k-1, k, k+1, k+2 */
+/* Rows copied ahead of the one reduced (D): the ring holds D + 2 stages (rows k-1 .. k+D). */
+constexpr int kStreamDepthDefault = 2;
 constexpr int kStreamNV = 2;           /* 16-byte vectors per thread and operand */
 constexpr int kStreamMaxThreads = 512; /* CTA threads (launch bound: up to 128 registers) */
 constexpr int kStreamMaxCluster = 16;
 
-template <typename Z, typename DY, int NV, bool kRms, bool kHasDb>
+template <typename Z, typename DY, int NV, bool kRms, bool kHasDb, int D>
 __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(const BwdArgs a) {
   static_assert(sizeof(Z) == 2 && sizeof(DY) == 2, "the streamed backward takes 16-bit z and dy");
   constexpr int VEC = 8;
@@ -87,14 +87,15 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
   }
 
-  /* The copies of row k into stage k % kStreamStages (an empty group past the last row, so that
-   * every thread commits one group per iteration and wait<2> means "row k has landed"). */
+  constexpr int kStages = D + 2;
+  /* The copies of row k into stage k % kStages (an empty group past the last row, so that every
+   * thread commits one group per iteration and wait<D> means "row k has landed"). */
   auto issue = [&](int64_t k) {
     if (k < count) {
       const int64_t row = cid + k * stride;
       const Z* zr = static_cast<const Z*>(a.x) + row * a.x_stride;
       const DY* dr = static_cast<const DY*>(a.dy) + row * a.dy_stride;
-      const uint32_t base = ring_s + (uint32_t)((k % kStreamStages) * stage_bytes) + t * 16;
+      const uint32_t base = ring_s + (uint32_t)((k % kStages) * stage_bytes) + t * 16;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = v0 + i * T;
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
   };
   /* slot i of operand op (0: z, 1: dy) of row k's stage, as floats */
   auto slot = [&](int64_t k, int op, int i, float (&f)[VEC]) {
-    const uint8_t* p = ring + (k % kStreamStages) * stage_bytes + ((op * NV + i) * T + t) * 16;
+    const uint8_t* p = ring + (k % kStages) * stage_bytes + ((op * NV + i) * T + t) * 16;
     if (op == 0) {
       load_vec<Z, VEC>(reinterpret_cast<const Z*>(p), f);
     } else {
@@ -129,13 +130,13 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     mbar_init_fence();
   }
   cluster_sync(); /* every CTA's mbarriers are initialised before any send */
-  issue(0);
-  issue(1);
+#pragma unroll
+  for (int d = 0; d < D; ++d) issue(d);
   float rs_c = 0.0f, mu_c = 0.0f; /* row k */
   stats(0, rs_c, mu_c);
   float rs_p = 0.0f, mu_p = 0.0f, k2_p = 0.0f, k1_p = 0.0f; /* row k-1 */
   for (int64_t k = 0; k <= count; ++k) {
-    issue(k + 2);
+    issue(k + D);
     float rs_n = 0.0f, mu_n = 0.0f; /* row k+1, read a row ahead of its use */
     stats(k + 1, rs_n, mu_n);
     /* row k-1's dresidual, read here so that phase A covers its latency */
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
         }
       }
     }
-    cp_async_wait<2>();
+    cp_async_wait<D>();
     const bool has_a = k < count; /* uniform over the cluster: its CTAs share the row sequence */
     const int par = (int)(k & 1);
     if (has_a) { /* phase A of row k */
@@ -256,11 +257,22 @@ inline bool bwd_take_stream(int cols, int stream_from) {
   return cols >= (stream_from != 0 ? stream_from : kStreamFromDefault);
 }
 
+/* The build of the streamed kernel for (norm, dbias partials) at depth D. */
+template <typename Z, typename DY, int D>
+auto bwd_stream_kernel(bool rms, bool has_db) -> void (*)(BwdArgs) {
+  constexpr int NV = kStreamNV;
+  return rms ? (has_db ? &norm_bwd_stream_kernel<Z, DY, NV, true, true, D>
+                       : &norm_bwd_stream_kernel<Z, DY, NV, true, false, D>)
+             : (has_db ? &norm_bwd_stream_kernel<Z, DY, NV, false, true, D>
+                       : &norm_bwd_stream_kernel<Z, DY, NV, false, false, D>);
+}
+
 /* Launch the streamed kernel for 16-bit z and dy with 16-byte vectors: the smallest cluster (a
  * power of two up to ctx.max_cluster, at least 2: the kernel's barriers need sm_90's clusters)
- * whose CTAs of at most `threads` threads (ctx.bwd_stream_threads, else kStreamMaxThreads) hold
- * the row at kStreamNV vectors per thread and operand, with kStreamStages stages of shared memory
- * that fit the opt-in limit. Returns false (nothing launched) where none fits. */
+ * whose CTAs of at most ctx.bwd_stream_threads threads (0: kStreamMaxThreads) hold the row at
+ * kStreamNV vectors per thread and operand, copying ctx.bwd_stream_depth rows ahead (0:
+ * kStreamDepthDefault; 2 where the ring of depth + 2 stages would not fit the opt-in shared
+ * memory). Returns false (nothing launched) where none fits. */
 template <typename Z, typename DY>
 bool launch_bwd_stream(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
                        engine_status* st) {
@@ -276,14 +288,15 @@ bool launch_bwd_stream(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* 
       if (tpr <= tmax) break;
     }
     if (c > max_c) return false;
-    const size_t smem = (size_t)kStreamStages * 2 * NV * tpr * 16;
-    if (smem + 1024 > (size_t)ctx.max_smem_optin) return false;
+    const size_t stage = (size_t)2 * NV * tpr * 16;
+    const size_t room = (size_t)ctx.max_smem_optin - 8192; /* the kernel's static shared memory */
+    int depth = ctx.bwd_stream_depth != 0 ? ctx.bwd_stream_depth : kStreamDepthDefault;
+    if ((depth + 2) * stage > room) depth = 2;
+    if (4 * stage > room) return false;
+    const size_t smem = (size_t)(depth + 2) * stage;
     const bool has_db = a.ws_db != nullptr;
-    void (*kernel)(BwdArgs) =
-        a.is_rms ? (has_db ? &norm_bwd_stream_kernel<Z, DY, NV, true, true>
-                           : &norm_bwd_stream_kernel<Z, DY, NV, true, false>)
-                 : (has_db ? &norm_bwd_stream_kernel<Z, DY, NV, false, true>
-                           : &norm_bwd_stream_kernel<Z, DY, NV, false, false>);
+    void (*kernel)(BwdArgs) = depth == 4 ? bwd_stream_kernel<Z, DY, 4>(a.is_rms != 0, has_db)
+                                         : bwd_stream_kernel<Z, DY, 2>(a.is_rms != 0, has_db);
     const void* fn = reinterpret_cast<const void*>(kernel);
     int active = 0;
     *st = active_clusters(fn, tpr, smem, c, &active);

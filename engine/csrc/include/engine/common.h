@@ -108,6 +108,12 @@ int engine_set_norm_bwd_stream_from(int n);
  * nothing) for any other n. */
 int engine_set_norm_bwd_stream_threads(int n);
 
+/* Rows the streamed backward (above) copies ahead of the row it reduces: n = 2 or 4 (a ring of
+ * n + 2 stages of shared memory; 2 where n + 2 do not fit), 0 (the default) the launcher's choice
+ * (kStreamDepthDefault). For A/B runs. Process-wide; returns the previous value, or -1 (and
+ * changes nothing) for any other n. */
+int engine_set_norm_bwd_stream_depth(int n);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
