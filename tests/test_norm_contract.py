@@ -457,11 +457,12 @@ def test_fwd_blocked_default(is_rms, n, res, rms_taken, ln_taken):
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA backward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("threads,depth", [(0, 0), (128, 2), (256, 4), (512, 4)])
+@pytest.mark.parametrize("threads,lag", [(0, 0), (128, 1), (256, 2), (512, 2)])
 @pytest.mark.parametrize("n", [1024, 8200, 32768, 32776, 65536, 98312, 131072])
-def test_bwd_stream(is_rms, threads, depth, n):
+def test_bwd_stream(is_rms, threads, lag, n):
     """The CUDA backward's streamed cluster kernel (norm_bwd_stream_from(1): every width) at CTAs of
-    up to 512 (the default), 128 and 256 threads, copying 2 or 4 rows ahead (the default 0),
+    up to 512 (the default), 128 and 256 threads, a row's dx written 1 or 2 rows after its sums
+    (the default 0),
     against float64 with poisoned outputs: bf16 with a
     bias over 301 rows (clusters loop over many rows, the ring of stages wraps), fp16 with an fp32
     gamma, zero-centred, a residual gradient in and an fp32 dres out, rows strided; one row (M=1).
@@ -474,7 +475,7 @@ def test_bwd_stream(is_rms, threads, depth, n):
     use_backend("cuda")
     try:
         with cuda_backend.norm_bwd_stream_from(1), cuda_backend.norm_bwd_stream_threads(threads), \
-                cuda_backend.norm_bwd_stream_depth(depth):
+                cuda_backend.norm_bwd_stream_lag(lag):
             check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
             check_bwd(is_rms, 37, n, F16, F32, F16, zcg=True, bias=not is_rms, res_dtype=F32,
                       row_extra=8)
@@ -496,9 +497,10 @@ def test_bwd_stream_taken(is_rms, n):
 @pytest.mark.skipif(not ON_GPU, reason="a knob of the CUDA backward")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [32768, 131072])
-def test_bwd_stream_depth_same_bits(is_rms, n):
-    """The streamed kernel's copy depth (2 or 4 rows ahead) changes no arithmetic: dx, dweight and
-    dbias bit for bit equal, over 301 rows (the ring of 4 or 6 stages wraps many times)."""
+def test_bwd_stream_lag_same_bits(is_rms, n):
+    """The streamed kernel's lag (a row's dx written 1 or 2 rows after its sums) changes no
+    arithmetic: dx, dweight and dbias bit for bit equal, over 301 rows (the rings of 4 or 5
+    stages and 2 or 4 sum slots wrap many times)."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -509,8 +511,8 @@ def test_bwd_stream_depth_same_bits(is_rms, n):
         dy = torch.randn(301, n, device=DEVICE, dtype=BF16)
         _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
         grads = []
-        for depth in (2, 4):
-            with cuda_backend.norm_bwd_stream_from(1), cuda_backend.norm_bwd_stream_depth(depth):
+        for lag in (1, 2):
+            with cuda_backend.norm_bwd_stream_from(1), cuda_backend.norm_bwd_stream_lag(lag):
                 grads.append(run_bwd(is_rms, dy, x, mu, rsigma, w, None, b is not None, False, BF16,
                                      None))
         for got, other in zip(grads[0], grads[1]):

@@ -487,8 +487,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Largest CTA of the norm backward's streamed kernel (128, 256, 512), 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
-  m.def("set_norm_bwd_stream_depth", &engine_set_norm_bwd_stream_depth,
-        "Rows the norm backward's streamed kernel copies ahead (2, 4), 0 for the default "
+  m.def("set_norm_bwd_stream_lag", &engine_set_norm_bwd_stream_lag,
+        "Rows between the two phases of a row in the norm backward's streamed kernel (1, 2), 0 "
+        "for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_norm_fwd_general_loop", &engine_set_norm_fwd_general_loop,

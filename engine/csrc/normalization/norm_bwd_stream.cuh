@@ -1,20 +1,23 @@
 /*
  * Streamed cluster backward (sm_90): rows of 16-bit z and dy split over a thread-block cluster,
  * each CTA owning a contiguous slice of tpr * NV 16-byte vectors of the row, the rows streamed
- * through a ring of shared-memory stages by cp.async, D rows ahead of the one being reduced.
+ * through a ring of shared-memory stages by cp.async, kStreamDepth rows ahead of the one reduced.
  *
  * Why: the cluster kernels of launch_bwd_wide (rows past 32K) hold their slice of a row in
  * registers, so no load of the next row starts before the current one has been reduced over the
- * cluster (a cluster barrier per row) and its dx stored, and at 32-64 values per thread they hold
- * one or two CTAs per SM: fwd+bwd 46-60 % of copy at 32K-128K (benchmarks/NOTES.md, session 16).
- * Here the copies of rows k+1 and k+2 are in flight while row k is reduced, and the barrier's
- * latency is covered by the previous row's second half:
+ * cluster and its dx stored, and their cluster barrier per row (barrier.cluster.arrive.release)
+ * waits for the acknowledgement of every earlier global store of the arriving thread: fwd+bwd
+ * 46-60 % of copy at 32K-128K (benchmarks/NOTES.md, session 16; ncu in P49b: barrier and membar
+ * stalls). Here the copies of the next rows are in flight while one row is reduced; a row's
+ * per-CTA sums travel by st.async into every CTA's shared memory, counted by an mbarrier (no
+ * fence on the stores), and the wait for them comes L rows later, behind other rows' work:
  *
- *   iteration k:  copy row k+2 (its stage last held row k-2);  wait for row k's copies;
- *                 phase A of row k: dweight / dbias partials and the CTA's (c2, c1) sums, which
- *                 thread 0 puts in shared memory; arrive at the cluster barrier;
- *                 phase B of row k-1: dx (and dres) from its c1 / c2, known since iteration k-1;
- *                 wait at the cluster barrier; sum row k's CTA sums in rank order (DSMEM).
+ *   iteration k:  copy row k+D;  wait for row k's copies;
+ *                 phase A of row k: dweight / dbias partials and each warp's (c2, c1) sums, sent
+ *                 by lane r to cluster rank r;
+ *                 phase B of row k-L: dx (and dres) from its c1 / c2;
+ *                 wait for row k-L+1's sums from every warp of every CTA and add them in a fixed
+ *                 order (the same bits in every CTA).
  *
  * Each thread copies and later reads only its own 16-byte vectors (slot i of thread t at vector
  * rank * tpr * NV + i * tpr + t of the row; in shared memory at ((operand * NV + i) * tpr + t) * 16
@@ -37,20 +40,32 @@
 namespace engine {
 namespace norm {
 
-/* Rows copied ahead of the one reduced (D): the ring holds D + 2 stages (rows k-1 .. k+D). */
-constexpr int kStreamDepthDefault = 2;
+/* Rows copied ahead of the one reduced (D; four measured no faster than two: NOTES P50). */
+constexpr int kStreamDepth = 2;
+/* Rows between a row's phase A and its phase B (L, 1 or 2; engine_set_norm_bwd_stream_lag). */
+constexpr int kStreamLagDefault = 1;
 constexpr int kStreamNV = 2;           /* 16-byte vectors per thread and operand */
 constexpr int kStreamMaxThreads = 512; /* CTA threads (launch bound: up to 128 registers) */
 constexpr int kStreamMaxCluster = 16;
+/* Shared-memory stages of the ring at lag L: rows k-L .. k+D. */
+__host__ __device__ constexpr int stream_stages(int lag) { return kStreamDepth + lag + 1; }
 
-template <typename Z, typename DY, int NV, bool kRms, bool kHasDb, int D>
+template <typename Z, typename DY, int NV, bool kRms, bool kHasDb, int L>
 __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(const BwdArgs a) {
   static_assert(sizeof(Z) == 2 && sizeof(DY) == 2, "the streamed backward takes 16-bit z and dy");
+  static_assert(L == 1 || L == 2, "lag 1 or 2");
   constexpr int VEC = 8;
-  /* [iteration parity][source rank][source warp][c2, c1]: every warp's row sums, sent by every
-   * CTA of the cluster to every CTA (st.async), counted by mbar[parity] */
-  __shared__ __align__(8) float recv[2][kStreamMaxCluster][kStreamMaxThreads / 32][2];
-  __shared__ uint64_t mbar[2];
+  constexpr int D = kStreamDepth;
+  constexpr int kStages = stream_stages(L);
+  /* Row k's sums use slot k % kSlots. A CTA sends row k only after its wait for row k-L, which
+   * completes once every warp of every CTA has sent row k-L, which each does after its reads of
+   * row k-L-1's slot: so 2L slots (rows k-2L+1 .. k may be in use), and each receiver's mbarrier
+   * of the slot has completed row k-2L's phase before row k's sends reach it. */
+  constexpr int kSlots = 2 * L;
+  /* [slot][source rank][source warp][c2, c1]: every warp's row sums, sent by every CTA of the
+   * cluster to every CTA (st.async), counted by mbar[slot] */
+  __shared__ __align__(8) float recv[kSlots][kStreamMaxCluster][kStreamMaxThreads / 32][2];
+  __shared__ uint64_t mbar[kSlots];
   extern __shared__ __align__(16) uint8_t ring[];
 
   const int T = blockDim.x;
@@ -87,9 +102,9 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
   }
 
-  constexpr int kStages = D + 2;
-  /* The copies of row k into stage k % kStages (an empty group past the last row, so that every
-   * thread commits one group per iteration and wait<D> means "row k has landed"). */
+  /* The copies of row k into stage k % kStages, whose last row (k - kStages) had its phase B in
+   * an earlier iteration (an empty group past the last row, so that every thread commits one
+   * group per iteration and wait<D> means "row k has landed"). */
   auto issue = [&](int64_t k) {
     if (k < count) {
       const int64_t row = cid + k * stride;
@@ -125,25 +140,29 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
 
   const int warp = t >> 5, lane = t & 31, nwarps = T >> 5;
   if (t == 0) {
-    mbar_init(&mbar[0], 1);
-    mbar_init(&mbar[1], 1);
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) mbar_init(&mbar[q], 1);
     mbar_init_fence();
   }
   cluster_sync(); /* every CTA's mbarriers are initialised before any send */
 #pragma unroll
   for (int d = 0; d < D; ++d) issue(d);
-  float rs_c = 0.0f, mu_c = 0.0f; /* row k */
-  stats(0, rs_c, mu_c);
-  float rs_p = 0.0f, mu_p = 0.0f, k2_p = 0.0f, k1_p = 0.0f; /* row k-1 */
-  for (int64_t k = 0; k <= count; ++k) {
+  /* rs / mu of rows k, k-1, .., k-L (index j: row k-j), shifted once per iteration */
+  float rsh[L + 1], muh[L + 1];
+#pragma unroll
+  for (int j = 0; j <= L; ++j) rsh[j] = muh[j] = 0.0f;
+  stats(0, rsh[0], muh[0]);
+  float k2_p = 0.0f, k1_p = 0.0f; /* row k-L's, from the previous iteration's wait */
+  for (int64_t k = 0; k < count + L; ++k) {
     issue(k + D);
     float rs_n = 0.0f, mu_n = 0.0f; /* row k+1, read a row ahead of its use */
     stats(k + 1, rs_n, mu_n);
-    /* row k-1's dresidual, read here so that phase A covers its latency */
+    const int64_t kb = k - L; /* phase B's row index */
+    /* row kb's dresidual, read here so that phase A covers its latency */
     float dr[NV][VEC];
-    const bool has_dr = a.dresidual != nullptr && k > 0;
+    const bool has_dr = a.dresidual != nullptr && kb >= 0;
     if (has_dr) {
-      const int64_t row = cid + (k - 1) * stride;
+      const int64_t row = cid + kb * stride;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = v0 + i * T;
@@ -153,9 +172,10 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
       }
     }
     cp_async_wait<D>();
-    const bool has_a = k < count; /* uniform over the cluster: its CTAs share the row sequence */
-    const int par = (int)(k & 1);
-    if (has_a) { /* phase A of row k */
+    /* k < count, kb >= 0, kw in [0, count): uniform over the cluster, whose CTAs share the row
+     * sequence */
+    if (k < count) { /* phase A of row k */
+      const int q = (int)(k % kSlots);
       float s[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -164,7 +184,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
         slot(k, 1, i, dv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float xhat = (kRms ? zv[j] : zv[j] - mu_c) * rs_c;
+          const float xhat = (kRms ? zv[j] : zv[j] - muh[0]) * rsh[0];
           const float dyg = dv[j] * g[i][j];
           dw[i][j] = fmaf(dv[j], xhat, dw[i][j]);
           if constexpr (kHasDb) db[i][j] += dv[j];
@@ -177,26 +197,23 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
         s[0] += __shfl_xor_sync(kFullMask, s[0], off);
         if constexpr (!kRms) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
       }
-      /* Lane r sends the warp's sums to rank r. recv[par] and mbar[par] are used again two
-       * rows on: a CTA sends row k+2's sums only after its wait for row k+1, which completes
-       * once every warp of every CTA has sent its row k+1 sums, which each does after its reads
-       * of row k's (below); by then each receiver's mbar[par] has completed row k's phase. */
-      if (t == 0) mbar_arrive_expect_tx(&mbar[par], (unsigned)(nwarps * C * 8));
-      if (lane < C) st_async_f2(&recv[par][rank][warp][0], &mbar[par], lane, s[0], s[1]);
+      /* lane r sends the warp's sums to rank r (kSlots' comment: why the slot is free) */
+      if (t == 0) mbar_arrive_expect_tx(&mbar[q], (unsigned)(nwarps * C * 8));
+      if (lane < C) st_async_f2(&recv[q][rank][warp][0], &mbar[q], lane, s[0], s[1]);
     }
-    if (k > 0) { /* phase B of row k-1 */
-      const int64_t row = cid + (k - 1) * stride;
+    if (kb >= 0) { /* phase B of row kb */
+      const int64_t row = cid + kb * stride;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = v0 + i * T;
         if (v < nvec) {
           float zv[VEC], dv[VEC], dz[VEC];
-          slot(k - 1, 0, i, zv);
-          slot(k - 1, 1, i, dv);
+          slot(kb, 0, i, zv);
+          slot(kb, 1, i, dv);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             const float dyg = dv[j] * g[i][j];
-            dz[j] = fmaf(dyg, rs_p, kRms ? zv[j] * k2_p : fmaf(zv[j] - mu_p, k2_p, k1_p));
+            dz[j] = fmaf(dyg, rsh[L], kRms ? zv[j] * k2_p : fmaf(zv[j] - muh[L], k2_p, k1_p));
           }
           const int64_t col = (int64_t)v * VEC;
           if (has_dr) {
@@ -208,16 +225,18 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
         }
       }
     }
-    if (has_a) {
-      mbar_wait(&mbar[par], (unsigned)((k >> 1) & 1));
+    const int64_t kw = kb + 1; /* the row whose sums this iteration waits for */
+    if (kw >= 0 && kw < count) {
+      const int q = (int)(kw % kSlots);
+      mbar_wait(&mbar[q], (unsigned)((kw / kSlots) & 1));
       /* lane w adds warp w's sums over the ranks in rank order, then the warp adds the lanes
        * (xor butterfly): the same values in the same order in every warp of every CTA of the
        * cluster, so the same bits */
       float s[2] = {0.0f, 0.0f};
       if (lane < nwarps) {
         for (int r = 0; r < C; ++r) {
-          s[0] += recv[par][r][lane][0];
-          s[1] += recv[par][r][lane][1];
+          s[0] += recv[q][r][lane][0];
+          s[1] += recv[q][r][lane][1];
         }
       }
 #pragma unroll
@@ -227,14 +246,18 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
       }
       const float c2 = s[0] * a.inv_n;
       const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
-      /* dz = rs * (dyg - xhat * c2 - c1) as in the register path (NOTES P40) */
-      k2_p = -(rs_c * rs_c) * c2;
-      k1_p = -rs_c * c1;
-      rs_p = rs_c;
-      mu_p = mu_c;
+      /* dz = rs * (dyg - xhat * c2 - c1) as in the register path (NOTES P40); row kw's rs / mu
+       * sit at index L - 1 now and at L in the next iteration, whose phase B is row kw's */
+      k2_p = -(rsh[L - 1] * rsh[L - 1]) * c2;
+      k1_p = -rsh[L - 1] * c1;
     }
-    rs_c = rs_n;
-    mu_c = mu_n;
+#pragma unroll
+    for (int j = L; j > 0; --j) {
+      rsh[j] = rsh[j - 1];
+      muh[j] = muh[j - 1];
+    }
+    rsh[0] = rs_n;
+    muh[0] = mu_n;
   }
   cluster_sync(); /* no CTA exits while a send to it may be in flight */
 
@@ -257,22 +280,22 @@ inline bool bwd_take_stream(int cols, int stream_from) {
   return cols >= (stream_from != 0 ? stream_from : kStreamFromDefault);
 }
 
-/* The build of the streamed kernel for (norm, dbias partials) at depth D. */
-template <typename Z, typename DY, int D>
+/* The build of the streamed kernel for (norm, dbias partials) at lag L. */
+template <typename Z, typename DY, int L>
 auto bwd_stream_kernel(bool rms, bool has_db) -> void (*)(BwdArgs) {
   constexpr int NV = kStreamNV;
-  return rms ? (has_db ? &norm_bwd_stream_kernel<Z, DY, NV, true, true, D>
-                       : &norm_bwd_stream_kernel<Z, DY, NV, true, false, D>)
-             : (has_db ? &norm_bwd_stream_kernel<Z, DY, NV, false, true, D>
-                       : &norm_bwd_stream_kernel<Z, DY, NV, false, false, D>);
+  return rms ? (has_db ? &norm_bwd_stream_kernel<Z, DY, NV, true, true, L>
+                       : &norm_bwd_stream_kernel<Z, DY, NV, true, false, L>)
+             : (has_db ? &norm_bwd_stream_kernel<Z, DY, NV, false, true, L>
+                       : &norm_bwd_stream_kernel<Z, DY, NV, false, false, L>);
 }
 
 /* Launch the streamed kernel for 16-bit z and dy with 16-byte vectors: the smallest cluster (a
  * power of two up to ctx.max_cluster, at least 2: the kernel's barriers need sm_90's clusters)
  * whose CTAs of at most ctx.bwd_stream_threads threads (0: kStreamMaxThreads) hold the row at
- * kStreamNV vectors per thread and operand, copying ctx.bwd_stream_depth rows ahead (0:
- * kStreamDepthDefault; 2 where the ring of depth + 2 stages would not fit the opt-in shared
- * memory). Returns false (nothing launched) where none fits. */
+ * kStreamNV vectors per thread and operand, at lag ctx.bwd_stream_lag (0: kStreamLagDefault; 1
+ * where the ring of stream_stages(2) stages would not fit the opt-in shared memory). Returns
+ * false (nothing launched) where none fits. */
 template <typename Z, typename DY>
 bool launch_bwd_stream(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
                        engine_status* st) {
@@ -289,14 +312,14 @@ bool launch_bwd_stream(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* 
     }
     if (c > max_c) return false;
     const size_t stage = (size_t)2 * NV * tpr * 16;
-    const size_t room = (size_t)ctx.max_smem_optin - 8192; /* the kernel's static shared memory */
-    int depth = ctx.bwd_stream_depth != 0 ? ctx.bwd_stream_depth : kStreamDepthDefault;
-    if ((depth + 2) * stage > room) depth = 2;
-    if (4 * stage > room) return false;
-    const size_t smem = (size_t)(depth + 2) * stage;
+    const size_t room = (size_t)ctx.max_smem_optin - 12288; /* the kernel's static shared memory */
+    int lag = ctx.bwd_stream_lag != 0 ? ctx.bwd_stream_lag : kStreamLagDefault;
+    if (stream_stages(lag) * stage > room) lag = 1;
+    if (stream_stages(1) * stage > room) return false;
+    const size_t smem = (size_t)stream_stages(lag) * stage;
     const bool has_db = a.ws_db != nullptr;
-    void (*kernel)(BwdArgs) = depth == 4 ? bwd_stream_kernel<Z, DY, 4>(a.is_rms != 0, has_db)
-                                         : bwd_stream_kernel<Z, DY, 2>(a.is_rms != 0, has_db);
+    void (*kernel)(BwdArgs) = lag == 2 ? bwd_stream_kernel<Z, DY, 2>(a.is_rms != 0, has_db)
+                                       : bwd_stream_kernel<Z, DY, 1>(a.is_rms != 0, has_db);
     const void* fn = reinterpret_cast<const void*>(kernel);
     int active = 0;
     *st = active_clusters(fn, tpr, smem, c, &active);
