@@ -79,16 +79,13 @@ def main(argv=None) -> int:
     ap.add_argument("--bwd-stream-threads", type=int, choices=[0, 128, 256, 512],
                     help="CUDA: largest CTA of the backward's streamed kernel (0: the default; "
                          "engine.cuda_backend.norm_bwd_stream_threads), for A/B runs")
-    ap.add_argument("--bwd-stream-lag", type=int, choices=[0, 1, 2],
-                    help="CUDA: rows between a row's two phases in the backward's streamed kernel "
-                         "(0: the default; engine.cuda_backend.norm_bwd_stream_lag), for A/B runs")
     args = ap.parse_args(argv)
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
              ("bwd_elems", "norm_bwd_elems"), ("bwd_cta_threads", "norm_bwd_cta_threads"),
              ("fwd_general", "norm_fwd_general_loop"), ("fwd_blocked_from", "norm_fwd_blocked_from"),
              ("fwd_grid_per_sm", "norm_fwd_grid_per_sm"), ("bwd_stream_from", "norm_bwd_stream_from"),
-             ("bwd_stream_threads", "norm_bwd_stream_threads"), ("bwd_stream_lag", "norm_bwd_stream_lag"))
+             ("bwd_stream_threads", "norm_bwd_stream_threads"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:
             if getattr(args, arg) is not None and H.on_gpu():

@@ -32,7 +32,7 @@ __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_tr
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads",
-           "norm_bwd_stream_lag", "IN_KERNEL_TRANSPOSE_MAX_N"]
+           "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE is unset, wider rows from the tiled transpose after it: measured
@@ -381,16 +381,3 @@ def norm_bwd_stream_threads(n: int):
     if type(n) is not int or n not in (0, 128, 256, 512):
         raise ValueError(f"norm_bwd_stream_threads: n must be 0, 128, 256 or 512, got {n!r}")
     return _knob("set_norm_bwd_stream_threads", n)
-
-
-def norm_bwd_stream_lag(n: int):
-    """Context manager: inside the ``with`` block the CUDA backward's streamed kernel (above)
-    writes row k-``n``'s dx while row k's sums travel between the CTAs of its cluster (``n`` = 1
-    or 2; 2 waits for each row's sums one row later, with one more shared-memory stage, and falls
-    back to 1 where that does not fit); ``n = 0``, the default, is the launcher's choice. The
-    lag changes no arithmetic: every output bit is the same. For tests and A/B benchmarks.
-    Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
-    ValueError at the call."""
-    if type(n) is not int or n not in (0, 1, 2):
-        raise ValueError(f"norm_bwd_stream_lag: n must be 0, 1 or 2, got {n!r}")
-    return _knob("set_norm_bwd_stream_lag", n)

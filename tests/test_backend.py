@@ -138,8 +138,6 @@ KNOBS = {
                              [-1, -3, 32768.0, "32768", True], "int >= 0"),
     "norm_bwd_stream_threads": ("set_norm_bwd_stream_threads", 256, 512, 0, 64,
                                 [1, 64, 1024, 256.0, "256", True], "0, 128, 256 or 512"),
-    "norm_bwd_stream_lag": ("set_norm_bwd_stream_lag", 2, 1, 0, 3,
-                            [-1, 3, 4, 2.0, "2", True], "0, 1 or 2"),
 }
 
 

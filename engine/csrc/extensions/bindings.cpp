@@ -487,11 +487,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Largest CTA of the norm backward's streamed kernel (128, 256, 512), 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
-  m.def("set_norm_bwd_stream_lag", &engine_set_norm_bwd_stream_lag,
-        "Rows between the two phases of a row in the norm backward's streamed kernel (1, 2), 0 "
-        "for the default "
-        "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
-        py::arg("n"));
   m.def("set_norm_fwd_general_loop", &engine_set_norm_fwd_general_loop,
         "1: the norm forward's register kernels run their general row loop for every launch, 0 "
         "(the default): the fast FP8 loop where it applies (engine/csrc/include/engine/common.h); "

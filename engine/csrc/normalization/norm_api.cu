@@ -309,7 +309,7 @@ extern "C" engine_status engine_norm_bwd(const engine_norm_bwd_params* p, int sm
   const LaunchCtx ctx{sm_count, sm_margin, info.max_smem_per_block_optin, info.smem_per_sm,
                       max_cluster_size(info), stream, 0, norm_bwd_elems(), 0,
                       norm_bwd_cta_threads(), 0, 0, norm_bwd_stream_from(),
-                      norm_bwd_stream_threads(), norm_bwd_stream_lag()};
+                      norm_bwd_stream_threads()};
   int num_ctas = 0;
   if (rows > 0) ENGINE_TRY(bwd_dispatch(p->x_dtype, p->dy_dtype, a, ctx, max_ctas, &num_ctas));
 

@@ -10,7 +10,8 @@
  * 46-60 % of copy at 32K-128K (benchmarks/NOTES.md, session 16; ncu in P49b: barrier and membar
  * stalls). Here the copies of the next rows are in flight while one row is reduced; a row's
  * per-CTA sums travel by st.async into every CTA's shared memory, counted by an mbarrier (no
- * fence on the stores), and the wait for them comes L rows later, behind other rows' work:
+ * fence on the stores), and the wait for them sits behind the phase B of an earlier row (L = 1:
+ * the previous one; the kernel is written for L = 2 as well, measured slower):
  *
  *   iteration k:  copy row k+D;  wait for row k's copies;
  *                 phase A of row k: dweight / dbias partials and each warp's (c2, c1) sums, sent
@@ -42,8 +43,9 @@ namespace norm {
 
 /* Rows copied ahead of the one reduced (D; four measured no faster than two: NOTES P50). */
 constexpr int kStreamDepth = 2;
-/* Rows between a row's phase A and its phase B (L, 1 or 2; engine_set_norm_bwd_stream_lag). */
-constexpr int kStreamLagDefault = 1;
+/* Rows between a row's phase A and its phase B (L): the kernel is written for 1 or 2, and runs 1
+ * (2 measured up to 4 points slower on LayerNorm and no faster on RMSNorm: NOTES P51). */
+constexpr int kStreamLag = 1;
 constexpr int kStreamNV = 2;           /* 16-byte vectors per thread and operand */
 constexpr int kStreamMaxThreads = 512; /* CTA threads (launch bound: up to 128 registers) */
 constexpr int kStreamMaxCluster = 16;
@@ -275,7 +277,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
 
 /* Whether the streamed kernel takes a row of `cols` 16-bit values: from engine_set_norm_bwd_
  * stream_from's width where it is set, else from kStreamFromDefault. */
-constexpr int kStreamFromDefault = 32768;
+constexpr int kStreamFromDefault = 16384;
 inline bool bwd_take_stream(int cols, int stream_from) {
   return cols >= (stream_from != 0 ? stream_from : kStreamFromDefault);
 }
@@ -293,9 +295,8 @@ auto bwd_stream_kernel(bool rms, bool has_db) -> void (*)(BwdArgs) {
 /* Launch the streamed kernel for 16-bit z and dy with 16-byte vectors: the smallest cluster (a
  * power of two up to ctx.max_cluster, at least 2: the kernel's barriers need sm_90's clusters)
  * whose CTAs of at most ctx.bwd_stream_threads threads (0: kStreamMaxThreads) hold the row at
- * kStreamNV vectors per thread and operand, at lag ctx.bwd_stream_lag (0: kStreamLagDefault; 1
- * where the ring of stream_stages(2) stages would not fit the opt-in shared memory). Returns
- * false (nothing launched) where none fits. */
+ * kStreamNV vectors per thread and operand, with a ring of stream_stages(kStreamLag) stages that
+ * fits the opt-in shared memory. Returns false (nothing launched) where none fits. */
 template <typename Z, typename DY>
 bool launch_bwd_stream(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* num_ctas,
                        engine_status* st) {
@@ -313,13 +314,9 @@ bool launch_bwd_stream(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* 
     if (c > max_c) return false;
     const size_t stage = (size_t)2 * NV * tpr * 16;
     const size_t room = (size_t)ctx.max_smem_optin - 12288; /* the kernel's static shared memory */
-    int lag = ctx.bwd_stream_lag != 0 ? ctx.bwd_stream_lag : kStreamLagDefault;
-    if (stream_stages(lag) * stage > room) lag = 1;
-    if (stream_stages(1) * stage > room) return false;
-    const size_t smem = (size_t)stream_stages(lag) * stage;
-    const bool has_db = a.ws_db != nullptr;
-    void (*kernel)(BwdArgs) = lag == 2 ? bwd_stream_kernel<Z, DY, 2>(a.is_rms != 0, has_db)
-                                       : bwd_stream_kernel<Z, DY, 1>(a.is_rms != 0, has_db);
+    const size_t smem = (size_t)stream_stages(kStreamLag) * stage;
+    if (smem > room) return false;
+    void (*kernel)(BwdArgs) = bwd_stream_kernel<Z, DY, kStreamLag>(a.is_rms != 0, a.ws_db != nullptr);
     const void* fn = reinterpret_cast<const void*>(kernel);
     int active = 0;
     *st = active_clusters(fn, tpr, smem, c, &active);

@@ -119,8 +119,6 @@ struct LaunchCtx {
                            engine_set_norm_bwd_stream_from) */
   int bwd_stream_threads; /* backward, streamed kernel: largest CTA (0: the default;
                              engine_set_norm_bwd_stream_threads) */
-  int bwd_stream_lag;     /* backward, streamed kernel: rows between a row's two phases (0: the
-                             default; engine_set_norm_bwd_stream_lag) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

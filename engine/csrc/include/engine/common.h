@@ -108,13 +108,6 @@ int engine_set_norm_bwd_stream_from(int n);
  * nothing) for any other n. */
 int engine_set_norm_bwd_stream_threads(int n);
 
-/* Rows between the two phases of a row in the streamed backward (above): n = 1 writes row k-1's dx
- * while row k's sums travel, n = 2 row k-2's, waiting for row k-1's sums a row later (a ring of
- * one more shared-memory stage; 1 where it does not fit); 0 (the default) the launcher's choice
- * (kStreamLagDefault). The lag changes no arithmetic. For A/B runs. Process-wide; returns the
- * previous value, or -1 (and changes nothing) for any other n. */
-int engine_set_norm_bwd_stream_lag(int n);
-
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
