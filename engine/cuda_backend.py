@@ -363,7 +363,8 @@ def norm_bwd_stream_from(n: int):
     copies its slice of the next two rows into shared memory (cp.async) while it reduces one row
     and writes the previous row's dx (engine/csrc/normalization/norm_bwd_stream.cuh). A width
     past every row (e.g. ``1 << 30``) never takes it: the paths before session 17; ``n = 0``, the
-    default, is the launcher's choice (``bwd_take_stream``). For tests and A/B benchmarks of the
+    default, is the launcher's choice (``bwd_take_stream``: from 4096 columns, where it measured
+    faster on the H200, benchmarks/NOTES.md P49-P52). For tests and A/B benchmarks of the
     paths on one GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad
     ``n`` (not an int, or negative) raises ValueError at the call."""
     if type(n) is not int or n < 0:

@@ -7,6 +7,8 @@ M = 1, N = 17389 past the register cap so the blocked path runs).
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -144,8 +146,8 @@ def test_widest_register_rows(backend, is_rms, n):
     """Aligned rows at the one-CTA register paths' widest: CUDA's forward holds 16-bit rows of up
     to 32K (8 vectors per thread, 512 threads: 32760 uses 4095 of them), its backward 8K (8184);
     Triton's forward 32K. Both directions, poisoned outputs, G = 1 row per CTA. On sm_90 CUDA
-    splits the 32760 forward over a 2-CTA cluster by default and gives the 8184 backward 32 values
-    per thread in one CTA (test_cluster_rows and test_bwd_elems_layouts run the other paths)."""
+    splits the 32760 forward over a 2-CTA cluster by default and gives both backwards the
+    streamed cluster kernel (test_cluster_rows and test_bwd_elems_layouts run the other paths)."""
     check_bwd(is_rms, 5, n, BF16, BF16, BF16, bias=not is_rms)
 
 
@@ -184,7 +186,8 @@ def test_cluster_rows(is_rms, n, max_cluster):
 
     use_backend("cuda")
     try:
-        with cuda_backend.max_cluster_size(max_cluster):
+        # the backward's layouts named above: the streamed kernel off (test_bwd_stream runs it)
+        with cuda_backend.max_cluster_size(max_cluster), cuda_backend.norm_bwd_stream_from(1 << 30):
             check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms,
                       res_dtype=F32 if n == 40000 else None)
     finally:
@@ -245,10 +248,16 @@ def check_bwd_knob_changes_path(is_rms, n, knob, values, same=None):
     the rows of a column's fp32 dweight (and dbias) differently, so the sums differ in bits, but by
     no more than two orderings of the same 301 fp32 terms can: 2 * 300 * 2**-24 * sum(|dy * xhat|)
     per column (the recursive-summation bound), and dbias likewise. `same`: a third value whose
-    results must equal the first value's bit for bit (the default taking that path)."""
+    results must equal the first value's bit for bit (the default taking that path). For every
+    knob but norm_bwd_stream_from itself the streamed kernel is off, so that the knob's layouts
+    are the ones that run (they stay the paths without clusters, and where the stream does not
+    fit)."""
     from engine import cuda_backend
 
     use_backend("cuda")
+    stack = contextlib.ExitStack()
+    if knob != "norm_bwd_stream_from":
+        stack.enter_context(cuda_backend.norm_bwd_stream_from(1 << 30))
     try:
         m = 301
         x = torch.randn(m, n, device=DEVICE, dtype=BF16)
@@ -274,6 +283,7 @@ def check_bwd_knob_changes_path(is_rms, n, knob, values, same=None):
             for got, again in zip(grads[0], grads[2]):
                 assert got is None or torch.equal(got, again)
     finally:
+        stack.close()
         engine.backend.reset_for_tests()
 
 
@@ -299,12 +309,14 @@ def test_bwd_elems_layouts(is_rms, elems, n, max_cluster):
     values per thread, 0 the default) against float64 with poisoned outputs, over 301 rows (CTAs
     loop, the partials sum several rows): 4104 and 12296 leave lanes idle (32 values: a CTA of
     160 threads; a 2-CTA cluster of 224); 65600 at 16 takes the blocked kernel. With clusters off,
-    16 values at 4104-8192 take the one-CTA 512-thread kernel, 32 values one CTA of 256."""
+    16 values at 4104-8192 take the one-CTA 512-thread kernel, 32 values one CTA of 256. The
+    streamed kernel, which the default gives these widths, is off here (test_bwd_stream)."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
-        with cuda_backend.norm_bwd_elems(elems), cuda_backend.max_cluster_size(max_cluster):
+        with cuda_backend.norm_bwd_elems(elems), cuda_backend.max_cluster_size(max_cluster), \
+                cuda_backend.norm_bwd_stream_from(1 << 30):
             check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
     finally:
         engine.backend.reset_for_tests()
@@ -336,12 +348,13 @@ def test_bwd_cta_threads_layouts(is_rms, cta, n):
     poisoned outputs, over 301 rows: 4104 (257 threads) and 12296 (769) leave lanes idle, 16384
     fills 1024 threads and 16392 needs 1025, so it keeps the cluster layout. LayerNorm with and
     without a bias (its 1024-thread builds keep one or two partials in shared memory), and fp16
-    with an fp32 gamma and a residual gradient in."""
+    with an fp32 gamma and a residual gradient in. The streamed kernel, the default at these
+    widths, is off here (test_bwd_stream)."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
-        with cuda_backend.norm_bwd_cta_threads(cta):
+        with cuda_backend.norm_bwd_cta_threads(cta), cuda_backend.norm_bwd_stream_from(1 << 30):
             check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
             if not is_rms:
                 check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=False)
@@ -484,7 +497,7 @@ def test_bwd_stream(is_rms, threads, n):
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA backward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [16384, 32768, 131072])
+@pytest.mark.parametrize("n", [4096, 8192, 16384, 32768, 131072])
 def test_bwd_stream_taken(is_rms, n):
     """The knob changes the path (the streamed kernel groups a column's rows per cluster, the
     other cluster kernels per cluster of their own shape), over 301 rows; the default takes the

@@ -27,6 +27,10 @@
  * CTA its own columns. Rows of 4K-8K over 16-bit z and dy take the same kernel with 32 values
  * per thread in one CTA, and rows past 32K (to 256K) in clusters of 8 or 16 CTAs with 32 or 64,
  * the partials in shared memory (launch_bwd_wide).
+ * Streamed path (norm_bwd_stream.cuh, the default for 16-bit z and dy from 4K columns on sm_90):
+ * the row over a cluster, the next rows copied into shared memory by cp.async, the per-row sums
+ * exchanged by st.async; the register, one-CTA and cluster paths below remain for other dtypes,
+ * devices without clusters, rows the stream cannot hold (past 128K), and the knobs.
  * Blocked path (norm_bwd_blocked_kernel): one CTA per row at a time; pass 1 reduces c1 / c2 over
  * column chunks, pass 2 re-reads (L2) and writes dx, and read-modify-writes the CTA's own
  * workspace row (the first row of a CTA stores instead of adding).

@@ -276,8 +276,11 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
 }
 
 /* Whether the streamed kernel takes a row of `cols` 16-bit values: from engine_set_norm_bwd_
- * stream_from's width where it is set, else from kStreamFromDefault. */
-constexpr int kStreamFromDefault = 16384;
+ * stream_from's width where it is set, else from kStreamFromDefault. Measured on the H200 (fwd+bwd
+ * kernel time, % of copy, other paths -> streamed; NOTES P51, P52): RMSNorm 2K-128K 86 / 82 / 72
+ * / 79 / 60 / 53 / 47 -> 86 / 86 / 85 / 84 / 77 / 71 / 67, LayerNorm 81 / 75 / 65 / 62 / 51 / 45 /
+ * 38 -> 82 / 81 / 79 / 77 / 67 / 64 / 55: from 4K (2K ties). */
+constexpr int kStreamFromDefault = 4096;
 inline bool bwd_take_stream(int cols, int stream_from) {
   return cols >= (stream_from != 0 ? stream_from : kStreamFromDefault);
 }
