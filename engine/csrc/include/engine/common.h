@@ -97,9 +97,9 @@ int engine_set_norm_fwd_grid_per_sm(int n);
  * 16-byte vectors, on a device with thread-block clusters): the row split over a cluster, each CTA
  * copying its slice of the next two rows into shared memory (cp.async) while it reduces one and
  * writes the previous one's dx (norm_bwd_stream.cuh). n > 0 from n columns (e.g. 1 << 30: never,
- * the paths before session 17), 0 (the default) the launcher's choice (bwd_take_stream). For A/B
- * runs of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
- * nothing) for n < 0. */
+ * the paths before session 17), 0 (the default) the launcher's choice (bwd_take_stream: from 4096
+ * columns). For A/B runs of the paths on one device. Process-wide; returns the previous value, or
+ * -1 (and changes nothing) for n < 0. */
 int engine_set_norm_bwd_stream_from(int n);
 
 /* Largest CTA of the streamed backward (above): n = 128, 256 or 512 threads (the cluster is the
