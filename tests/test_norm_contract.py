@@ -474,9 +474,8 @@ def test_fwd_blocked_default(is_rms, n, res, rms_taken, ln_taken):
 @pytest.mark.parametrize("n", [1024, 8200, 32768, 32776, 65536, 98312, 131072])
 def test_bwd_stream(is_rms, threads, n):
     """The CUDA backward's streamed cluster kernel (norm_bwd_stream_from(1): every width) at CTAs of
-    up to 512 (the default), 128 and 256 threads,
-    against float64 with poisoned outputs: bf16 with a
-    bias over 301 rows (clusters loop over many rows, the ring of stages wraps), fp16 with an fp32
+    up to 512 (the default), 128 and 256 threads, against float64 with poisoned outputs: bf16 with
+    a bias over 301 rows (clusters loop over many rows, the ring of stages wraps), fp16 with an fp32
     gamma, zero-centred, a residual gradient in and an fp32 dres out, rows strided; one row (M=1).
     32776 and 98312 leave the last CTA's slice partly past the row (zero-filled copies, masked
     stores); 1024 runs 2-CTA clusters of 32 threads; where no cluster holds the row at the
