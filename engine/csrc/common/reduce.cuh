@@ -111,55 +111,6 @@ __device__ __forceinline__ void cluster_sync() {
 #endif
 }
 
-/* The float at `p` (this CTA's shared memory) in the shared memory of cluster CTA `rank`. */
-__device__ __forceinline__ float cluster_load(const float* p, int rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
-  unsigned remote;
-  float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-#else
-  (void)rank;
-  return *p;
-#endif
-}
-
-/* Sum of K per-CTA values over the n CTAs of a cluster (n == 1: nothing to do). Every thread
- * passes its CTA's value (the same in every thread of the CTA, e.g. a RowGroupSum result) and gets
- * the cluster's sum, added in rank order, so every CTA of the cluster holds the same bits.
- * `buf`: K floats of shared memory for this call. One cluster barrier per call, so a buffer may
- * be written again only two calls later: callers alternate two buffers per call site (by the
- * parity of their row loop), the next call's barrier being passed by every CTA only after its
- * reads of this one. cluster_finish() must follow the last call before the CTA exits (its shared
- * memory must outlive the other CTAs' reads). No state is carried between calls: the kernels
- * using it sit at their register limits. */
-template <int K>
-__device__ __forceinline__ void cluster_sum(float (&v)[K], float* buf, int n) {
-  if (n == 1) return;
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) buf[k] = v[k];
-  }
-  cluster_sync();
-  /* Lane r of every warp loads rank r's value (n <= 32), the warp adds them in rank order by
-   * broadcast shuffles: one remote load per lane instead of n per thread (the same bits; no
-   * measurable change in time on the H200, benchmarks/NOTES.md C3). */
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const float p = lane < n ? cluster_load(buf + k, lane) : 0.0f;
-    float s = __shfl_sync(kFullMask, p, 0);
-    for (int r = 1; r < n; ++r) s += __shfl_sync(kFullMask, p, r);
-    v[k] = s;
-  }
-}
-
-__device__ __forceinline__ void cluster_finish(int n) {
-  if (n > 1) cluster_sync();
-}
-
 /* mbarriers and st.async (sm_90): a CTA sends values into the shared memory of the CTAs of its
  * cluster, each send completing bytes of the receiver's mbarrier transaction count, and a
  * receiver waits on its own mbarrier only. Unlike barrier.cluster (cluster_sync), whose release
@@ -227,6 +178,102 @@ __device__ __forceinline__ void st_async_f2(const float* p, uint64_t* bar, int r
 #endif
 }
 
+/* The same for four floats (`p` 16-byte aligned, 16 transaction bytes). */
+__device__ __forceinline__ void st_async_f4(const float4* p, uint64_t* bar, int rank, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t rp, rb;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rp) : "r"(smem_u32(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+  asm volatile(
+      "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+      ::"r"(rp), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rb)
+      : "memory");
+#elif defined(__CUDA_ARCH__)
+  (void)p, (void)bar, (void)rank, (void)v;
+  __trap();
+#endif
+}
+
+/* Per-row reductions over the n CTAs of a cluster (sm_90) for the register kernels whose rows are
+ * split over a cluster (norm_fwd_reg_kernel, norm_bwd_reg_kernel): each call sends the CTA's four
+ * values to every CTA of the cluster with st.async and waits on its own mbarrier for the n CTAs'
+ * values. It replaced a barrier.cluster per row (a shared-memory write, the barrier, remote
+ * loads), whose arrive.release waits for the acknowledgement of every earlier global store of the
+ * arriving thread, the previous row's outputs included (benchmarks/NOTES.md, P49 / P53).
+ * Two slots alternate between calls: call c uses slot c % 2 at phase parity (c / 2) % 2. A CTA
+ * sends call c + 2 only after its wait for call c + 1 completed, i.e. after every CTA sent call
+ * c + 1, which each CTA does only after all its threads read call c (the caller's contract below):
+ * so no send overwrites a slot before its receiver read it, and no send reaches a receiver's
+ * mbarrier before that slot's previous phase completed.
+ * Contract: every thread of every CTA of the cluster makes the same calls (uniform row loops);
+ * between two calls every thread passes a CTA-wide barrier after its reads of the first (the row
+ * kernels' RowGroupSum over a row of several warps does; a cluster row is at least 160 threads
+ * per CTA); the four values are the same in every thread of the CTA; finish() before exit. */
+constexpr int kXchgMaxCluster = 16;
+struct ClusterXchgSmem {
+  float4 recv[2][kXchgMaxCluster]; /* [slot][source rank] */
+  uint64_t bar[2];
+};
+class ClusterXchg {
+ public:
+  /* n == 1: every call returns at once. Called by every thread (a cluster barrier for n > 1). */
+  __device__ __forceinline__ ClusterXchg(ClusterXchgSmem& s, int n) : s_(s), n_(n), calls_(0) {
+    if (n > 1) {
+      if (threadIdx.x == 0) {
+        mbar_init(&s.bar[0], 1);
+        mbar_init(&s.bar[1], 1);
+        mbar_init_fence();
+      }
+      cluster_sync(); /* every CTA's mbarriers are initialised before any send */
+    }
+  }
+  __device__ __forceinline__ int size() const { return n_; }
+  /* Send v to every CTA, wait for every CTA's; lane r < n of each warp gets rank r's values,
+   * the other lanes zeros. */
+  __device__ __forceinline__ float4 exchange(float4 v) {
+    const int q = (int)(calls_ & 1u);
+    const unsigned parity = (calls_ >> 1) & 1u;
+    ++calls_;
+    const int t = (int)threadIdx.x;
+    if (t == 0) mbar_arrive_expect_tx(&s_.bar[q], (unsigned)(n_ * (int)sizeof(float4)));
+    if (t < n_) st_async_f4(&s_.recv[q][cluster_rank()], &s_.bar[q], t, v);
+    mbar_wait(&s_.bar[q], parity);
+    const int lane = t & 31;
+    return lane < n_ ? s_.recv[q][lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  /* No CTA exits while another may still send to it. */
+  __device__ __forceinline__ void finish() const {
+    if (n_ > 1) cluster_sync();
+  }
+
+ private:
+  ClusterXchgSmem& s_;
+  int n_;
+  unsigned calls_;
+};
+
+/* Sum of K <= 4 per-CTA values over the cluster (n == 1: nothing to do), added in rank order by
+ * broadcast shuffles (lane r holds rank r's values), so every CTA of the cluster holds the same
+ * bits. Every thread passes its CTA's values (the same in every thread of the CTA, e.g. a
+ * RowGroupSum result) and gets the cluster's sums. */
+template <int K>
+__device__ __forceinline__ void cluster_sum(float (&v)[K], ClusterXchg& x) {
+  static_assert(K >= 1 && K <= 4, "up to four values per exchange");
+  const int n = x.size();
+  if (n == 1) return;
+  float w[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int k = 0; k < K; ++k) w[k] = v[k];
+  const float4 p = x.exchange(make_float4(w[0], w[1], w[2], w[3]));
+  const float pv[4] = {p.x, p.y, p.z, p.w};
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float s = __shfl_sync(kFullMask, pv[k], 0);
+    for (int r = 1; r < n; ++r) s += __shfl_sync(kFullMask, pv[k], r);
+    v[k] = s;
+  }
+}
+
 /* Chan et al. merge of (count, mean, M2) statistics: (n, mean, m2) <- (n, mean, m2) + (nb, ...). */
 __device__ __forceinline__ void chan_merge(float& n, float& mean, float& m2, float nb, float meanb,
                                            float m2b) {
@@ -247,29 +294,18 @@ __device__ __forceinline__ void chan_merge(float& n, float& mean, float& m2, flo
 
 /* Chan merge of per-CTA statistics (count, mean, M2) over the n CTAs of a cluster, in rank order;
  * every thread of every CTA gets the same bits. Each thread passes its CTA's values (the same in
- * every thread of the CTA). `buf`: 3 floats of shared memory, reused as in cluster_sum. */
-__device__ __forceinline__ void cluster_chan(float& cnt, float& mean, float& m2, float* buf, int n) {
+ * every thread of the CTA). */
+__device__ __forceinline__ void cluster_chan(float& cnt, float& mean, float& m2, ClusterXchg& x) {
+  const int n = x.size();
   if (n == 1) return;
-  if (threadIdx.x == 0) {
-    buf[0] = cnt;
-    buf[1] = mean;
-    buf[2] = m2;
-  }
-  cluster_sync();
-  const int lane = threadIdx.x & 31;
-  float pn = 0.0f, pm = 0.0f, pq = 0.0f;
-  if (lane < n) {
-    pn = cluster_load(buf, lane);
-    pm = cluster_load(buf + 1, lane);
-    pq = cluster_load(buf + 2, lane);
-  }
-  cnt = __shfl_sync(kFullMask, pn, 0);
-  mean = __shfl_sync(kFullMask, pm, 0);
-  m2 = __shfl_sync(kFullMask, pq, 0);
+  const float4 p = x.exchange(make_float4(cnt, mean, m2, 0.0f));
+  cnt = __shfl_sync(kFullMask, p.x, 0);
+  mean = __shfl_sync(kFullMask, p.y, 0);
+  m2 = __shfl_sync(kFullMask, p.z, 0);
   for (int r = 1; r < n; ++r) {
-    const float nb = __shfl_sync(kFullMask, pn, r);
-    const float mb = __shfl_sync(kFullMask, pm, r);
-    const float qb = __shfl_sync(kFullMask, pq, r);
+    const float nb = __shfl_sync(kFullMask, p.x, r);
+    const float mb = __shfl_sync(kFullMask, p.y, r);
+    const float qb = __shfl_sync(kFullMask, p.z, r);
     chan_merge(cnt, mean, m2, nb, mb, qb);
   }
 }

@@ -85,7 +85,7 @@ template <typename Z, typename DY, int VEC, int NV, bool kRms, bool kHasDb, int 
 __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads, NV * VEC))
     norm_bwd_reg_kernel(const BwdArgs a) {
   __shared__ float red_buf[2 * 32 * 2];
-  __shared__ float cl_buf[2][2]; /* [row-loop parity][c2, c1] */
+  __shared__ ClusterXchgSmem cl_smem;
   /* [rows_per_iter][ws_pitch] when > 1 group; the partials of the wide-cluster builds (below) */
   extern __shared__ __align__(16) float part[];
 
@@ -182,6 +182,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
   };
 
   RowGroupSum<2> red(red_buf, tpr, group);
+  ClusterXchg xchg(cl_smem, ncl); /* c2, c1 over a cluster (reduce.cuh) */
   const int G = a.rows_per_iter;
   const int64_t nblk = (a.rows + G - 1) / G;
   for (int64_t blk = blockIdx.x / ncl; blk < nblk; blk += a.grid_clusters) {
@@ -235,7 +236,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
       }
     }
     red(s);
-    cluster_sum<2>(s, cl_buf[blk & 1], ncl);
+    cluster_sum<2>(s, xchg);
     const float c2 = s[0] * a.inv_n;
     const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
     /* dz = rs * (dyg - xhat * c2 - c1) as dyg * rs + ((z - mean) * k2 + k1), k2 = -rs^2 c2 and
@@ -276,7 +277,7 @@ __global__ void __launch_bounds__(kMaxThreads, bwd_min_blocks<Z, DY>(kMaxThreads
     }
   }
 
-  cluster_finish(ncl);
+  xchg.finish();
   /* One workspace row of partials per CTA (per cluster). */
   const int64_t ws_row = blockIdx.x / ncl;
   float* wsd = a.ws_dw + ws_row * a.ws_pitch;

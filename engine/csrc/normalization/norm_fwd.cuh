@@ -189,7 +189,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   constexpr bool kZf = sizeof(R) == 2 && NV * VEC <= 32;
   constexpr bool kFp8 = is_fp8_v<O>;
   __shared__ float red_buf[2 * 32];
-  __shared__ float cl_buf[2][3]; /* [row-loop parity][one cluster reduction's values] */
+  __shared__ ClusterXchgSmem cl_smem;
   __shared__ int amax_buf[32];
   extern __shared__ __align__(16) uint8_t tile[];
 
@@ -255,6 +255,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   }
 
   RowGroupSum<1> red(red_buf, tpr, group);
+  ClusterXchg xchg(cl_smem, ncl); /* the row's statistics over a cluster (reduce.cuh) */
   const int G = a.rows_per_iter;
   const int rpb = a.tile_rows > 0 ? a.tile_rows : G; /* a multiple of G */
   const int64_t nblk = (a.rows + rpb - 1) / rpb;
@@ -357,10 +358,10 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
         }
         red(q);
         if constexpr (kRms) {
-          cluster_sum<1>(q, cl_buf[blk & 1], ncl);
+          cluster_sum<1>(q, xchg);
         } else {
           float cnt = cta_n;
-          cluster_chan(cnt, mean, q[0], cl_buf[blk & 1], ncl);
+          cluster_chan(cnt, mean, q[0], xchg);
         }
         rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
         if (ok && glane == 0) {
@@ -444,7 +445,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
       }
     }
   }
-  cluster_finish(ncl);
+  xchg.finish();
   if constexpr (kFp8) {
     if (mode != kApply) block_amax_atomic(amax, a.amax, amax_buf);
   }
