@@ -575,7 +575,6 @@ engine_status launch_bwd(BwdArgs a, const LaunchCtx& ctx, int64_t max_ctas, int*
   if (sizeof(Z) == 2 && sizeof(DY) == 2 && vec && bwd_take_stream(cols, ctx.bwd_stream_from)) {
     engine_status st = ENGINE_SUCCESS;
     if (launch_bwd_stream<Z, DY>(a, ctx, max_ctas, num_ctas, &st)) return st;
-    a.cluster = 1;
   }
   /* 16 values per thread in one CTA per row (16-bit z and dy), as the Triton backward runs 16K (one
    * program of 32 warps per SM, the row in registers: NOTES P33): no cluster barrier per row, the

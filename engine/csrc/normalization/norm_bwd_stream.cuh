@@ -140,6 +140,14 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
   };
 
+  /* (c2, c1) summed over the warp by an xor butterfly: every lane gets the same bits (c1: LayerNorm) */
+  auto warp_sum = [](float (&s)[2]) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      s[0] += __shfl_xor_sync(kFullMask, s[0], off);
+      if constexpr (!kRms) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
+    }
+  };
   const int warp = t >> 5, lane = t & 31, nwarps = T >> 5;
   if (t == 0) {
 #pragma unroll
@@ -194,11 +202,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
           if constexpr (!kRms) s[1] += dyg;
         }
       }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        s[0] += __shfl_xor_sync(kFullMask, s[0], off);
-        if constexpr (!kRms) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
-      }
+      warp_sum(s);
       /* lane r sends the warp's sums to rank r (kSlots' comment: why the slot is free) */
       if (t == 0) mbar_arrive_expect_tx(&mbar[q], (unsigned)(nwarps * C * 8));
       if (lane < C) st_async_f2(&recv[q][rank][warp][0], &mbar[q], lane, s[0], s[1]);
@@ -238,14 +242,10 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
       if (lane < nwarps) {
         for (int r = 0; r < C; ++r) {
           s[0] += recv[q][r][lane][0];
-          s[1] += recv[q][r][lane][1];
+          if constexpr (!kRms) s[1] += recv[q][r][lane][1];
         }
       }
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) {
-        s[0] += __shfl_xor_sync(kFullMask, s[0], off);
-        if constexpr (!kRms) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
-      }
+      warp_sum(s);
       const float c2 = s[0] * a.inv_n;
       const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
       /* dz = rs * (dyg - xhat * c2 - c1) as in the register path (NOTES P40); row kw's rs / mu
@@ -307,14 +307,12 @@ bool launch_bwd_stream(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* 
     constexpr int NV = kStreamNV;
     if (ctx.max_cluster < 2) return false;
     const int max_c = ctx.max_cluster < kStreamMaxCluster ? ctx.max_cluster : kStreamMaxCluster;
-    const int nvec = a.cols / 8;
+    const int tpr_raw = (int)ceil_div(a.cols / 8, NV);
     const int tmax = ctx.bwd_stream_threads != 0 ? ctx.bwd_stream_threads : kStreamMaxThreads;
-    int c = 2, tpr = 0;
-    for (; c <= max_c; c *= 2) {
-      tpr = (int)round_up(ceil_div(nvec, (int64_t)c * NV), 32);
-      if (tpr <= tmax) break;
-    }
-    if (c > max_c) return false;
+    /* at least 2 CTAs: the kernel's sends and barriers are cluster instructions */
+    const int c = tpr_raw <= 2 * tmax ? 2 : row_cluster(tpr_raw, max_c, tmax);
+    if (c == 0) return false;
+    const int tpr = cluster_tpr(tpr_raw, c);
     const size_t stage = (size_t)2 * NV * tpr * 16;
     const size_t room = (size_t)ctx.max_smem_optin - 12288; /* the kernel's static shared memory */
     const size_t smem = (size_t)stream_stages(kStreamLag) * stage;

@@ -140,13 +140,14 @@ constexpr int kBwdMaxCtasPerSm = 4;
  * of CTAs of at most kClusterRowThreads threads each (sm_90), rather than given to one CTA of up to
  * 512 threads (1 CTA per SM) or to the blocked path (two passes over the row): CTAs per cluster,
  * a power of two <= max_cluster (8 by default; 16, a non-portable size, on request), or 0 when
- * tpr_raw threads per row do not fit max_cluster such CTAs or clusters are off. */
+ * tpr_raw threads per row do not fit max_cluster such CTAs or clusters are off (cta_threads:
+ * another CTA size; the streamed backward's). */
 constexpr int kClusterRowThreads = 256;
 constexpr int kPortableCluster = 8; /* the largest cluster size every sm_90 device guarantees */
-inline int row_cluster(int tpr_raw, int max_cluster) {
-  if (tpr_raw <= kClusterRowThreads || max_cluster < 2) return 0;
+inline int row_cluster(int tpr_raw, int max_cluster, int cta_threads = kClusterRowThreads) {
+  if (tpr_raw <= cta_threads || max_cluster < 2) return 0;
   for (int c = 2; c <= max_cluster; c *= 2) {
-    if (tpr_raw <= c * kClusterRowThreads) return c;
+    if (tpr_raw <= c * cta_threads) return c;
   }
   return 0;
 }
