@@ -330,9 +330,8 @@ def norm_fwd_blocked_from(n: int):
     for rows of ``n`` columns and more where x and the residual stream share a dtype and allow
     16-byte vectors, instead of the register path or a thread-block cluster (a width past every
     row, e.g. ``1 << 30``: never, the paths before session 15); ``n = 0``, the default, the
-    launcher's choice: the fused residual add from 32K and RMSNorm at 32K-64K (exclusive), where
-    it measured faster on the H200, whatever the output dtype (benchmarks/NOTES.md, P44 and
-    P45). For tests and A/B benchmarks of the paths on one
+    launcher's choice: the fused residual add from 32K, where it measured faster on the H200,
+    whatever the output dtype (benchmarks/NOTES.md, P44, P45 and P53). For tests and A/B benchmarks of the paths on one
     GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` (not an
     int, or negative) raises ValueError at the call."""
     if type(n) is not int or n < 0:

@@ -206,22 +206,23 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
 
 /* Whether the forward takes the blocked kernel over the register path or a cluster (where x and z
  * share a dtype and allow 16-byte vectors): from engine_set_norm_fwd_blocked_from's width where
- * it is set, else by the widths where it measured faster on the H200 (benchmarks/NOTES.md, P44
- * and P45; kernel time, % of copy, register path / clusters -> blocked, two runs each):
- *   - the fused residual add from 32K (pass 1 writes residual_out, pass 2 re-reads it from L2,
- *     where a cluster's row barrier waits on twice the bytes): RMSNorm 32K / 64K / 128K 70 / 68
- *     / 65 -> 82 / 75 / 75, LayerNorm 65 / 61 / 57 -> 73 / 69 / 71;
- *   - RMSNorm without it at 32K-64K exclusive (bf16 out 75 -> 78, e4m3 62 -> 68; at 64K / 128K
- *     bf16 71 / 67 -> 64 / 57), never LayerNorm (its per-chunk Chan merge: 57 M instructions
- *     against RMSNorm's 37 M at 32K, ncu; bf16 out 67 / 61 / 55 -> 64 / 57 / 54).
+ * it is set, else by the widths where it measured faster on the H200 (benchmarks/NOTES.md, P44,
+ * P45 and P53; kernel time, % of copy, register path / clusters -> blocked):
+ *   - the fused residual add from 32K (pass 1 writes residual_out, pass 2 re-reads it from L2):
+ *     RMSNorm 32K / 64K / 128K 70 / 68 / 65 -> 82 / 75 / 75, LayerNorm 65 / 61 / 57 -> 73 / 69
+ *     / 71 with the clusters' old barrier per row; with their st.async exchange (P53) the
+ *     clusters read 80 / 74 / 72 and 75 / 67 / 60 (not measured in the same call as the blocked
+ *     rows: kept);
+ *   - never RMSNorm or LayerNorm without it: RMSNorm 32K took the blocked kernel while the
+ *     cluster's barrier per row cost it (bf16 out 75 -> 78), and the st.async exchange turned
+ *     that round (P53, one call: clusters 81.3 / 82.3 against blocked 77.8 / 76.8); LayerNorm's
+ *     per-chunk Chan merge never won (57 M instructions against RMSNorm's 37 M at 32K, ncu).
  * Not the output dtype: the path fixes the order of a row's sums, and an FP8 output must be the
- * exact cast of the same call's fp32 output (tests/test_fp8.py). So the FP8 widths that gained
- * alone (RMSNorm e4m3 64K 58 -> 60, LayerNorm e4m3 64K / 128K 45 / 41 -> 51 / 46) stay with their
- * 16-bit rows. Rows of 16K stay on the register path (one CTA per row; by 0 to 20 points). */
-inline bool fwd_take_blocked(int cols, bool has_res, bool rms, int knob) {
+ * exact cast of the same call's fp32 output (tests/test_fp8.py). Rows of 16K stay on the
+ * register path (one CTA per row; by 0 to 20 points). */
+inline bool fwd_take_blocked(int cols, bool has_res, int knob) {
   if (knob != 0) return cols >= knob;
-  if (has_res) return cols >= 32768;
-  return rms && cols >= 32768 && cols < 65536;
+  return has_res && cols >= 32768;
 }
 
 /*
@@ -250,7 +251,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   a.gb_off = -1; /* launch_fwd_reg decides */
   const bool wide_blocked =
       vec && fwd_blocked_packed<X, R, VEC>() &&
-      fwd_take_blocked(cols, a.residual != nullptr, a.is_rms != 0, ctx.fwd_blocked_from);
+      fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from);
   const int cluster = vec && !wide_blocked ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
     a.cluster = cluster;

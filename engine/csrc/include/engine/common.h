@@ -79,7 +79,7 @@ int engine_set_norm_fwd_general_loop(int n);
  * a dtype and allow 16-byte vectors, instead of the register path or a thread-block cluster:
  * n > 0 from n columns (a width past every row, e.g. 1 << 30: never, the paths before session
  * 15), 0 (the default) the launcher's choice (norm_fwd_launch.cuh: fwd_take_blocked: the fused
- * residual add from 32K, RMSNorm at 32K-64K exclusive). For A/B runs
+ * residual add from 32K). For A/B runs
  * of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
  * nothing) for n < 0. */
 int engine_set_norm_fwd_blocked_from(int n);
