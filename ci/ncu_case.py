@@ -21,6 +21,9 @@ from engine.fp8 import Float8Quantizer
 pos = [a for a in sys.argv[1:] if "=" not in a]
 knobs = [a.split("=", 1) for a in sys.argv[1:] if "=" in a]
 backend, n, out = pos[0], int(pos[1]), pos[2]
+if backend not in ("cuda", "triton") or out not in ("bf16", "fp8", "fp8T", "bwd") \
+        or (len(pos) > 3 and pos[3] not in ("rms", "ln")):
+    sys.exit(f"ncu_case.py: bad arguments {pos} (see the docstring)")  # e.g. "e4m3" is "fp8" here
 ln = len(pos) > 3 and pos[3] == "ln"
 stack = contextlib.ExitStack()
 if knobs:
