@@ -31,7 +31,7 @@ Tensor = torch.Tensor
 __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
-           "norm_bwd_stream_from", "norm_bwd_stream_threads",
+           "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
            "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
@@ -369,6 +369,22 @@ def norm_bwd_stream_from(n: int):
     if type(n) is not int or n < 0:
         raise ValueError(f"norm_bwd_stream_from: n must be an int >= 0, got {n!r}")
     return _knob("set_norm_bwd_stream_from", n)
+
+
+def norm_fwd_stream_from(n: int):
+    """Context manager: inside the ``with`` block the CUDA norm forward runs its streamed cluster
+    kernel for rows of ``n`` columns and more where x is 16-bit without a residual and allows
+    16-byte vectors (on a GPU with thread-block clusters), for high-precision outputs, delayed
+    scaling and current scaling's statistics pass: the row is split over a cluster and each CTA
+    copies its slice of the next two rows into shared memory (cp.async) while it reduces one row
+    and writes an earlier one (engine/csrc/normalization/norm_fwd_stream.cuh). A width past every
+    row (e.g. ``1 << 30``) never takes it: the paths before session 18; ``n = 0``, the default, is
+    the launcher's choice (``fwd_take_stream``, benchmarks/NOTES.md P56). For tests and A/B
+    benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous
+    value on exit. A bad ``n`` (not an int, or negative) raises ValueError at the call."""
+    if type(n) is not int or n < 0:
+        raise ValueError(f"norm_fwd_stream_from: n must be an int >= 0, got {n!r}")
+    return _knob("set_norm_fwd_stream_from", n)
 
 
 def norm_bwd_stream_threads(n: int):

@@ -168,6 +168,42 @@ def test_norm_fp8_blocked_kernel(is_rms, fp8_dtype, n):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("n", [4096, 32776, 65536, 131072])
+def test_norm_fp8_stream_kernel(is_rms, fp8_dtype, n):
+    """The CUDA forward's streamed cluster kernel (engine.cuda_backend.norm_fwd_stream_from(1):
+    every width) to FP8: delayed scaling (with the transposed copy, which the caller transposes on
+    this path) and current scaling (its statistics pass on the streamed kernel, its output pass
+    on the register path from the stored statistics), each the exact cast of the same path's fp32
+    output with its exact amax; 131072 also through the default (streamed from 32K)."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        with cuda_backend.norm_fwd_stream_from(1 if n < 131072 else 0):
+            x, w, b = inputs(67, n, is_rms)
+            y32 = call(is_rms, x, w, b, out_dtype=F32)
+            q = delayed(fp8_dtype, scale=3.0, amax=0.25, columnwise=True)
+            t = call(is_rms, x, w, b, quantizer=q)
+            assert_cast_of(t.data, y32, 3.0, b, exact=True)
+            assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+            assert q.amax.item() == max(0.25, y32.abs().max().item())
+            qc = Float8CurrentScalingQuantizer(fp8_dtype)
+            tc = call(is_rms, x, w, b, quantizer=qc)
+            amax = y32.abs().max()
+            assert qc.amax.item() == amax.item()
+            scale = torch.tensor(torch.finfo(fp8_dtype).max, device=DEVICE) / amax
+            assert_cast_of(tc.data, y32, scale.item(), b, exact=True)
+            oracle = fp8_quantize(ref_fwd(x, w, b, 1e-5, is_rms)["y"], 3.0, fp8_dtype)
+            steps = fp8_steps(t.data, oracle)
+            assert steps.max().item() <= 1
+            assert (steps > 0).float().mean().item() < 0.01
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_saturation_regression(backend, is_rms):
     """gamma = [2**20] + [0]*127 drives y far past the FP8 range: +-max, never NaN or Inf."""

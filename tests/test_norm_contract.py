@@ -186,8 +186,10 @@ def test_cluster_rows(is_rms, n, max_cluster):
 
     use_backend("cuda")
     try:
-        # the backward's layouts named above: the streamed kernel off (test_bwd_stream runs it)
-        with cuda_backend.max_cluster_size(max_cluster), cuda_backend.norm_bwd_stream_from(1 << 30):
+        # the forward's and backward's layouts named above: the streamed kernels off
+        # (test_fwd_stream and test_bwd_stream run them)
+        with cuda_backend.max_cluster_size(max_cluster), cuda_backend.norm_bwd_stream_from(1 << 30), \
+                cuda_backend.norm_fwd_stream_from(1 << 30):
             check_bwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms,
                       res_dtype=F32 if n == 40000 else None)
     finally:
@@ -196,7 +198,10 @@ def test_cluster_rows(is_rms, n, max_cluster):
 
 def knob_stats(is_rms, n, knob, values):
     """CUDA: the forward's row statistics of 301 random rows of n under each value of a launch
-    knob (engine.cuda_backend); each path adds a row's values in its own order."""
+    knob (engine.cuda_backend); each path adds a row's values in its own order. For every knob but
+    norm_fwd_stream_from itself the streamed kernel is off, so that the knob's paths run (they
+    remain the paths of a residual, of current scaling's output pass and of devices or widths the
+    stream does not take)."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -205,8 +210,9 @@ def knob_stats(is_rms, n, knob, values):
         w = torch.randn(n, device=DEVICE, dtype=BF16)
         b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
         stats = []
+        off = knob != "norm_fwd_stream_from"
         for v in values:
-            with getattr(cuda_backend, knob)(v):
+            with getattr(cuda_backend, knob)(v), cuda_backend.norm_fwd_stream_from(1 << 30 if off else 0):
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
             stats.append(rsigma if is_rms else torch.cat([mu, rsigma]))
         return stats
@@ -419,8 +425,8 @@ def test_fwd_blocked_from(is_rms, blocked_from, n):
     from engine import cuda_backend
 
     use_backend("cuda")
-    try:
-        with cuda_backend.norm_fwd_blocked_from(blocked_from):
+    try:  # the streamed kernel off (test_fwd_stream runs it)
+        with cuda_backend.norm_fwd_blocked_from(blocked_from), cuda_backend.norm_fwd_stream_from(1 << 30):
             check_fwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
             check_fwd(is_rms, 37, n, F16, F16, F32, zcg=True)
             check_fwd(is_rms, 37, n, F32, F32, BF16, bias=not is_rms)
@@ -503,6 +509,43 @@ def test_bwd_stream_taken(is_rms, n):
     other cluster kernels per cluster of their own shape), over 301 rows; the default takes the
     streamed kernel at these widths, bit for bit."""
     check_bwd_knob_changes_path(is_rms, n, "norm_bwd_stream_from", (n, 1 << 30), same=0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [1024, 8200, 16384, 32768, 32776, 65536, 98312, 131072, 262144])
+def test_fwd_stream(is_rms, n):
+    """The CUDA forward's streamed cluster kernel (norm_fwd_stream_from(1): every width) against
+    float64 with poisoned outputs (y, mean, rsigma): bf16 with a bias over 301 rows (clusters loop
+    over many rows, the ring of stages wraps), fp16 x with a zero-centred fp32 gamma to fp32,
+    rows strided, one row (M=1); with an fp32 residual stream the launcher keeps the other paths,
+    which must be right too. 32776 and 98312 leave the last CTA's slice partly past the row
+    (zero-filled copies, masked stores and centred sums); 1024 runs 2-CTA clusters of 32 threads;
+    262144 needs 16-CTA clusters (a non-portable size, the default limit on the H100 / H200)."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        with cuda_backend.norm_fwd_stream_from(1):
+            check_fwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
+            check_fwd(is_rms, 37, n, F16, F32, F32, zcg=True, bias=not is_rms, row_extra=8)
+            check_fwd(is_rms, 1, n, BF16, F32, BF16, bias=not is_rms)
+            check_fwd(is_rms, 5, n, BF16, BF16, BF16, res_dtype=F32)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [16384, 32768, 131072])
+def test_fwd_stream_taken(is_rms, n):
+    """The knob changes the path (the streamed kernel adds a row's values over warps and CTAs in
+    its own order), over 301 rows; from 32K the default takes the streamed kernel, bit for bit
+    (16K: the default is the register path)."""
+    stats = knob_stats(is_rms, n, "norm_fwd_stream_from", (n, 1 << 30, 0))
+    torch.testing.assert_close(stats[1], stats[0], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(stats[1], stats[0])
+    assert torch.equal(stats[2], stats[0] if n >= 32768 else stats[1])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a grid knob of the CUDA forward")

@@ -76,6 +76,8 @@ int norm_fwd_grid_per_sm();
 int norm_bwd_stream_from();
 /* engine_set_norm_bwd_stream_threads's value now (0: the launcher's default). */
 int norm_bwd_stream_threads();
+/* engine_set_norm_fwd_stream_from's value now (0: the launcher's default width). */
+int norm_fwd_stream_from();
 
 /*
  * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at

@@ -7,6 +7,7 @@
 #define ENGINE_CSRC_NORMALIZATION_NORM_FWD_LAUNCH_CUH_
 
 #include "normalization/norm_fwd.cuh"
+#include "normalization/norm_fwd_stream.cuh"
 
 namespace engine {
 namespace norm {
@@ -252,6 +253,10 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   const bool wide_blocked =
       vec && fwd_blocked_packed<X, R, VEC>() &&
       fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from);
+  if (vec && !wide_blocked) { /* the streamed cluster kernel where it applies (fwd_take_stream) */
+    engine_status st = ENGINE_SUCCESS;
+    if (launch_fwd_stream<X, R, O>(a, ctx, &st)) return st;
+  }
   const int cluster = vec && !wide_blocked ? row_cluster(tpr_raw, ctx.max_cluster) : 0;
   if (cluster > 1) { /* the row over a cluster of CTAs; the caller transposes `out` for out_t */
     a.cluster = cluster;

@@ -108,6 +108,16 @@ int engine_set_norm_bwd_stream_from(int n);
  * nothing) for any other n. */
 int engine_set_norm_bwd_stream_threads(int n);
 
+/* Row width from which the norm forward takes its streamed cluster kernel (a 16-bit x without a
+ * residual, with 16-byte vectors, on a device with thread-block clusters; delayed scaling, high
+ * precision outputs and current scaling's statistics pass): the row split over a cluster, each
+ * CTA copying its slice of the next two rows into shared memory (cp.async) while it reduces one
+ * and writes an earlier one (norm_fwd_stream.cuh). n > 0 from n columns (e.g. 1 << 30: never, the
+ * paths before session 18), 0 (the default) the launcher's choice (fwd_take_stream). For A/B runs
+ * of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
+ * nothing) for n < 0. */
+int engine_set_norm_fwd_stream_from(int n);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,322 @@
+/*
+ * Streamed cluster forward (sm_90): rows of a 16-bit x (no residual) split over a thread-block
+ * cluster, each CTA owning a contiguous slice of tpr * NV 16-byte vectors of the row, the rows
+ * streamed through a ring of shared-memory stages by cp.async, kFwdStreamDepth rows ahead of the
+ * one reduced. The backward's recipe (norm_bwd_stream.cuh) for the forward.
+ *
+ * Why: the register kernel's cluster rows (norm_fwd.cuh) load a row only after they stored the
+ * previous one; at 2-3 CTAs of 8 warps per SM they wait on their own loads (ncu, RMSNorm 64K:
+ * long-scoreboard 4.4 stalls per issued instruction, 35 % of warp slots active; NOTES P53), and
+ * that kernel, at its 80-register cap, has no room for copies ahead (P54, P55: ptxas spills).
+ * Here each thread copies the next rows' vectors of its own into shared memory while one row is
+ * reduced, and the row sums travel by st.async into every CTA's shared memory, counted by an
+ * mbarrier (no barrier.cluster per row: its release waits for the previous row's stores).
+ *
+ *   iteration k:  copy row k+D;  wait for row k's copies;
+ *                 RMSNorm:   phase A of row k (each warp's sum of z^2), sent by lane r to rank r;
+ *                            phase B of row k-1 (y, its stores, amax);
+ *                            wait for row k's sums from every warp of every CTA: rsigma(k).
+ *                 LayerNorm: phase A of row k (each warp's sum of z) and of row k-1 (each warp's
+ *                            sum of (z - mean)^2 about row k-1's mean), sent as one pair;
+ *                            phase B of row k-2;
+ *                            wait: mean(k) and rsigma(k-1).
+ * LayerNorm's statistics are two-pass (the mean first, then the centred sum of squares: no
+ * E[z^2] - E[z]^2 cancellation), the second pass one row behind the first so that each
+ * exchange's latency sits behind a phase B. The sums over warps and CTAs are added in a fixed
+ * order (lane w adds warp w's sums over the ranks in rank order, then an xor butterfly over the
+ * lanes): the same bits in every CTA and every run. Each thread copies and later reads only its
+ * own 16-byte vectors (slot i of thread t at vector rank * T * NV + i * T + t of the row; in
+ * shared memory at (i * T + t) * 16 of its stage), so cp.async's per-thread completion is the
+ * only synchronisation the data needs; a vector past the row is zero-filled by the copy (it adds
+ * zeros to the sums of z and z^2, and is skipped by the centred sum and the stores).
+ * gamma (+ the zero-centred 1) and beta are held as floats in registers for the whole kernel.
+ * Modes kFull (any output dtype; FP8 with a given scale, fused amax) and kStats (current scaling's
+ * first pass: statistics and amax, no output). Current scaling's second pass (kApply) reads the
+ * statistics back and computes y with the same formula (norm_y) on the register path: the same
+ * bits as this kernel's kFull output, so an FP8 output is the cast of the fp32 one on every mode.
+ */
+#ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_STREAM_CUH_
+#define ENGINE_CSRC_NORMALIZATION_NORM_FWD_STREAM_CUH_
+
+#include "common/common.cuh"
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
+#include "normalization/norm_common.cuh"
+#include "normalization/norm_fwd.cuh"
+
+namespace engine {
+namespace norm {
+
+constexpr int kFwdStreamDepth = 2;        /* rows copied ahead of the one reduced (D) */
+constexpr int kFwdStreamNV = 4;           /* 16-byte vectors of x per thread */
+constexpr int kFwdStreamMaxThreads = 512; /* CTA threads (launch bound: up to 128 registers) */
+constexpr int kFwdStreamMaxCluster = 16;
+/* Rows between a row's phase A and its phase B: RMSNorm 1, LayerNorm 2 (its second pass). */
+__host__ __device__ constexpr int fwd_stream_lag(bool rms) { return rms ? 1 : 2; }
+/* Shared-memory stages of the ring: rows k - lag .. k + D. */
+__host__ __device__ constexpr int fwd_stream_stages(bool rms) {
+  return kFwdStreamDepth + fwd_stream_lag(rms) + 1;
+}
+
+/* y = norm_y(z, mean, rsigma, gamma, beta) of one row's 16-bit x in clusters; the formula and
+ * the FP8 cast are the register kernel's (norm_fwd.cuh). */
+template <typename X, typename O, bool kRms, bool kBias>
+__global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kernel(const FwdArgs a) {
+  static_assert(sizeof(X) == 2, "the streamed forward takes a 16-bit x");
+  constexpr int VEC = 8;
+  constexpr int NV = kFwdStreamNV;
+  constexpr int D = kFwdStreamDepth;
+  constexpr int LB = fwd_stream_lag(kRms);
+  constexpr uint32_t kStages = (uint32_t)fwd_stream_stages(kRms);
+  constexpr bool kFp8 = is_fp8_v<O>;
+  /* Exchange k (iteration k) uses slot k % 2: a CTA's warp sends exchange k + 1 only after its
+   * own wait for exchange k, which completes once every warp of every CTA sent exchange k, which
+   * each does after its reads of exchange k - 1 (the slot of k + 1): two slots, as in
+   * norm_bwd_stream.cuh at lag 1. */
+  constexpr int kSlots = 2;
+  /* [slot][source rank][source warp][the pair]: every warp's sums, sent by every CTA of the
+   * cluster to every CTA (st.async), counted by mbar[slot] */
+  __shared__ __align__(8) float recv[kSlots][kFwdStreamMaxCluster][kFwdStreamMaxThreads / 32][2];
+  __shared__ uint64_t mbar[kSlots];
+  __shared__ int amax_buf[32];
+  extern __shared__ __align__(16) uint8_t ring[];
+
+  const int T = blockDim.x;
+  const int t = threadIdx.x;
+  const int C = a.cluster;
+  const int nvec = a.cols / VEC;
+  const int rank = cluster_rank();
+  const int v0 = rank * T * NV + t;
+  const int64_t cid = blockIdx.x / C;
+  const int64_t stride = a.grid_clusters;
+  /* rows of this cluster: cid, cid + stride, ... (fewer than 2^31) */
+  const uint32_t count = cid < a.rows ? (uint32_t)((a.rows - 1 - cid) / stride + 1) : 0u;
+  const uint32_t ring_s = smem_u32(ring) + (uint32_t)(t * 16);
+  const int stage_bytes = NV * T * 16;
+  const bool store_y = a.mode != kStats;
+
+  float g[NV][VEC];
+  float be[kBias ? NV : 1][VEC];
+  const float g_add = a.zero_centered ? 1.0f : 0.0f;
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    const int v = v0 + i * T;
+    if (v < nvec) {
+      load_vec_dt<VEC>(a.weight, (int64_t)v * VEC, a.w_dtype, g[i]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) g[i][j] += g_add;
+      if constexpr (kBias) load_vec_dt<VEC>(a.bias, (int64_t)v * VEC, a.w_dtype, be[i]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        g[i][j] = 0.0f;
+        if constexpr (kBias) be[i][j] = 0.0f;
+      }
+    }
+  }
+  const float scale = fwd_fp8_scale<kFp8>(a);
+  const bool e5m2 = a.e5m2 != 0;
+  float amax = 0.0f;
+
+  /* The copies of row k into stage k % kStages, whose last row (k - kStages) had its phase B in
+   * an earlier iteration (an empty group past the last row, so that every thread commits one
+   * group per iteration and wait<D> means "row k has landed"). */
+  auto issue = [&](uint32_t k) {
+    if (k < count) {
+      const X* xr = static_cast<const X*>(a.x) + (cid + (int64_t)k * stride) * a.x_stride;
+      const uint32_t base = ring_s + (k % kStages) * (uint32_t)stage_bytes;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = v0 + i * T;
+        const bool ok = v < nvec;
+        cp_async16(base + (uint32_t)(i * T * 16), ok ? xr + (int64_t)v * VEC : xr, ok);
+      }
+    }
+    cp_async_commit();
+  };
+  /* slot i of row k's stage, as floats */
+  auto slot = [&](uint32_t k, int i, float (&f)[VEC]) {
+    const uint8_t* p = ring + (k % kStages) * (uint32_t)stage_bytes + (i * T + t) * 16;
+    load_vec<X, VEC>(reinterpret_cast<const X*>(p), f);
+  };
+  /* the pair summed over the warp by an xor butterfly: every lane gets the same bits */
+  auto warp_sum = [](float (&s)[2]) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      s[0] += __shfl_xor_sync(kFullMask, s[0], off);
+      if constexpr (!kRms) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
+    }
+  };
+
+  const int warp = t >> 5, lane = t & 31, nwarps = T >> 5;
+  if (t == 0) {
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) mbar_init(&mbar[q], 1);
+    mbar_init_fence();
+  }
+  cluster_sync(); /* every CTA's mbarriers are initialised before any send */
+#pragma unroll
+  for (int d = 0; d < D; ++d) issue((uint32_t)d);
+  /* LayerNorm: mean of rows k-1 and k-2; both norms: rsigma of phase B's row (k - LB), each set
+   * by an earlier iteration's wait */
+  float mean1 = 0.0f, mean2 = 0.0f, rs_b = 0.0f;
+  const uint32_t n_xchg = count + (kRms ? 0u : 1u); /* iterations that exchange */
+  for (uint32_t k = 0; k < count + (uint32_t)LB; ++k) {
+    issue(k + D);
+    cp_async_wait<D>();
+    /* k < count, kb, n_xchg: uniform over the cluster, whose CTAs share the row sequence */
+    if (k < n_xchg) { /* phase A: row k's sum (RMSNorm: of z^2), LayerNorm: row k-1's centred */
+      float s[2] = {0.0f, 0.0f};
+      if (k < count) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          float z[VEC];
+          slot(k, i, z);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) s[0] = kRms ? fmaf(z[j], z[j], s[0]) : s[0] + z[j];
+        }
+      }
+      if constexpr (!kRms) {
+        if (k >= 1) {
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            if (v0 + i * T < nvec) {
+              float z[VEC];
+              slot(k - 1, i, z);
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) {
+                const float dz = z[j] - mean1;
+                s[1] = fmaf(dz, dz, s[1]);
+              }
+            }
+          }
+        }
+      }
+      warp_sum(s);
+      const int q = (int)(k & 1u);
+      /* lane r sends the warp's sums to rank r (kSlots' comment: why the slot is free) */
+      if (t == 0) mbar_arrive_expect_tx(&mbar[q], (unsigned)(nwarps * C * 8));
+      if (lane < C) st_async_f2(&recv[q][rank][warp][0], &mbar[q], lane, s[0], s[1]);
+    }
+    if (k >= (uint32_t)LB) { /* phase B of row kb */
+      const uint32_t kb = k - (uint32_t)LB;
+      const float mb = kRms ? 0.0f : mean2;
+      const int64_t row = cid + (int64_t)kb * stride;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int v = v0 + i * T;
+        if (v < nvec) {
+          float z[VEC], y[VEC];
+          slot(kb, i, z);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            y[j] = norm_y(z[j], mb, rs_b, g[i][j], kBias ? be[kBias ? i : 0][j] : 0.0f, kBias);
+          }
+          const int64_t col = (int64_t)v * VEC;
+          if constexpr (kFp8) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) amax = amax_update(amax, y[j]);
+            if (store_y) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) y[j] *= scale;
+              uint32_t w[VEC / 4];
+              pack_fp8<VEC>(y, e5m2, w);
+              store_words<VEC>(static_cast<uint8_t*>(a.out) + row * a.out_stride + col, w);
+            }
+          } else {
+            if (store_y) store_vec<O, VEC>(static_cast<O*>(a.out) + row * a.out_stride + col, y);
+          }
+        }
+      }
+    }
+    if (k < n_xchg) { /* wait for exchange k; add its sums in the fixed order */
+      const int q = (int)(k & 1u);
+      mbar_wait(&mbar[q], (k >> 1) & 1u);
+      float s[2] = {0.0f, 0.0f};
+      if (lane < nwarps) {
+        for (int r = 0; r < C; ++r) {
+          s[0] += recv[q][r][lane][0];
+          if constexpr (!kRms) s[1] += recv[q][r][lane][1];
+        }
+      }
+      warp_sum(s);
+      const bool writer = rank == 0 && t == 0;
+      if constexpr (kRms) { /* rsigma of row k, phase B's in the next iteration */
+        rs_b = 1.0f / sqrtf(s[0] * a.inv_n + a.eps);
+        if (writer) a.rsigma[cid + (int64_t)k * stride] = rs_b;
+      } else {
+        /* rsigma of row k-1 (phase B's row in the next iteration, whose mean is mean1, shifted
+         * to mean2 below), the mean of row k */
+        if (k >= 1) {
+          rs_b = 1.0f / sqrtf(s[1] * a.inv_n + a.eps);
+          if (writer) a.rsigma[cid + (int64_t)(k - 1) * stride] = rs_b;
+        }
+        mean2 = mean1;
+        mean1 = s[0] * a.inv_n;
+        if (writer && k < count) a.mu[cid + (int64_t)k * stride] = mean1;
+      }
+    }
+  }
+  cluster_sync(); /* no CTA exits while a send to it may be in flight */
+  if constexpr (kFp8) block_amax_atomic(amax, a.amax, amax_buf);
+}
+
+/* Whether the streamed forward takes a row of `cols` values: from engine_set_norm_fwd_stream_
+ * from's width where it is set, else from kFwdStreamFromDefault. */
+constexpr int kFwdStreamFromDefault = 32768;
+inline bool fwd_take_stream(int cols, int stream_from) {
+  return cols >= (stream_from != 0 ? stream_from : kFwdStreamFromDefault);
+}
+
+template <typename X, typename O>
+auto fwd_stream_kernel(bool rms, bool bias) -> void (*)(FwdArgs) {
+  return rms ? (bias ? &norm_fwd_stream_kernel<X, O, true, true> : &norm_fwd_stream_kernel<X, O, true, false>)
+             : (bias ? &norm_fwd_stream_kernel<X, O, false, true>
+                     : &norm_fwd_stream_kernel<X, O, false, false>);
+}
+
+/* Launch the streamed kernel for a 16-bit x without a residual (z = x), modes kFull and kStats,
+ * where fwd_take_stream says so: the smallest cluster (a power of two up to ctx.max_cluster, at
+ * least 2: the kernel's sends and barriers are cluster instructions) whose CTAs of at most
+ * kFwdStreamMaxThreads threads hold the row at kFwdStreamNV vectors per thread, with a ring of
+ * fwd_stream_stages stages that fits the opt-in shared memory. Returns false (nothing launched)
+ * where it does not apply or fit; the caller's x / out allow 16-byte vector access. */
+template <typename X, typename R, typename O>
+bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
+  if constexpr (sizeof(X) == 2 && std::is_same<X, R>::value) {
+    constexpr int NV = kFwdStreamNV;
+    if (ctx.max_cluster < 2 || a.residual != nullptr || a.mode == kApply) return false;
+    if (!fwd_take_stream(a.cols, ctx.fwd_stream_from)) return false;
+    const int max_c = ctx.max_cluster < kFwdStreamMaxCluster ? ctx.max_cluster : kFwdStreamMaxCluster;
+    const int tpr_raw = (int)ceil_div(a.cols / 8, NV);
+    const int c = tpr_raw <= 2 * kFwdStreamMaxThreads ? 2
+                                                      : row_cluster(tpr_raw, max_c, kFwdStreamMaxThreads);
+    if (c == 0) return false;
+    const int tpr = cluster_tpr(tpr_raw, c);
+    const bool rms = a.is_rms != 0;
+    const size_t smem = (size_t)fwd_stream_stages(rms) * NV * tpr * 16;
+    const size_t room = (size_t)ctx.max_smem_optin - 8192; /* the kernel's static shared memory */
+    if (smem > room) return false;
+    void (*kernel)(FwdArgs) = fwd_stream_kernel<X, O>(rms, a.bias != nullptr);
+    int active = 0;
+    *st = active_clusters(reinterpret_cast<const void*>(kernel), tpr, smem, c, &active);
+    if (*st != ENGINE_SUCCESS) return true;
+    const int64_t grid = persistent_clusters(a.rows, active, ctx.sm_count, ctx.sm_margin);
+    a.cluster = c;
+    a.tpr = tpr;
+    a.rows_per_iter = 1;
+    a.tile_rows = 0;
+    a.out_t = nullptr;
+    a.gb_off = -1;
+    a.grid_clusters = (int)grid;
+    *st = launch_in_clusters(kernel, grid * c, tpr, smem, c, ctx.stream, a);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace norm
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_NORMALIZATION_NORM_FWD_STREAM_CUH_
