@@ -83,13 +83,17 @@ def main(argv=None) -> int:
                     help="CUDA: row width from which the forward runs its streamed cluster kernel "
                          "(0: the default, 1073741824: never; engine.cuda_backend."
                          "norm_fwd_stream_from), for A/B runs of the paths")
+    ap.add_argument("--fwd-stream-threads", type=int, choices=[0, 128, 256, 512],
+                    help="CUDA: largest CTA of the forward's streamed kernel (0: the default; "
+                         "engine.cuda_backend.norm_fwd_stream_threads), for A/B runs")
     args = ap.parse_args(argv)
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
              ("bwd_elems", "norm_bwd_elems"), ("bwd_cta_threads", "norm_bwd_cta_threads"),
              ("fwd_general", "norm_fwd_general_loop"), ("fwd_blocked_from", "norm_fwd_blocked_from"),
              ("fwd_grid_per_sm", "norm_fwd_grid_per_sm"), ("bwd_stream_from", "norm_bwd_stream_from"),
-             ("bwd_stream_threads", "norm_bwd_stream_threads"), ("fwd_stream_from", "norm_fwd_stream_from"))
+             ("bwd_stream_threads", "norm_bwd_stream_threads"), ("fwd_stream_from", "norm_fwd_stream_from"),
+             ("fwd_stream_threads", "norm_fwd_stream_threads"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:
             if getattr(args, arg) is not None and H.on_gpu():

@@ -32,6 +32,7 @@ __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_tr
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
+           "norm_fwd_stream_threads",
            "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
@@ -385,6 +386,18 @@ def norm_fwd_stream_from(n: int):
     if type(n) is not int or n < 0:
         raise ValueError(f"norm_fwd_stream_from: n must be an int >= 0, got {n!r}")
     return _knob("set_norm_fwd_stream_from", n)
+
+
+def norm_fwd_stream_threads(n: int):
+    """Context manager: inside the ``with`` block the CUDA forward's streamed kernel (above) runs
+    CTAs of at most ``n`` threads (128, 256 or 512): its cluster is the smallest power of two
+    whose CTAs of at most ``n`` threads hold the row at 32 values per thread, so a smaller ``n``
+    means a larger cluster of smaller CTAs, more of them per SM. ``n = 0``, the default, is the
+    launcher's choice (benchmarks/NOTES.md P56). For tests and A/B benchmarks. Process-wide, not
+    thread-safe; restores the previous value on exit. A bad ``n`` raises ValueError at the call."""
+    if type(n) is not int or n not in (0, 128, 256, 512):
+        raise ValueError(f"norm_fwd_stream_threads: n must be 0, 128, 256 or 512, got {n!r}")
+    return _knob("set_norm_fwd_stream_threads", n)
 
 
 def norm_bwd_stream_threads(n: int):

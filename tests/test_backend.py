@@ -140,6 +140,8 @@ KNOBS = {
                                 [1, 64, 1024, 256.0, "256", True], "0, 128, 256 or 512"),
     "norm_fwd_stream_from": ("set_norm_fwd_stream_from", 16384, 1 << 30, 0, -2,
                              [-1, -2, 16384.0, "16384", True], "int >= 0"),
+    "norm_fwd_stream_threads": ("set_norm_fwd_stream_threads", 256, 512, 0, 64,
+                                [1, 64, 1024, 256.0, "256", True], "0, 128, 256 or 512"),
 }
 
 

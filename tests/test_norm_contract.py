@@ -210,9 +210,11 @@ def knob_stats(is_rms, n, knob, values):
         w = torch.randn(n, device=DEVICE, dtype=BF16)
         b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
         stats = []
-        off = knob != "norm_fwd_stream_from"
         for v in values:
-            with getattr(cuda_backend, knob)(v), cuda_backend.norm_fwd_stream_from(1 << 30 if off else 0):
+            with contextlib.ExitStack() as stack:
+                if knob != "norm_fwd_stream_from":
+                    stack.enter_context(cuda_backend.norm_fwd_stream_from(1 << 30))
+                stack.enter_context(getattr(cuda_backend, knob)(v))
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
             stats.append(rsigma if is_rms else torch.cat([mu, rsigma]))
         return stats
@@ -513,20 +515,24 @@ def test_bwd_stream_taken(is_rms, n):
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("threads", [0, 128, 256])
 @pytest.mark.parametrize("n", [1024, 8200, 16384, 32768, 32776, 65536, 98312, 131072, 262144])
-def test_fwd_stream(is_rms, n):
-    """The CUDA forward's streamed cluster kernel (norm_fwd_stream_from(1): every width) against
+def test_fwd_stream(is_rms, threads, n):
+    """The CUDA forward's streamed cluster kernel (norm_fwd_stream_from(1): every width) at CTAs
+    of up to 512 (the default), 128 and 256 threads (norm_fwd_stream_threads) against
     float64 with poisoned outputs (y, mean, rsigma): bf16 with a bias over 301 rows (clusters loop
     over many rows, the ring of stages wraps), fp16 x with a zero-centred fp32 gamma to fp32,
     rows strided, one row (M=1); with an fp32 residual stream the launcher keeps the other paths,
     which must be right too. 32776 and 98312 leave the last CTA's slice partly past the row
     (zero-filled copies, masked stores and centred sums); 1024 runs 2-CTA clusters of 32 threads;
-    262144 needs 16-CTA clusters (a non-portable size, the default limit on the H100 / H200)."""
+    262144 needs 16-CTA clusters (a non-portable size, the default limit on the H100 / H200);
+    where no cluster holds the row at the thread cap (131072 at 128 threads) the launcher takes the
+    other paths."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
-        with cuda_backend.norm_fwd_stream_from(1):
+        with cuda_backend.norm_fwd_stream_from(1), cuda_backend.norm_fwd_stream_threads(threads):
             check_fwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
             check_fwd(is_rms, 37, n, F16, F32, F32, zcg=True, bias=not is_rms, row_extra=8)
             check_fwd(is_rms, 1, n, BF16, F32, BF16, bias=not is_rms)

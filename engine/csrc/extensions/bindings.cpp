@@ -488,6 +488,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "default; engine/csrc/include/engine/common.h); returns the previous value, -1 for an "
         "invalid n",
         py::arg("n"));
+  m.def("set_norm_fwd_stream_threads", &engine_set_norm_fwd_stream_threads,
+        "Largest CTA of the norm forward's streamed kernel (128, 256, 512), 0 for the default "
+        "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
+        py::arg("n"));
   m.def("set_norm_bwd_stream_threads", &engine_set_norm_bwd_stream_threads,
         "Largest CTA of the norm backward's streamed kernel (128, 256, 512), 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",

@@ -121,6 +121,8 @@ struct LaunchCtx {
                              engine_set_norm_bwd_stream_threads) */
   int fwd_stream_from;  /* forward: width from which the streamed kernel runs (0: the default;
                            engine_set_norm_fwd_stream_from) */
+  int fwd_stream_threads; /* forward, streamed kernel: largest CTA (0: the default;
+                             engine_set_norm_fwd_stream_threads) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

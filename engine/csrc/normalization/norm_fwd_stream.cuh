@@ -51,6 +51,8 @@ namespace norm {
 constexpr int kFwdStreamDepth = 2;        /* rows copied ahead of the one reduced (D) */
 constexpr int kFwdStreamNV = 4;           /* 16-byte vectors of x per thread */
 constexpr int kFwdStreamMaxThreads = 512; /* CTA threads (launch bound: up to 128 registers) */
+/* The largest CTA the launcher picks (engine_set_norm_fwd_stream_threads: another) */
+constexpr int kFwdStreamThreadsDefault = 512;
 constexpr int kFwdStreamMaxCluster = 16;
 /* Rows between a row's phase A and its phase B: RMSNorm 1, LayerNorm 2 (its second pass). */
 __host__ __device__ constexpr int fwd_stream_lag(bool rms) { return rms ? 1 : 2; }
@@ -279,7 +281,7 @@ auto fwd_stream_kernel(bool rms, bool bias) -> void (*)(FwdArgs) {
 /* Launch the streamed kernel for a 16-bit x without a residual (z = x), modes kFull and kStats,
  * where fwd_take_stream says so: the smallest cluster (a power of two up to ctx.max_cluster, at
  * least 2: the kernel's sends and barriers are cluster instructions) whose CTAs of at most
- * kFwdStreamMaxThreads threads hold the row at kFwdStreamNV vectors per thread, with a ring of
+ * ctx.fwd_stream_threads threads (0: kFwdStreamThreadsDefault) hold the row at kFwdStreamNV vectors per thread, with a ring of
  * fwd_stream_stages stages that fits the opt-in shared memory. Returns false (nothing launched)
  * where it does not apply or fit; the caller's x / out allow 16-byte vector access. */
 template <typename X, typename R, typename O>
@@ -290,8 +292,8 @@ bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
     if (!fwd_take_stream(a.cols, ctx.fwd_stream_from)) return false;
     const int max_c = ctx.max_cluster < kFwdStreamMaxCluster ? ctx.max_cluster : kFwdStreamMaxCluster;
     const int tpr_raw = (int)ceil_div(a.cols / 8, NV);
-    const int c = tpr_raw <= 2 * kFwdStreamMaxThreads ? 2
-                                                      : row_cluster(tpr_raw, max_c, kFwdStreamMaxThreads);
+    const int tmax = ctx.fwd_stream_threads != 0 ? ctx.fwd_stream_threads : kFwdStreamThreadsDefault;
+    const int c = tpr_raw <= 2 * tmax ? 2 : row_cluster(tpr_raw, max_c, tmax);
     if (c == 0) return false;
     const int tpr = cluster_tpr(tpr_raw, c);
     const bool rms = a.is_rms != 0;

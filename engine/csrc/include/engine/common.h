@@ -118,6 +118,12 @@ int engine_set_norm_bwd_stream_threads(int n);
  * nothing) for n < 0. */
 int engine_set_norm_fwd_stream_from(int n);
 
+/* Largest CTA of the streamed forward (above): n = 128, 256 or 512 threads (the cluster is the
+ * smallest power of two whose CTAs of at most n threads hold the row at 32 values per thread), 0
+ * (the default) the launcher's choice (norm_fwd_stream.cuh: kFwdStreamThreadsDefault). For A/B
+ * runs. Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
+int engine_set_norm_fwd_stream_threads(int n);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
