@@ -31,11 +31,14 @@
  * Cluster path (the same kernel, sm_90): a row wider than one 256-thread CTA's registers is split
  * over a thread-block cluster of 2, 4, 8 (or, on request, 16) such CTAs (FwdArgs::cluster;
  * row_cluster() in norm_common.cuh), CTA k owning lanes k * tpr .. (k + 1) * tpr - 1 of the row; the row's
- * statistics are reduced in the CTA, then across the cluster through distributed shared memory
- * with one cluster barrier per row (cluster_sum / cluster_chan, reduce.cuh: rank order, so all
- * CTAs hold the same bits). 16-bit rows of up to 128K stay in
+ * statistics are reduced in the CTA, then across the cluster: each CTA's values sent to every CTA
+ * by st.async and counted by an mbarrier (cluster_sum / cluster_chan over ClusterXchg, reduce.cuh:
+ * rank order, so all CTAs hold the same bits). 16-bit rows of up to 128K stay in
  * registers this way (one read of x) instead of taking the blocked path (two), and rows of 16K-32K
  * run as 3 CTAs per SM instead of one 512-thread CTA. No in-kernel transposed copy on this path.
+ * Streamed path (norm_fwd_stream.cuh, its own kernel; by default for a 16-bit x without a residual
+ * from 32K columns on sm_90, modes kFull and kStats): the row over a cluster, the next rows copied
+ * ahead into shared memory; this kernel keeps kApply there, the residual rows and the knobs.
  * Blocked path (norm_fwd_blocked_kernel), any cols: one CTA per row at a time; pass 1 walks the
  * row in chunks of blockDim * NVB * VEC elements computing the statistics (RMSNorm: sum of squares;
  * LayerNorm: per-thread Chan merge of each chunk's exact two-pass (n, mean, M2), then a block-wide
