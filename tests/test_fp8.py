@@ -138,51 +138,14 @@ def test_norm_fp8_current_scaling(backend, is_rms, fp8_dtype):
     assert t.data.float().abs().max().item() == torch.finfo(fp8_dtype).max
 
 
-@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
-@pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("fp8_dtype", FP8)
-@pytest.mark.parametrize("n", [4096, 24584, 65536])
-def test_norm_fp8_blocked_kernel(is_rms, fp8_dtype, n):
-    """The CUDA forward's blocked kernel (engine.cuda_backend.norm_fwd_blocked_from(1)) to FP8:
-    delayed scaling (with the transposed copy, which the caller transposes on this path) and
-    current scaling, each the exact cast of the same path's fp32 output with its exact amax."""
-    from engine import cuda_backend
-
+def check_fp8_path(is_rms, fp8_dtype, n, knob):
+    """CUDA, 67 rows of n under a path knob (a context manager of engine.cuda_backend): delayed
+    scaling with the transposed copy and current scaling, each the exact cast of the same path's
+    fp32 output with its exact amax, and the delayed bytes within one step of the float64
+    oracle's (rarely)."""
     use_backend("cuda")
     try:
-        with cuda_backend.norm_fwd_blocked_from(1):
-            x, w, b = inputs(67, n, is_rms)
-            y32 = call(is_rms, x, w, b, out_dtype=F32)
-            q = delayed(fp8_dtype, scale=3.0, amax=0.25, columnwise=True)
-            t = call(is_rms, x, w, b, quantizer=q)
-            assert_cast_of(t.data, y32, 3.0, b, exact=True)
-            assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
-            assert q.amax.item() == max(0.25, y32.abs().max().item())
-            qc = Float8CurrentScalingQuantizer(fp8_dtype)
-            tc = call(is_rms, x, w, b, quantizer=qc)
-            amax = y32.abs().max()
-            assert qc.amax.item() == amax.item()
-            scale = torch.tensor(torch.finfo(fp8_dtype).max, device=DEVICE) / amax
-            assert_cast_of(tc.data, y32, scale.item(), b, exact=True)
-    finally:
-        engine.backend.reset_for_tests()
-
-
-@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
-@pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("fp8_dtype", FP8)
-@pytest.mark.parametrize("n", [4096, 32776, 65536, 131072])
-def test_norm_fp8_stream_kernel(is_rms, fp8_dtype, n):
-    """The CUDA forward's streamed cluster kernel (engine.cuda_backend.norm_fwd_stream_from(1):
-    every width) to FP8: delayed scaling (with the transposed copy, which the caller transposes on
-    this path) and current scaling (its statistics pass on the streamed kernel, its output pass
-    on the register path from the stored statistics), each the exact cast of the same path's fp32
-    output with its exact amax; 131072 also through the default (streamed from 32K)."""
-    from engine import cuda_backend
-
-    use_backend("cuda")
-    try:
-        with cuda_backend.norm_fwd_stream_from(1 if n < 131072 else 0):
+        with knob:
             x, w, b = inputs(67, n, is_rms)
             y32 = call(is_rms, x, w, b, out_dtype=F32)
             q = delayed(fp8_dtype, scale=3.0, amax=0.25, columnwise=True)
@@ -202,6 +165,34 @@ def test_norm_fp8_stream_kernel(is_rms, fp8_dtype, n):
             assert (steps > 0).float().mean().item() < 0.01
     finally:
         engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("n", [4096, 24584, 65536])
+def test_norm_fp8_blocked_kernel(is_rms, fp8_dtype, n):
+    """The CUDA forward's blocked kernel (engine.cuda_backend.norm_fwd_blocked_from(1)) to FP8:
+    delayed scaling (with the transposed copy, which the caller transposes on this path) and
+    current scaling, each the exact cast of the same path's fp32 output with its exact amax."""
+    from engine import cuda_backend
+
+    check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_blocked_from(1))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("n", [4096, 32776, 65536, 131072])
+def test_norm_fp8_stream_kernel(is_rms, fp8_dtype, n):
+    """The CUDA forward's streamed cluster kernel (engine.cuda_backend.norm_fwd_stream_from(1):
+    every width) to FP8: delayed scaling (with the transposed copy, which the caller transposes on
+    this path) and current scaling (its statistics pass on the streamed kernel, its output pass
+    on the register path from the stored statistics), each the exact cast of the same path's fp32
+    output with its exact amax; 131072 also through the default (streamed from 32K)."""
+    from engine import cuda_backend
+
+    check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1 if n < 131072 else 0))
 
 
 @pytest.mark.parametrize("is_rms", NORMS)

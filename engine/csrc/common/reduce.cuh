@@ -178,6 +178,64 @@ __device__ __forceinline__ void st_async_f2(const float* p, uint64_t* bar, int r
 #endif
 }
 
+/* The per-row exchange of the streamed cluster kernels (norm_fwd_stream.cuh, norm_bwd_stream.cuh),
+ * over arrays the kernel declares in shared memory: recv[slot][source rank][source warp][pair]
+ * and one mbarrier per slot. pair_xchg_init: once, by every thread (a cluster barrier). Per row:
+ * pair_xchg_send by every thread (each warp's pair, the same in all its lanes, sent by lane r to
+ * cluster rank r; thread 0 raises its own CTA's expected bytes), later pair_xchg_gather by every
+ * thread: the wait on this CTA's mbarrier, then lane w adds warp w's pairs over the ranks in rank
+ * order and the warp adds the lanes (warp_sum_pair): the same values in the same order in every
+ * warp of every CTA of the cluster, so the same bits. When a slot may be reused is the kernels'
+ * argument (their kSlots). */
+constexpr int kPairXchgMaxCluster = 16;
+constexpr int kPairXchgMaxWarps = 16;
+template <int kSlots>
+using PairRecv = float[kSlots][kPairXchgMaxCluster][kPairXchgMaxWarps][2];
+
+/* s summed over the warp by an xor butterfly (s[1] only where kTwo): every lane gets the same
+ * bits. */
+template <bool kTwo>
+__device__ __forceinline__ void warp_sum_pair(float (&s)[2]) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    s[0] += __shfl_xor_sync(kFullMask, s[0], off);
+    if constexpr (kTwo) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
+  }
+}
+
+template <int kSlots>
+__device__ __forceinline__ void pair_xchg_init(uint64_t (&bar)[kSlots]) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int q = 0; q < kSlots; ++q) mbar_init(&bar[q], 1);
+    mbar_init_fence();
+  }
+  cluster_sync(); /* every CTA's mbarriers are initialised before any send */
+}
+
+template <int kSlots>
+__device__ __forceinline__ void pair_xchg_send(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots], int q,
+                                               int rank, int C, float s0, float s1) {
+  const int t = (int)threadIdx.x;
+  if (t == 0) mbar_arrive_expect_tx(&bar[q], (unsigned)(((int)blockDim.x >> 5) * C * 8));
+  if ((t & 31) < C) st_async_f2(&recv[q][rank][t >> 5][0], &bar[q], t & 31, s0, s1);
+}
+
+template <bool kTwo, int kSlots>
+__device__ __forceinline__ void pair_xchg_gather(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots], int q,
+                                                 unsigned parity, int C, float (&s)[2]) {
+  mbar_wait(&bar[q], parity);
+  const int lane = (int)threadIdx.x & 31;
+  s[0] = s[1] = 0.0f;
+  if (lane < ((int)blockDim.x >> 5)) {
+    for (int r = 0; r < C; ++r) {
+      s[0] += recv[q][r][lane][0];
+      if constexpr (kTwo) s[1] += recv[q][r][lane][1];
+    }
+  }
+  warp_sum_pair<kTwo>(s);
+}
+
 /* The same for four floats (`p` 16-byte aligned, 16 transaction bytes). */
 __device__ __forceinline__ void st_async_f4(const float4* p, uint64_t* bar, int rank, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

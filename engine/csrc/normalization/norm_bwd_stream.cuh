@@ -66,7 +66,9 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
   constexpr int kSlots = 2 * L;
   /* [slot][source rank][source warp][c2, c1]: every warp's row sums, sent by every CTA of the
    * cluster to every CTA (st.async), counted by mbar[slot] */
-  __shared__ __align__(8) float recv[kSlots][kStreamMaxCluster][kStreamMaxThreads / 32][2];
+  static_assert(kStreamMaxCluster <= kPairXchgMaxCluster && kStreamMaxThreads / 32 <= kPairXchgMaxWarps,
+                "the exchange's arrays hold every rank and warp");
+  __shared__ __align__(8) PairRecv<kSlots> recv;
   __shared__ uint64_t mbar[kSlots];
   extern __shared__ __align__(16) uint8_t ring[];
 
@@ -140,21 +142,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
   };
 
-  /* (c2, c1) summed over the warp by an xor butterfly: every lane gets the same bits (c1: LayerNorm) */
-  auto warp_sum = [](float (&s)[2]) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      s[0] += __shfl_xor_sync(kFullMask, s[0], off);
-      if constexpr (!kRms) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
-    }
-  };
-  const int warp = t >> 5, lane = t & 31, nwarps = T >> 5;
-  if (t == 0) {
-#pragma unroll
-    for (int q = 0; q < kSlots; ++q) mbar_init(&mbar[q], 1);
-    mbar_init_fence();
-  }
-  cluster_sync(); /* every CTA's mbarriers are initialised before any send */
+  pair_xchg_init(mbar);
 #pragma unroll
   for (int d = 0; d < D; ++d) issue(d);
   /* rs / mu of rows k, k-1, .., k-L (index j: row k-j), shifted once per iteration */
@@ -202,10 +190,10 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
           if constexpr (!kRms) s[1] += dyg;
         }
       }
-      warp_sum(s);
-      /* lane r sends the warp's sums to rank r (kSlots' comment: why the slot is free) */
-      if (t == 0) mbar_arrive_expect_tx(&mbar[q], (unsigned)(nwarps * C * 8));
-      if (lane < C) st_async_f2(&recv[q][rank][warp][0], &mbar[q], lane, s[0], s[1]);
+      /* (c2, c1; c1: LayerNorm) over the warp, sent by lane r to rank r (kSlots' comment: why
+       * the slot is free) */
+      warp_sum_pair<!kRms>(s);
+      pair_xchg_send(recv, mbar, q, rank, C, s[0], s[1]);
     }
     if (kb >= 0) { /* phase B of row kb */
       const int64_t row = cid + kb * stride;
@@ -233,19 +221,9 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
     const int64_t kw = kb + 1; /* the row whose sums this iteration waits for */
     if (kw >= 0 && kw < count) {
-      const int q = (int)(kw % kSlots);
-      mbar_wait(&mbar[q], (unsigned)((kw / kSlots) & 1));
-      /* lane w adds warp w's sums over the ranks in rank order, then the warp adds the lanes
-       * (xor butterfly): the same values in the same order in every warp of every CTA of the
-       * cluster, so the same bits */
-      float s[2] = {0.0f, 0.0f};
-      if (lane < nwarps) {
-        for (int r = 0; r < C; ++r) {
-          s[0] += recv[q][r][lane][0];
-          if constexpr (!kRms) s[1] += recv[q][r][lane][1];
-        }
-      }
-      warp_sum(s);
+      /* every warp's sums of every CTA, added in a fixed order (the same bits in every CTA) */
+      float s[2];
+      pair_xchg_gather<!kRms>(recv, mbar, (int)(kw % kSlots), (unsigned)((kw / kSlots) & 1), C, s);
       const float c2 = s[0] * a.inv_n;
       const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
       /* dz = rs * (dyg - xhat * c2 - c1) as in the register path (NOTES P40); row kw's rs / mu

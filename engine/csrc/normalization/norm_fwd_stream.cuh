@@ -79,7 +79,10 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   constexpr int kSlots = 2;
   /* [slot][source rank][source warp][the pair]: every warp's sums, sent by every CTA of the
    * cluster to every CTA (st.async), counted by mbar[slot] */
-  __shared__ __align__(8) float recv[kSlots][kFwdStreamMaxCluster][kFwdStreamMaxThreads / 32][2];
+  static_assert(kFwdStreamMaxCluster <= kPairXchgMaxCluster &&
+                    kFwdStreamMaxThreads / 32 <= kPairXchgMaxWarps,
+                "the exchange's arrays hold every rank and warp");
+  __shared__ __align__(8) PairRecv<kSlots> recv;
   __shared__ uint64_t mbar[kSlots];
   __shared__ int amax_buf[32];
   extern __shared__ __align__(16) uint8_t ring[];
@@ -142,22 +145,8 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
     const uint8_t* p = ring + (k % kStages) * (uint32_t)stage_bytes + (i * T + t) * 16;
     load_vec<X, VEC>(reinterpret_cast<const X*>(p), f);
   };
-  /* the pair summed over the warp by an xor butterfly: every lane gets the same bits */
-  auto warp_sum = [](float (&s)[2]) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
-      s[0] += __shfl_xor_sync(kFullMask, s[0], off);
-      if constexpr (!kRms) s[1] += __shfl_xor_sync(kFullMask, s[1], off);
-    }
-  };
 
-  const int warp = t >> 5, lane = t & 31, nwarps = T >> 5;
-  if (t == 0) {
-#pragma unroll
-    for (int q = 0; q < kSlots; ++q) mbar_init(&mbar[q], 1);
-    mbar_init_fence();
-  }
-  cluster_sync(); /* every CTA's mbarriers are initialised before any send */
+  pair_xchg_init(mbar);
 #pragma unroll
   for (int d = 0; d < D; ++d) issue((uint32_t)d);
   /* LayerNorm: mean of rows k-1 and k-2; both norms: rsigma of phase B's row (k - LB), each set
@@ -195,11 +184,9 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
           }
         }
       }
-      warp_sum(s);
-      const int q = (int)(k & 1u);
-      /* lane r sends the warp's sums to rank r (kSlots' comment: why the slot is free) */
-      if (t == 0) mbar_arrive_expect_tx(&mbar[q], (unsigned)(nwarps * C * 8));
-      if (lane < C) st_async_f2(&recv[q][rank][warp][0], &mbar[q], lane, s[0], s[1]);
+      /* over the warp, sent by lane r to rank r (kSlots' comment: why the slot is free) */
+      warp_sum_pair<!kRms>(s);
+      pair_xchg_send(recv, mbar, (int)(k & 1u), rank, C, s[0], s[1]);
     }
     if (k >= (uint32_t)LB) { /* phase B of row kb */
       const uint32_t kb = k - (uint32_t)LB;
@@ -233,16 +220,8 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       }
     }
     if (k < n_xchg) { /* wait for exchange k; add its sums in the fixed order */
-      const int q = (int)(k & 1u);
-      mbar_wait(&mbar[q], (k >> 1) & 1u);
-      float s[2] = {0.0f, 0.0f};
-      if (lane < nwarps) {
-        for (int r = 0; r < C; ++r) {
-          s[0] += recv[q][r][lane][0];
-          if constexpr (!kRms) s[1] += recv[q][r][lane][1];
-        }
-      }
-      warp_sum(s);
+      float s[2];
+      pair_xchg_gather<!kRms>(recv, mbar, (int)(k & 1u), (k >> 1) & 1u, C, s);
       const bool writer = rank == 0 && t == 0;
       if constexpr (kRms) { /* rsigma of row k, phase B's in the next iteration */
         rs_b = 1.0f / sqrtf(s[0] * a.inv_n + a.eps);
