@@ -283,14 +283,11 @@ bool launch_bwd_stream(BwdArgs& a, const LaunchCtx& ctx, int64_t max_ctas, int* 
                        engine_status* st) {
   if constexpr (sizeof(Z) == 2 && sizeof(DY) == 2) {
     constexpr int NV = kStreamNV;
-    if (ctx.max_cluster < 2) return false;
-    const int max_c = ctx.max_cluster < kStreamMaxCluster ? ctx.max_cluster : kStreamMaxCluster;
-    const int tpr_raw = (int)ceil_div(a.cols / 8, NV);
     const int tmax = ctx.bwd_stream_threads != 0 ? ctx.bwd_stream_threads : kStreamMaxThreads;
-    /* at least 2 CTAs: the kernel's sends and barriers are cluster instructions */
-    const int c = tpr_raw <= 2 * tmax ? 2 : row_cluster(tpr_raw, max_c, tmax);
+    int tpr = 0;
+    const int c = stream_cluster((int)ceil_div(a.cols / 8, NV), ctx.max_cluster, kStreamMaxCluster,
+                                 tmax, &tpr);
     if (c == 0) return false;
-    const int tpr = cluster_tpr(tpr_raw, c);
     const size_t stage = (size_t)2 * NV * tpr * 16;
     const size_t room = (size_t)ctx.max_smem_optin - 12288; /* the kernel's static shared memory */
     const size_t smem = (size_t)stream_stages(kStreamLag) * stage;

@@ -166,6 +166,18 @@ inline int row_groups_per_cta(int tpr) { return pow2_floor(tpr >= 256 ? 1 : 256 
 /* Threads per CTA of a row split over `cluster` CTAs (a multiple of 32). */
 inline int cluster_tpr(int tpr_raw, int cluster) { return (int)round_up(ceil_div(tpr_raw, cluster), 32); }
 
+/* The streamed kernels' layout (norm_fwd_stream.cuh, norm_bwd_stream.cuh): the smallest cluster,
+ * at least 2 (their sends and barriers are cluster instructions) and a power of two up to
+ * min(max_cluster, cap), whose CTAs of at most tmax threads hold a row of tpr_raw threads; returns
+ * it and sets *tpr (threads per CTA), or returns 0 where none fits or clusters are off. */
+inline int stream_cluster(int tpr_raw, int max_cluster, int cap, int tmax, int* tpr) {
+  if (max_cluster < 2) return 0;
+  const int max_c = max_cluster < cap ? max_cluster : cap;
+  const int c = tpr_raw <= 2 * tmax ? 2 : row_cluster(tpr_raw, max_c, tmax);
+  if (c != 0) *tpr = cluster_tpr(tpr_raw, c);
+  return c;
+}
+
 /* Register paths, gamma (and beta) as fp32 in shared memory: floats per operand (the slots of one
  * row group, or of this CTA's part of a cluster's row), slot i of lane lr at
  * (i * tpr + lr) * vec. */

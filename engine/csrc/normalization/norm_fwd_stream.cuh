@@ -267,14 +267,13 @@ template <typename X, typename R, typename O>
 bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
   if constexpr (sizeof(X) == 2 && std::is_same<X, R>::value) {
     constexpr int NV = kFwdStreamNV;
-    if (ctx.max_cluster < 2 || a.residual != nullptr || a.mode == kApply) return false;
+    if (a.residual != nullptr || a.mode == kApply) return false;
     if (!fwd_take_stream(a.cols, ctx.fwd_stream_from)) return false;
-    const int max_c = ctx.max_cluster < kFwdStreamMaxCluster ? ctx.max_cluster : kFwdStreamMaxCluster;
-    const int tpr_raw = (int)ceil_div(a.cols / 8, NV);
     const int tmax = ctx.fwd_stream_threads != 0 ? ctx.fwd_stream_threads : kFwdStreamThreadsDefault;
-    const int c = tpr_raw <= 2 * tmax ? 2 : row_cluster(tpr_raw, max_c, tmax);
+    int tpr = 0;
+    const int c = stream_cluster((int)ceil_div(a.cols / 8, NV), ctx.max_cluster, kFwdStreamMaxCluster,
+                                 tmax, &tpr);
     if (c == 0) return false;
-    const int tpr = cluster_tpr(tpr_raw, c);
     const bool rms = a.is_rms != 0;
     const size_t smem = (size_t)fwd_stream_stages(rms) * NV * tpr * 16;
     const size_t room = (size_t)ctx.max_smem_optin - 8192; /* the kernel's static shared memory */
