@@ -180,12 +180,16 @@ __device__ __forceinline__ void st_async_f2(const float* p, uint64_t* bar, int r
 
 /* The per-row exchange of the streamed cluster kernels (norm_fwd_stream.cuh, norm_bwd_stream.cuh),
  * over arrays the kernel declares in shared memory: recv[slot][source rank][source warp][pair]
- * and one mbarrier per slot. pair_xchg_init: once, by every thread (a cluster barrier). Per row:
- * pair_xchg_send by every thread (each warp's pair, the same in all its lanes, sent by lane r to
- * cluster rank r; thread 0 raises its own CTA's expected bytes), later pair_xchg_gather by every
- * thread: the wait on this CTA's mbarrier, then lane w adds warp w's pairs over the ranks in rank
- * order and the warp adds the lanes (warp_sum_pair): the same values in the same order in every
- * warp of every CTA of the cluster, so the same bits. When a slot may be reused is the kernels'
+ * and one mbarrier per slot. pair_xchg_init: once, by every thread (zeroes recv, then a cluster
+ * barrier). Per row: pair_xchg_send by every thread (each warp's pair, the same in all its lanes,
+ * sent by lane r to cluster rank r; thread 0 raises its own CTA's expected bytes), later
+ * pair_xchg_gather by every thread: the wait on this CTA's mbarrier, then lane l adds the entries
+ * l, l + 32, ... of the slot's [rank][warp] array read as one flat array of C * 16 pairs (the
+ * entries of warps a CTA does not have stay the zeros of init: no division by the warp count), and
+ * the warp adds the lanes (warp_sum_pair): the same values in the same order in every warp of
+ * every CTA of the cluster, so the same bits. (The earlier form, lane w adding warp w's C pairs
+ * over the ranks, ran a rank loop of C loads per lane in half the lanes: ~60 instructions per row
+ * at C = 8, NOTES P58.) When a slot may be reused is the kernels'
  * argument (their kSlots). */
 constexpr int kPairXchgMaxCluster = 16;
 constexpr int kPairXchgMaxWarps = 16;
@@ -204,7 +208,14 @@ __device__ __forceinline__ void warp_sum_pair(float (&s)[2]) {
 }
 
 template <int kSlots>
-__device__ __forceinline__ void pair_xchg_init(uint64_t (&bar)[kSlots]) {
+__device__ __forceinline__ void pair_xchg_init(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots]) {
+  float* flat = &recv[0][0][0][0];
+  for (int e = (int)threadIdx.x; e < (int)(sizeof(PairRecv<kSlots>) / sizeof(float)); e += (int)blockDim.x)
+    flat[e] = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  /* the zeroes before any st.async into recv, whichever proxy the PTX ISA counts st.async in */
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int q = 0; q < kSlots; ++q) mbar_init(&bar[q], 1);
@@ -225,13 +236,13 @@ template <bool kTwo, int kSlots>
 __device__ __forceinline__ void pair_xchg_gather(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots], int q,
                                                  unsigned parity, int C, float (&s)[2]) {
   mbar_wait(&bar[q], parity);
-  const int lane = (int)threadIdx.x & 31;
+  const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0][0]);
   s[0] = s[1] = 0.0f;
-  if (lane < ((int)blockDim.x >> 5)) {
-    for (int r = 0; r < C; ++r) {
-      s[0] += recv[q][r][lane][0];
-      if constexpr (kTwo) s[1] += recv[q][r][lane][1];
-    }
+#pragma unroll 4
+  for (int e = (int)threadIdx.x & 31; e < C * kPairXchgMaxWarps; e += 32) {
+    const float2 v = flat[e];
+    s[0] += v.x;
+    if constexpr (kTwo) s[1] += v.y;
   }
   warp_sum_pair<kTwo>(s);
 }

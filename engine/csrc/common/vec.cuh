@@ -220,6 +220,55 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+/* Store B bytes of words to global `p` (min(16, B)-byte aligned) where `pred` holds: one
+ * predicated instruction per 16 bytes. A store under a C++ `if` let the compiler sink the
+ * address arithmetic into each branch, once per vector (NOTES P58). */
+template <int B>
+__device__ __forceinline__ void store_words_if(void* p, const uint32_t (&w)[B / 4], bool pred) {
+  static_assert(B == 8 || B % 16 == 0, "predicated stores of 8 bytes or whole 16-byte vectors");
+#if defined(__CUDA_ARCH__)
+  if constexpr (B == 8) {
+    asm volatile("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %3, 0;\n\t@p st.global.v2.b32 [%0], {%1, %2};\n\t}"
+                 ::"l"(p), "r"(w[0]), "r"(w[1]), "r"((int)pred));
+  } else {
+#pragma unroll
+    for (int k = 0; k < B / 16; ++k) {
+      asm volatile(
+          "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t@p st.global.v4.b32 [%0], {%1, %2, %3, %4};\n\t}"
+          ::"l"(static_cast<uint8_t*>(p) + 16 * k), "r"(w[4 * k]), "r"(w[4 * k + 1]), "r"(w[4 * k + 2]),
+          "r"(w[4 * k + 3]), "r"((int)pred));
+    }
+  }
+#else
+  (void)p, (void)w, (void)pred;
+#endif
+}
+
+/* Eight 16-bit values (16 bytes) at shared-memory address `addr` (a __cvta_generic_to_shared
+ * value, 16-byte aligned), as floats. The address is a 32-bit shared-window offset that the
+ * caller keeps in a register, so a loop over a thread's slots costs one add per vector (a generic
+ * pointer into dynamic shared memory was re-derived per access from the CTA's cluster id: 8-10
+ * instructions per vector in the streamed kernels, NOTES P58). Volatile: it stays behind the
+ * cp.async waits (volatile asm with a memory clobber) that make its bytes visible. */
+template <typename T>
+__device__ __forceinline__ void lds_vec8(uint32_t addr, float (&f)[8]) {
+  static_assert(sizeof(T) == 2, "lds_vec8 reads 16-bit values");
+#if defined(__CUDA_ARCH__)
+  uint32_t w[4];
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3])
+               : "r"(addr));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = word_to_float2<T>(w[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+#else
+  (void)addr, (void)f;
+#endif
+}
+
 }  // namespace engine
 
 #endif  // ENGINE_CSRC_COMMON_VEC_CUH_

@@ -83,6 +83,13 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
   const int64_t count = cid < a.rows ? (a.rows - 1 - cid) / stride + 1 : 0;
   const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
   const int stage_bytes = 2 * NV * T * 16;
+  const uint32_t step = (uint32_t)T * 16; /* between a thread's slots */
+  bool in_row[NV];                        /* which of this thread's vectors lie inside the row */
+#pragma unroll
+  for (int i = 0; i < NV; ++i) in_row[i] = v0 + i * T < nvec;
+  /* dx in z's dtype without a separate dresidual output: phase B's common case, whose stores
+   * are typed at compile time (the other cases dispatch on the run-time dtypes per vector) */
+  const bool dx_plain = a.dres == nullptr && a.dx_dtype == TypeInfo<Z>::dtype;
 
   float g[NV][VEC];
   float dw[NV][VEC];
@@ -125,14 +132,14 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
     cp_async_commit();
   };
-  /* slot i of operand op (0: z, 1: dy) of row k's stage, as floats */
-  auto slot = [&](int64_t k, int op, int i, float (&f)[VEC]) {
-    const uint8_t* p = ring + (k % kStages) * stage_bytes + ((op * NV + i) * T + t) * 16;
-    if (op == 0) {
-      load_vec<Z, VEC>(reinterpret_cast<const Z*>(p), f);
-    } else {
-      load_vec<DY, VEC>(reinterpret_cast<const DY*>(p), f);
-    }
+  /* this thread's slot 0 (z) of row k's stage; slot i of operand op (0: z, 1: dy) is at
+   * + (op * NV + i) * step */
+  auto stage = [&](int64_t k) {
+    return ring_s + (uint32_t)((k % kStages) * stage_bytes) + (uint32_t)t * 16;
+  };
+  auto slots = [&](uint32_t base, int i, float (&zv)[VEC], float (&dv)[VEC]) {
+    lds_vec8<Z>(base + (uint32_t)i * step, zv);
+    lds_vec8<DY>(base + (uint32_t)(NV + i) * step, dv);
   };
   auto stats = [&](int64_t k, float& rs, float& mu) {
     if (k < count) {
@@ -142,7 +149,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
   };
 
-  pair_xchg_init(mbar);
+  pair_xchg_init(recv, mbar);
 #pragma unroll
   for (int d = 0; d < D; ++d) issue(d);
   /* rs / mu of rows k, k-1, .., k-L (index j: row k-j), shifted once per iteration */
@@ -175,11 +182,11 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     if (k < count) { /* phase A of row k */
       const int q = (int)(k % kSlots);
       float s[2] = {0.0f, 0.0f};
+      const uint32_t sa = stage(k);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         float zv[VEC], dv[VEC];
-        slot(k, 0, i, zv);
-        slot(k, 1, i, dv);
+        slots(sa, i, zv, dv);
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float xhat = (kRms ? zv[j] : zv[j] - muh[0]) * rsh[0];
@@ -197,25 +204,41 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
     if (kb >= 0) { /* phase B of row kb */
       const int64_t row = cid + kb * stride;
+      const uint32_t sb = stage(kb);
+      /* dz of slot i (past the row: computed from the copy's zeros and never stored) */
+      auto dz_of = [&](int i, float (&dz)[VEC]) {
+        float zv[VEC], dv[VEC];
+        slots(sb, i, zv, dv);
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int v = v0 + i * T;
-        if (v < nvec) {
-          float zv[VEC], dv[VEC], dz[VEC];
-          slot(kb, 0, i, zv);
-          slot(kb, 1, i, dv);
+        for (int j = 0; j < VEC; ++j) {
+          const float dyg = dv[j] * g[i][j];
+          dz[j] = fmaf(dyg, rsh[L], kRms ? zv[j] * k2_p : fmaf(zv[j] - muh[L], k2_p, k1_p));
+        }
+        if (has_dr) {
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float dyg = dv[j] * g[i][j];
-            dz[j] = fmaf(dyg, rsh[L], kRms ? zv[j] * k2_p : fmaf(zv[j] - muh[L], k2_p, k1_p));
+          for (int j = 0; j < VEC; ++j) dz[j] += dr[i][j];
+        }
+      };
+      if (dx_plain) { /* the row's address once, one predicated store per vector (NOTES P58) */
+        Z* dxr = static_cast<Z*>(a.dx) + row * a.dx_stride + (int64_t)v0 * VEC;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          float dz[VEC];
+          dz_of(i, dz);
+          uint32_t w[VEC / 2];
+          pack_to<Z, VEC>(dz, w);
+          store_words_if<VEC * 2>(dxr + (int64_t)i * T * VEC, w, in_row[i]);
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          if (in_row[i]) {
+            float dz[VEC];
+            dz_of(i, dz);
+            const int64_t col = (int64_t)(v0 + i * T) * VEC;
+            store_vec_dt<VEC>(a.dx, row * a.dx_stride + col, a.dx_dtype, dz);
+            if (a.dres != nullptr) store_vec_dt<VEC>(a.dres, row * a.dres_stride + col, a.dres_dtype, dz);
           }
-          const int64_t col = (int64_t)v * VEC;
-          if (has_dr) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) dz[j] += dr[i][j];
-          }
-          store_vec_dt<VEC>(a.dx, row * a.dx_stride + col, a.dx_dtype, dz);
-          if (a.dres != nullptr) store_vec_dt<VEC>(a.dres, row * a.dres_stride + col, a.dres_dtype, dz);
         }
       }
     }

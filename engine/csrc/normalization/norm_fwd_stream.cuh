@@ -97,9 +97,17 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   const int64_t stride = a.grid_clusters;
   /* rows of this cluster: cid, cid + stride, ... (fewer than 2^31) */
   const uint32_t count = cid < a.rows ? (uint32_t)((a.rows - 1 - cid) / stride + 1) : 0u;
-  const uint32_t ring_s = smem_u32(ring) + (uint32_t)(t * 16);
+  const uint32_t ring_s = smem_u32(ring) + (uint32_t)(t * 16); /* this thread's slot 0 */
+  const uint32_t step = (uint32_t)T * 16;                       /* between its slots */
   const int stage_bytes = NV * T * 16;
   const bool store_y = a.mode != kStats;
+  /* Which of this thread's vectors lie inside the row. Those past it were zero-filled by the
+   * copy: phase A adds their zeros, phase B computes them with gamma = beta = 0 and a zero mean
+   * (y = 0, which leaves amax alone) and skips only their stores, one predicated instruction
+   * each instead of a branch around the whole vector. */
+  bool in_row[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) in_row[i] = v0 + i * T < nvec;
 
   float g[NV][VEC];
   float be[kBias ? NV : 1][VEC];
@@ -107,7 +115,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int v = v0 + i * T;
-    if (v < nvec) {
+    if (in_row[i]) {
       load_vec_dt<VEC>(a.weight, (int64_t)v * VEC, a.w_dtype, g[i]);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) g[i][j] += g_add;
@@ -121,37 +129,70 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
     }
   }
   const float scale = fwd_fp8_scale<kFp8>(a);
-  const bool e5m2 = a.e5m2 != 0;
   float amax = 0.0f;
+  /* LayerNorm: mean of rows k-1 and k-2; both norms: rsigma of phase B's row (k - LB), each set
+   * by an earlier iteration's wait */
+  float mean1 = 0.0f, mean2 = 0.0f, rs_b = 0.0f;
 
+  /* this thread's slot 0 of row k's stage */
+  auto stage = [&](uint32_t k) { return ring_s + (k % kStages) * (uint32_t)stage_bytes; };
   /* The copies of row k into stage k % kStages, whose last row (k - kStages) had its phase B in
    * an earlier iteration (an empty group past the last row, so that every thread commits one
    * group per iteration and wait<D> means "row k has landed"). */
   auto issue = [&](uint32_t k) {
     if (k < count) {
-      const X* xr = static_cast<const X*>(a.x) + (cid + (int64_t)k * stride) * a.x_stride;
-      const uint32_t base = ring_s + (k % kStages) * (uint32_t)stage_bytes;
+      const X* xr = static_cast<const X*>(a.x) + (cid + (int64_t)k * stride) * a.x_stride +
+                    (int64_t)v0 * VEC;
+      const uint32_t base = stage(k);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        const int v = v0 + i * T;
-        const bool ok = v < nvec;
-        cp_async16(base + (uint32_t)(i * T * 16), ok ? xr + (int64_t)v * VEC : xr, ok);
+        cp_async16(base + (uint32_t)i * step, in_row[i] ? xr + (int64_t)i * T * VEC : xr, in_row[i]);
       }
     }
     cp_async_commit();
   };
-  /* slot i of row k's stage, as floats */
-  auto slot = [&](uint32_t k, int i, float (&f)[VEC]) {
-    const uint8_t* p = ring + (k % kStages) * (uint32_t)stage_bytes + (i * T + t) * 16;
-    load_vec<X, VEC>(reinterpret_cast<const X*>(p), f);
+  /* Phase B of row kb: y, its stores (kOut 1: e4m3, 2: e5m2, 3: O itself; 0: none, kStats)
+   * and amax. The store kind is a template argument so that the per-vector code has no branch
+   * on the mode or the FP8 format (one uniform branch per row picks the instance). */
+  auto phase_b = [&](uint32_t kb, auto out_kind) {
+    constexpr int kOut = decltype(out_kind)::value;
+    const uint32_t sb = stage(kb);
+    const float mb = kRms ? 0.0f : mean2;
+    uint8_t* orow = static_cast<uint8_t*>(a.out) +
+                    ((cid + (int64_t)kb * stride) * a.out_stride + (int64_t)v0 * VEC) * (int64_t)sizeof(O);
+    const int ostep = T * VEC * (int)sizeof(O);
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      float z[VEC], y[VEC];
+      lds_vec8<X>(sb + (uint32_t)i * step, z);
+      /* a zero mean past the row: y = 0 there for any mean and rsigma */
+      const float m = kRms ? 0.0f : (in_row[i] ? mb : 0.0f);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        y[j] = norm_y(z[j], m, rs_b, g[i][j], kBias ? be[kBias ? i : 0][j] : 0.0f, kBias);
+      }
+      uint8_t* op = orow + (int64_t)i * ostep;
+      if constexpr (kOut == 3) {
+        uint32_t w[VEC * sizeof(O) / 4];
+        pack_to<O, VEC>(y, w);
+        store_words_if<VEC * (int)sizeof(O)>(op, w, in_row[i]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) amax = amax_update(amax, y[j]);
+        if constexpr (kOut != 0) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) y[j] *= scale;
+          uint32_t w[VEC / 4];
+          pack_fp8_fmt<VEC, kOut == 2 ? __NV_E5M2 : __NV_E4M3>(y, w);
+          store_words_if<VEC>(op, w, in_row[i]);
+        }
+      }
+    }
   };
 
-  pair_xchg_init(mbar);
+  pair_xchg_init(recv, mbar);
 #pragma unroll
   for (int d = 0; d < D; ++d) issue((uint32_t)d);
-  /* LayerNorm: mean of rows k-1 and k-2; both norms: rsigma of phase B's row (k - LB), each set
-   * by an earlier iteration's wait */
-  float mean1 = 0.0f, mean2 = 0.0f, rs_b = 0.0f;
   const uint32_t n_xchg = count + (kRms ? 0u : 1u); /* iterations that exchange */
   for (uint32_t k = 0; k < count + (uint32_t)LB; ++k) {
     issue(k + D);
@@ -160,21 +201,23 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
     if (k < n_xchg) { /* phase A: row k's sum (RMSNorm: of z^2), LayerNorm: row k-1's centred */
       float s[2] = {0.0f, 0.0f};
       if (k < count) {
+        const uint32_t sa = stage(k);
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           float z[VEC];
-          slot(k, i, z);
+          lds_vec8<X>(sa + (uint32_t)i * step, z);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) s[0] = kRms ? fmaf(z[j], z[j], s[0]) : s[0] + z[j];
         }
       }
       if constexpr (!kRms) {
         if (k >= 1) {
+          const uint32_t sc = stage(k - 1);
 #pragma unroll
           for (int i = 0; i < NV; ++i) {
-            if (v0 + i * T < nvec) {
+            if (in_row[i]) {
               float z[VEC];
-              slot(k - 1, i, z);
+              lds_vec8<X>(sc + (uint32_t)i * step, z);
 #pragma unroll
               for (int j = 0; j < VEC; ++j) {
                 const float dz = z[j] - mean1;
@@ -188,35 +231,16 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       warp_sum_pair<!kRms>(s);
       pair_xchg_send(recv, mbar, (int)(k & 1u), rank, C, s[0], s[1]);
     }
-    if (k >= (uint32_t)LB) { /* phase B of row kb */
+    if (k >= (uint32_t)LB) { /* phase B of row k - LB */
       const uint32_t kb = k - (uint32_t)LB;
-      const float mb = kRms ? 0.0f : mean2;
-      const int64_t row = cid + (int64_t)kb * stride;
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int v = v0 + i * T;
-        if (v < nvec) {
-          float z[VEC], y[VEC];
-          slot(kb, i, z);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            y[j] = norm_y(z[j], mb, rs_b, g[i][j], kBias ? be[kBias ? i : 0][j] : 0.0f, kBias);
-          }
-          const int64_t col = (int64_t)v * VEC;
-          if constexpr (kFp8) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) amax = amax_update(amax, y[j]);
-            if (store_y) {
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) y[j] *= scale;
-              uint32_t w[VEC / 4];
-              pack_fp8<VEC>(y, e5m2, w);
-              store_words<VEC>(static_cast<uint8_t*>(a.out) + row * a.out_stride + col, w);
-            }
-          } else {
-            if (store_y) store_vec<O, VEC>(static_cast<O*>(a.out) + row * a.out_stride + col, y);
-          }
-        }
+      if constexpr (!kFp8) {
+        phase_b(kb, std::integral_constant<int, 3>{});
+      } else if (!store_y) {
+        phase_b(kb, std::integral_constant<int, 0>{});
+      } else if (a.e5m2 != 0) {
+        phase_b(kb, std::integral_constant<int, 2>{});
+      } else {
+        phase_b(kb, std::integral_constant<int, 1>{});
       }
     }
     if (k < n_xchg) { /* wait for exchange k; add its sums in the fixed order */
