@@ -380,8 +380,8 @@ def norm_fwd_stream_from(n: int):
     copies its slice of the next two rows into shared memory (cp.async) while it reduces one row
     and writes an earlier one (engine/csrc/normalization/norm_fwd_stream.cuh). A width past every
     row (e.g. ``1 << 30``) never takes it: the paths before session 18; ``n = 0``, the default, is
-    the launcher's choice (``fwd_take_stream``, benchmarks/NOTES.md P56). For tests and A/B
-    benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous
+    the launcher's choice (``fwd_take_stream``: RMSNorm from 32768 columns, LayerNorm from
+    16384; benchmarks/NOTES.md P56, P59). For tests and A/B benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` (not an int, or negative) raises ValueError at the call."""
     if type(n) is not int or n < 0:
         raise ValueError(f"norm_fwd_stream_from: n must be an int >= 0, got {n!r}")

@@ -49,8 +49,12 @@ def run_fwd(is_rms, x, w, b, res, eps, zcg, out_dtype):
     res_out = poisoned((m, n), res.dtype) if res is not None else None
     mu = poisoned((m,), F32) if not is_rms else None
     rsigma = poisoned((m,), F32)
+    fp8 = out_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)  # delayed scaling at scale 2
+    scale = torch.full((1,), 2.0, device=DEVICE) if fp8 else None
+    amax = torch.zeros(1, device=DEVICE) if fp8 else None
+    scale_inv = poisoned((1,), F32) if fp8 else None
     impl_for(is_rms).norm_fwd(
-        x, w, b, res, eps, out, res_out, mu, rsigma, None, None, None, None,
+        x, w, b, res, eps, out, res_out, mu, rsigma, scale, amax, scale_inv, None,
         is_rms_norm=is_rms, zero_centered_gamma=zcg, current_scaling=False, amax_epsilon=0.0,
         sm_margin=0)
     return out, res_out, mu, rsigma
@@ -196,9 +200,10 @@ def test_cluster_rows(is_rms, n, max_cluster):
         engine.backend.reset_for_tests()
 
 
-def knob_stats(is_rms, n, knob, values):
-    """CUDA: the forward's row statistics of 301 random rows of n under each value of a launch
-    knob (engine.cuda_backend); each path adds a row's values in its own order. For every knob but
+def knob_stats(is_rms, n, knob, values, out_dtype=BF16):
+    """CUDA: the forward's row statistics of 301 random rows of n to ``out_dtype`` (an FP8 dtype:
+    delayed scaling) under each value of a launch knob (engine.cuda_backend); each path adds a
+    row's values in its own order. For every knob but
     norm_fwd_stream_from itself the streamed kernel is off, so that the knob's paths run (they
     remain the paths of a residual, of current scaling's output pass and of devices or widths the
     stream does not take)."""
@@ -215,7 +220,7 @@ def knob_stats(is_rms, n, knob, values):
                 if knob != "norm_fwd_stream_from":
                     stack.enter_context(cuda_backend.norm_fwd_stream_from(1 << 30))
                 stack.enter_context(getattr(cuda_backend, knob)(v))
-                _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
+                _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, out_dtype)
             stats.append(rsigma if is_rms else torch.cat([mu, rsigma]))
         return stats
     finally:
@@ -543,15 +548,17 @@ def test_fwd_stream(is_rms, threads, n):
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [16384, 32768, 131072])
-def test_fwd_stream_taken(is_rms, n):
+@pytest.mark.parametrize("n", [8192, 16384, 32768, 131072])
+@pytest.mark.parametrize("out_dtype", [BF16, torch.float8_e4m3fn])
+def test_fwd_stream_taken(is_rms, n, out_dtype):
     """The knob changes the path (the streamed kernel adds a row's values over warps and CTAs in
-    its own order), over 301 rows; from 32K the default takes the streamed kernel, bit for bit
-    (16K: the default is the register path)."""
-    stats = knob_stats(is_rms, n, "norm_fwd_stream_from", (n, 1 << 30, 0))
+    its own order), over 301 rows; the default takes the streamed kernel, bit for bit, from 32K
+    for RMSNorm and from 16K for LayerNorm, and the register path below, whatever the output
+    dtype (an FP8 output is the cast of the fp32 one: the path is not chosen by the output)."""
+    stats = knob_stats(is_rms, n, "norm_fwd_stream_from", (n, 1 << 30, 0), out_dtype)
     torch.testing.assert_close(stats[1], stats[0], rtol=1e-5, atol=1e-6)
     assert not torch.equal(stats[1], stats[0])
-    assert torch.equal(stats[2], stats[0] if n >= 32768 else stats[1])
+    assert torch.equal(stats[2], stats[0] if n >= (32768 if is_rms else 16384) else stats[1])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a grid knob of the CUDA forward")

@@ -221,8 +221,8 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
  * Not the output dtype: the path fixes the order of a row's sums, and an FP8 output must be the
  * exact cast of the same call's fp32 output (tests/test_fp8.py). Rows of 16K stay on the
  * register path (one CTA per row; by 0 to 20 points). Where the streamed forward applies (a 16-bit
- * x without a residual, from 32K: fwd_take_stream) it runs instead of both, unless this says
- * blocked (the knob). */
+ * x without a residual, from 32K, LayerNorm from 16K: fwd_take_stream) it runs instead of both,
+ * unless this says blocked (the knob). */
 inline bool fwd_take_blocked(int cols, bool has_res, int knob) {
   if (knob != 0) return cols >= knob;
   return has_res && cols >= 32768;

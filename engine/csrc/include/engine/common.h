@@ -113,8 +113,8 @@ int engine_set_norm_bwd_stream_threads(int n);
  * precision outputs and current scaling's statistics pass): the row split over a cluster, each
  * CTA copying its slice of the next two rows into shared memory (cp.async) while it reduces one
  * and writes an earlier one (norm_fwd_stream.cuh). n > 0 from n columns (e.g. 1 << 30: never, the
- * paths before session 18), 0 (the default) the launcher's choice (fwd_take_stream). For A/B runs
- * of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
+ * paths before session 18), 0 (the default) the launcher's choice (fwd_take_stream: RMSNorm
+ * from 32K, LayerNorm from 16K). For A/B runs of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
  * nothing) for n < 0. */
 int engine_set_norm_fwd_stream_from(int n);
 
