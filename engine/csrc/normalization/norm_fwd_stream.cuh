@@ -215,14 +215,14 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
           const uint32_t sc = stage(k - 1);
 #pragma unroll
           for (int i = 0; i < NV; ++i) {
-            if (in_row[i]) {
-              float z[VEC];
-              lds_vec8<X>(sc + (uint32_t)i * step, z);
+            /* past the row: the copy's zeros about a zero mean add exact zeros (no branch) */
+            const float m = in_row[i] ? mean1 : 0.0f;
+            float z[VEC];
+            lds_vec8<X>(sc + (uint32_t)i * step, z);
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) {
-                const float dz = z[j] - mean1;
-                s[1] = fmaf(dz, dz, s[1]);
-              }
+            for (int j = 0; j < VEC; ++j) {
+              const float dz = z[j] - m;
+              s[1] = fmaf(dz, dz, s[1]);
             }
           }
         }
