@@ -165,7 +165,8 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
     for (int i = 0; i < NV; ++i) {
       float z[VEC], y[VEC];
       lds_vec8<X>(sb + (uint32_t)i * step, z);
-      /* a zero mean past the row: y = 0 there for any mean and rsigma */
+      /* a zero mean past the row: y = 0 there for any mean and finite rsigma (an infinite one,
+       * eps = 0 on a constant row, makes the row's own y NaN as well) */
       const float m = kRms ? 0.0f : (in_row[i] ? mb : 0.0f);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
