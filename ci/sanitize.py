@@ -9,6 +9,7 @@ import sys
 import torch
 
 import engine
+from engine import cuda_backend
 from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -101,6 +102,26 @@ def run(external: str) -> int:
             if not (torch.equal(res_out, z) and
                     torch.allclose(y.float().cpu(), ref.float(), rtol=2e-2, atol=2e-2)):
                 print(f"residual mismatch {m}x{n} rms={is_rms}")
+                bad += 1
+    # the streamed forward over many rows per cluster, so that its ring of shared-memory stages
+    # and its exchange slots wrap many times (RMSNorm waits for a row's sums one iteration after
+    # sending them: four slots), bf16 and e4m3 outputs
+    with cuda_backend.norm_fwd_stream_from(1):
+        for is_rms in (True, False):
+            x = torch.randn(1200, 8192, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(8192, device="cuda", dtype=torch.bfloat16)
+            b = None if is_rms else torch.randn(8192, device="cuda", dtype=torch.bfloat16)
+            with torch.no_grad():
+                y = engine.rmsnorm(x, w, 1e-5) if is_rms else engine.layernorm(x, w, b, 1e-5)
+                q = Float8Quantizer(torch.ones(1, device="cuda"), torch.zeros(1, device="cuda"), E4M3)
+                t = engine.rmsnorm(x, w, 1e-5, quantizer=q) if is_rms else engine.layernorm(
+                    x, w, b, 1e-5, quantizer=q)
+            ref = (engine.rmsnorm(x.cpu(), w.cpu(), 1e-5) if is_rms
+                   else engine.layernorm(x.cpu(), w.cpu(), b.cpu(), 1e-5))
+            if not (torch.allclose(y.float().cpu(), ref.float(), rtol=2e-2, atol=2e-2) and
+                    torch.allclose(t.dequantize(dtype=torch.float32).cpu(), y.float().cpu(),
+                                   rtol=0.07, atol=0.02)):
+                print(f"streamed forward mismatch 1200x8192 rms={is_rms}")
                 bad += 1
     torch.cuda.synchronize()
     return bad

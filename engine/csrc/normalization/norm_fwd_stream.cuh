@@ -14,8 +14,8 @@
  *
  *   iteration k:  copy row k+D;  wait for row k's copies;
  *                 RMSNorm:   phase A of row k (each warp's sum of z^2), sent by lane r to rank r;
- *                            phase B of row k-1 (y, its stores, amax);
- *                            wait for row k's sums from every warp of every CTA: rsigma(k).
+ *                            phase B of row k-2 (y, its stores, amax);
+ *                            wait for row k-1's sums from every warp of every CTA: rsigma(k-1).
  *                 LayerNorm: phase A of row k (each warp's sum of z) and of row k-1 (each warp's
  *                            sum of (z - mean)^2 about row k-1's mean), sent as one pair;
  *                            phase B of row k-2;
@@ -54,8 +54,15 @@ constexpr int kFwdStreamMaxThreads = 512; /* CTA threads (launch bound: up to 12
 /* The largest CTA the launcher picks (engine_set_norm_fwd_stream_threads: another) */
 constexpr int kFwdStreamThreadsDefault = 512;
 constexpr int kFwdStreamMaxCluster = 16;
-/* Rows between a row's phase A and its phase B: RMSNorm 1, LayerNorm 2 (its second pass). */
-__host__ __device__ constexpr int fwd_stream_lag(bool rms) { return rms ? 1 : 2; }
+/* Rows between a row's phase A and its phase B: 2 for both norms. RMSNorm waits for a row's sums
+ * one iteration after sending them (fwd_stream_wait_lag), so the exchange's round trip between
+ * SMs hides behind phase A of the next row and one phase B, where at a lag of 1 it had one phase
+ * B (ncu: 17 % of the stall samples on the exchange's mbarrier, NOTES Q3 / P67); LayerNorm waits
+ * in the iteration that sends, its phase A being a row's sum and the previous row's centred sum
+ * (its second pass), so its phase B is two rows behind for that reason. */
+__host__ __device__ constexpr int fwd_stream_lag(bool /* rms */) { return 2; }
+/* Iterations between an exchange's send and its wait: RMSNorm 1, LayerNorm 0 (above). */
+__host__ __device__ constexpr int fwd_stream_wait_lag(bool rms) { return rms ? 1 : 0; }
 /* Shared-memory stages of the ring: rows k - lag .. k + D. */
 __host__ __device__ constexpr int fwd_stream_stages(bool rms) {
   return kFwdStreamDepth + fwd_stream_lag(rms) + 1;
@@ -70,13 +77,14 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   constexpr int NV = kFwdStreamNV;
   constexpr int D = kFwdStreamDepth;
   constexpr int LB = fwd_stream_lag(kRms);
+  constexpr int WL = fwd_stream_wait_lag(kRms);
   constexpr uint32_t kStages = (uint32_t)fwd_stream_stages(kRms);
   constexpr bool kFp8 = is_fp8_v<O>;
-  /* Exchange k (iteration k) uses slot k % 2: a CTA's warp sends exchange k + 1 only after its
-   * own wait for exchange k, which completes once every warp of every CTA sent exchange k, which
-   * each does after its reads of exchange k - 1 (the slot of k + 1): two slots, as in
-   * norm_bwd_stream.cuh at lag 1. */
-  constexpr int kSlots = 2;
+  /* Exchange k (sent in iteration k, awaited in iteration k + WL) uses slot k % kSlots: a warp
+   * sends exchange k only after its wait for exchange k - 1 - WL (iteration k - 1), which
+   * completes once every warp of every CTA sent that exchange, which each does after its reads
+   * (gather) of exchange k - 2 - 2 WL: 2 (WL + 1) slots, as in norm_bwd_stream.cuh (2 L). */
+  constexpr int kSlots = 2 * (WL + 1);
   /* [slot][source rank][source warp][the pair]: every warp's sums, sent by every CTA of the
    * cluster to every CTA (st.async), counted by mbar[slot] */
   static_assert(kFwdStreamMaxCluster <= kPairXchgMaxCluster &&
@@ -230,7 +238,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       }
       /* over the warp, sent by lane r to rank r (kSlots' comment: why the slot is free) */
       warp_sum_pair<!kRms>(s);
-      pair_xchg_send(recv, mbar, (int)(k & 1u), rank, C, s[0], s[1]);
+      pair_xchg_send(recv, mbar, (int)(k % (uint32_t)kSlots), rank, C, s[0], s[1]);
     }
     if (k >= (uint32_t)LB) { /* phase B of row k - LB */
       const uint32_t kb = k - (uint32_t)LB;
@@ -244,14 +252,16 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
         phase_b(kb, std::integral_constant<int, 1>{});
       }
     }
-    if (k < n_xchg) { /* wait for exchange k; add its sums in the fixed order */
+    /* wait for exchange kw = k - WL (sent WL iterations ago); add its sums in the fixed order */
+    if (k >= (uint32_t)WL && k - (uint32_t)WL < n_xchg) {
+      const uint32_t kw = k - (uint32_t)WL;
       float s[2];
-      pair_xchg_gather<!kRms>(recv, mbar, (int)(k & 1u), (k >> 1) & 1u, C, s);
+      pair_xchg_gather<!kRms>(recv, mbar, (int)(kw % (uint32_t)kSlots), (kw / (uint32_t)kSlots) & 1u, C, s);
       const bool writer = rank == 0 && t == 0;
-      if constexpr (kRms) { /* rsigma of row k, phase B's in the next iteration */
+      if constexpr (kRms) { /* rsigma of row kw = k - 1, phase B's in the next iteration */
         rs_b = 1.0f / sqrtf(s[0] * a.inv_n + a.eps);
-        if (writer) a.rsigma[cid + (int64_t)k * stride] = rs_b;
-      } else {
+        if (writer) a.rsigma[cid + (int64_t)kw * stride] = rs_b;
+      } else { /* kw = k */
         /* rsigma of row k-1 (phase B's row in the next iteration, whose mean is mean1, shifted
          * to mean2 below), the mean of row k */
         if (k >= 1) {
@@ -306,7 +316,7 @@ bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
     if (c == 0) return false;
     const bool rms = a.is_rms != 0;
     const size_t smem = (size_t)fwd_stream_stages(rms) * NV * tpr * 16;
-    const size_t room = (size_t)ctx.max_smem_optin - 8192; /* the kernel's static shared memory */
+    const size_t room = (size_t)ctx.max_smem_optin - 16384; /* its static shared memory: up to 8.3 KB */
     if (smem > room) return false;
     void (*kernel)(FwdArgs) = fwd_stream_kernel<X, O>(rms, a.bias != nullptr);
     int active = 0;
