@@ -247,7 +247,36 @@ __device__ __forceinline__ void pair_xchg_gather(PairRecv<kSlots>& recv, uint64_
   warp_sum_pair<kTwo>(s);
 }
 
-/* The same for four floats (`p` 16-byte aligned, 16 transaction bytes). */
+/* LayerNorm's gather (norm_fwd_stream.cuh): each entry is one warp's (sum, M2 about the warp's own
+ * mean) over n_e values, n_e and 1 / n_e (0 where n_e = 0: a warp past the row or absent) from
+ * tables the same in every CTA. The row's mean = sum / N and M2 = sum_e (M2_e + n_e (m_e - mean)^2)
+ * with m_e = sum_e / n_e: Chan's formula in two rounds (the sums, then the centred terms; no
+ * E[z^2] - E[z]^2), each added as pair_xchg_gather adds (lane l: entries l, l + 32, ..., then the
+ * xor butterfly), so every warp of every CTA of the cluster gets the same bits. */
+template <int kSlots>
+__device__ __forceinline__ void pair_xchg_gather_chan(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots],
+                                                      int q, unsigned parity, int C, const float* n_e,
+                                                      const float* inv_e, float inv_n, float& mean,
+                                                      float& m2) {
+  mbar_wait(&bar[q], parity);
+  const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0][0]);
+  float s[2] = {0.0f, 0.0f};
+#pragma unroll 4
+  for (int e = (int)threadIdx.x & 31; e < C * kPairXchgMaxWarps; e += 32) s[0] += flat[e].x;
+  warp_sum_pair<false>(s);
+  mean = s[0] * inv_n;
+  s[0] = 0.0f;
+#pragma unroll 4
+  for (int e = (int)threadIdx.x & 31; e < C * kPairXchgMaxWarps; e += 32) {
+    const float2 v = flat[e];
+    const float d = v.x * inv_e[e] - mean;
+    s[0] += fmaf(n_e[e] * d, d, v.y);
+  }
+  warp_sum_pair<false>(s);
+  m2 = s[0];
+}
+
+/* st_async_f2 for four floats (`p` 16-byte aligned, 16 transaction bytes). */
 __device__ __forceinline__ void st_async_f4(const float4* p, uint64_t* bar, int rank, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t rp, rb;

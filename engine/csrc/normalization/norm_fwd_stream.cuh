@@ -13,18 +13,17 @@
  * mbarrier (no barrier.cluster per row: its release waits for the previous row's stores).
  *
  *   iteration k:  copy row k+D;  wait for row k's copies;
- *                 RMSNorm:   phase A of row k (each warp's sum of z^2), sent by lane r to rank r;
- *                            phase B of row k-2 (y, its stores, amax);
- *                            wait for row k-1's sums from every warp of every CTA: rsigma(k-1).
- *                 LayerNorm: phase A of row k (each warp's sum of z) and of row k-1 (each warp's
- *                            sum of (z - mean)^2 about row k-1's mean), sent as one pair;
- *                            phase B of row k-2;
- *                            wait: mean(k) and rsigma(k-1).
- * LayerNorm's statistics are two-pass (the mean first, then the centred sum of squares: no
- * E[z^2] - E[z]^2 cancellation), the second pass one row behind the first so that each
- * exchange's latency sits behind a phase B. The sums over warps and CTAs are added in a fixed
- * order (lane w adds warp w's sums over the ranks in rank order, then an xor butterfly over the
- * lanes): the same bits in every CTA and every run. Each thread copies and later reads only its
+ *                 phase A of row k, each warp's sums sent by lane r to rank r: RMSNorm the sum of
+ *                   z^2; LayerNorm the sum of z and, about the warp's own mean, of (z - mean)^2;
+ *                 phase B of row k-2 (y, its stores, amax);
+ *                 wait for row k-1's sums from every warp of every CTA: rsigma(k-1) (and the
+ *                   mean), phase B's in the next iteration.
+ * A row's sums are awaited one iteration after they are sent, so the exchange's round trip between
+ * SMs sits behind phase A of the next row and a phase B (NOTES P67, P68). LayerNorm's statistics
+ * are exact two-pass within each warp (the warp's mean, then the centred sum of squares) and
+ * merged across warps and CTAs by Chan's formula (pair_xchg_gather_chan): no E[z^2] - E[z]^2
+ * cancellation. The sums over warps and CTAs are added in a fixed order (pair_xchg_gather):
+ * the same bits in every CTA and every run. Each thread copies and later reads only its
  * own 16-byte vectors (slot i of thread t at vector rank * T * NV + i * T + t of the row; in
  * shared memory at (i * T + t) * 16 of its stage), so cp.async's per-thread completion is the
  * only synchronisation the data needs; a vector past the row is zero-filled by the copy (it adds
@@ -54,15 +53,11 @@ constexpr int kFwdStreamMaxThreads = 512; /* CTA threads (launch bound: up to 12
 /* The largest CTA the launcher picks (engine_set_norm_fwd_stream_threads: another) */
 constexpr int kFwdStreamThreadsDefault = 512;
 constexpr int kFwdStreamMaxCluster = 16;
-/* Rows between a row's phase A and its phase B: 2 for both norms. RMSNorm waits for a row's sums
- * one iteration after sending them (fwd_stream_wait_lag), so the exchange's round trip between
- * SMs hides behind phase A of the next row and one phase B, where at a lag of 1 it had one phase
- * B (ncu: 17 % of the stall samples on the exchange's mbarrier, NOTES Q3 / P67); LayerNorm waits
- * in the iteration that sends, its phase A being a row's sum and the previous row's centred sum
- * (its second pass), so its phase B is two rows behind for that reason. */
+/* Rows between a row's phase A and its phase B: 2. Both norms wait for a row's sums one
+ * iteration after sending them (WL below), so the exchange's round trip between SMs hides behind
+ * phase A of the next row and one phase B, where waiting in the sending iteration left it behind
+ * one phase B (ncu: 17 % of the stall samples on the exchange's mbarrier, NOTES Q3, P67, P68). */
 __host__ __device__ constexpr int fwd_stream_lag(bool /* rms */) { return 2; }
-/* Iterations between an exchange's send and its wait: RMSNorm 1, LayerNorm 0 (above). */
-__host__ __device__ constexpr int fwd_stream_wait_lag(bool rms) { return rms ? 1 : 0; }
 /* Shared-memory stages of the ring: rows k - lag .. k + D. */
 __host__ __device__ constexpr int fwd_stream_stages(bool rms) {
   return kFwdStreamDepth + fwd_stream_lag(rms) + 1;
@@ -77,7 +72,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   constexpr int NV = kFwdStreamNV;
   constexpr int D = kFwdStreamDepth;
   constexpr int LB = fwd_stream_lag(kRms);
-  constexpr int WL = fwd_stream_wait_lag(kRms);
+  constexpr int WL = 1; /* iterations between an exchange's send and its wait */
   constexpr uint32_t kStages = (uint32_t)fwd_stream_stages(kRms);
   constexpr bool kFp8 = is_fp8_v<O>;
   /* Exchange k (sent in iteration k, awaited in iteration k + WL) uses slot k % kSlots: a warp
@@ -93,6 +88,10 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   __shared__ __align__(8) PairRecv<kSlots> recv;
   __shared__ uint64_t mbar[kSlots];
   __shared__ int amax_buf[32];
+  /* LayerNorm: values per exchange entry [rank][warp] of the row, and their reciprocals (0 for
+   * none), the same in every CTA (pair_xchg_gather_chan) */
+  __shared__ float n_ent[kRms ? 1 : kFwdStreamMaxCluster * kPairXchgMaxWarps];
+  __shared__ float inv_ent[kRms ? 1 : kFwdStreamMaxCluster * kPairXchgMaxWarps];
   extern __shared__ __align__(16) uint8_t ring[];
 
   const int T = blockDim.x;
@@ -138,9 +137,29 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   }
   const float scale = fwd_fp8_scale<kFp8>(a);
   float amax = 0.0f;
-  /* LayerNorm: mean of rows k-1 and k-2; both norms: rsigma of phase B's row (k - LB), each set
-   * by an earlier iteration's wait */
-  float mean1 = 0.0f, mean2 = 0.0f, rs_b = 0.0f;
+  /* mean (LayerNorm) and rsigma of phase B's row (k - LB), set by the previous iteration's wait */
+  float mean_b = 0.0f, rs_b = 0.0f;
+  /* LayerNorm: 1 / the values of this thread's warp inside the row (0 for none) */
+  float inv_nw = 0.0f;
+  if constexpr (!kRms) {
+    const int nw = T >> 5;
+    for (int e = t; e < C * kPairXchgMaxWarps; e += T) {
+      const int r = e / kPairXchgMaxWarps, w = e % kPairXchgMaxWarps;
+      int n = 0;
+      if (w < nw) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) n += min(max(nvec - (r * T * NV + i * T + w * 32), 0), 32);
+      }
+      n_ent[e] = (float)(n * VEC);
+      inv_ent[e] = n > 0 ? 1.0f / (float)(n * VEC) : 0.0f;
+    }
+    int n = 0;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) n += in_row[i] ? VEC : 0;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) n += __shfl_xor_sync(kFullMask, n, off);
+    inv_nw = n > 0 ? 1.0f / (float)n : 0.0f;
+  }
 
   /* this thread's slot 0 of row k's stage */
   auto stage = [&](uint32_t k) { return ring_s + (k % kStages) * (uint32_t)stage_bytes; };
@@ -165,7 +184,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   auto phase_b = [&](uint32_t kb, auto out_kind) {
     constexpr int kOut = decltype(out_kind)::value;
     const uint32_t sb = stage(kb);
-    const float mb = kRms ? 0.0f : mean2;
+    const float mb = kRms ? 0.0f : mean_b;
     uint8_t* orow = static_cast<uint8_t*>(a.out) +
                     ((cid + (int64_t)kb * stride) * a.out_stride + (int64_t)v0 * VEC) * (int64_t)sizeof(O);
     const int ostep = T * VEC * (int)sizeof(O);
@@ -202,42 +221,41 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   pair_xchg_init(recv, mbar);
 #pragma unroll
   for (int d = 0; d < D; ++d) issue((uint32_t)d);
-  const uint32_t n_xchg = count + (kRms ? 0u : 1u); /* iterations that exchange */
   for (uint32_t k = 0; k < count + (uint32_t)LB; ++k) {
     issue(k + D);
     cp_async_wait<D>();
-    /* k < count, kb, n_xchg: uniform over the cluster, whose CTAs share the row sequence */
-    if (k < n_xchg) { /* phase A: row k's sum (RMSNorm: of z^2), LayerNorm: row k-1's centred */
+    /* k < count, kb, kw: uniform over the cluster, whose CTAs share the row sequence */
+    if (k < count) { /* phase A of row k */
+      const uint32_t sa = stage(k);
       float s[2] = {0.0f, 0.0f};
-      if (k < count) {
-        const uint32_t sa = stage(k);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        float z[VEC];
+        lds_vec8<X>(sa + (uint32_t)i * step, z);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) s[0] = kRms ? fmaf(z[j], z[j], s[0]) : s[0] + z[j];
+      }
+      warp_sum_pair<false>(s); /* over the warp: every lane holds the warp's sum */
+      if constexpr (!kRms) {
+        /* the sum of squares about the warp's mean (past the row: the copy's zeros about a zero
+         * mean add exact zeros), over the warp */
+        const float mw = s[0] * inv_nw;
+        float q[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
+          const float m = in_row[i] ? mw : 0.0f;
           float z[VEC];
           lds_vec8<X>(sa + (uint32_t)i * step, z);
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) s[0] = kRms ? fmaf(z[j], z[j], s[0]) : s[0] + z[j];
-        }
-      }
-      if constexpr (!kRms) {
-        if (k >= 1) {
-          const uint32_t sc = stage(k - 1);
-#pragma unroll
-          for (int i = 0; i < NV; ++i) {
-            /* past the row: the copy's zeros about a zero mean add exact zeros (no branch) */
-            const float m = in_row[i] ? mean1 : 0.0f;
-            float z[VEC];
-            lds_vec8<X>(sc + (uint32_t)i * step, z);
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              const float dz = z[j] - m;
-              s[1] = fmaf(dz, dz, s[1]);
-            }
+          for (int j = 0; j < VEC; ++j) {
+            const float dz = z[j] - m;
+            q[0] = fmaf(dz, dz, q[0]);
           }
         }
+        warp_sum_pair<false>(q);
+        s[1] = q[0];
       }
-      /* over the warp, sent by lane r to rank r (kSlots' comment: why the slot is free) */
-      warp_sum_pair<!kRms>(s);
+      /* sent by lane r to rank r (kSlots' comment: why the slot is free) */
       pair_xchg_send(recv, mbar, (int)(k % (uint32_t)kSlots), rank, C, s[0], s[1]);
     }
     if (k >= (uint32_t)LB) { /* phase B of row k - LB */
@@ -252,26 +270,24 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
         phase_b(kb, std::integral_constant<int, 1>{});
       }
     }
-    /* wait for exchange kw = k - WL (sent WL iterations ago); add its sums in the fixed order */
-    if (k >= (uint32_t)WL && k - (uint32_t)WL < n_xchg) {
+    /* wait for exchange kw = k - WL (sent WL iterations ago); add its sums in the fixed order:
+     * rsigma (and the mean) of row kw, phase B's in the next iteration */
+    if (k >= (uint32_t)WL && k - (uint32_t)WL < count) {
       const uint32_t kw = k - (uint32_t)WL;
-      float s[2];
-      pair_xchg_gather<!kRms>(recv, mbar, (int)(kw % (uint32_t)kSlots), (kw / (uint32_t)kSlots) & 1u, C, s);
+      const int q = (int)(kw % (uint32_t)kSlots);
+      const unsigned parity = (kw / (uint32_t)kSlots) & 1u;
       const bool writer = rank == 0 && t == 0;
-      if constexpr (kRms) { /* rsigma of row kw = k - 1, phase B's in the next iteration */
+      if constexpr (kRms) {
+        float s[2];
+        pair_xchg_gather<false>(recv, mbar, q, parity, C, s);
         rs_b = 1.0f / sqrtf(s[0] * a.inv_n + a.eps);
-        if (writer) a.rsigma[cid + (int64_t)kw * stride] = rs_b;
-      } else { /* kw = k */
-        /* rsigma of row k-1 (phase B's row in the next iteration, whose mean is mean1, shifted
-         * to mean2 below), the mean of row k */
-        if (k >= 1) {
-          rs_b = 1.0f / sqrtf(s[1] * a.inv_n + a.eps);
-          if (writer) a.rsigma[cid + (int64_t)(k - 1) * stride] = rs_b;
-        }
-        mean2 = mean1;
-        mean1 = s[0] * a.inv_n;
-        if (writer && k < count) a.mu[cid + (int64_t)k * stride] = mean1;
+      } else {
+        float m2;
+        pair_xchg_gather_chan(recv, mbar, q, parity, C, n_ent, inv_ent, a.inv_n, mean_b, m2);
+        rs_b = 1.0f / sqrtf(m2 * a.inv_n + a.eps);
+        if (writer) a.mu[cid + (int64_t)kw * stride] = mean_b;
       }
+      if (writer) a.rsigma[cid + (int64_t)kw * stride] = rs_b;
     }
   }
   cluster_sync(); /* no CTA exits while a send to it may be in flight */
