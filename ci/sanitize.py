@@ -104,8 +104,8 @@ def run(external: str) -> int:
                 print(f"residual mismatch {m}x{n} rms={is_rms}")
                 bad += 1
     # the streamed forward over many rows per cluster, so that its ring of shared-memory stages
-    # and its exchange slots wrap many times (RMSNorm waits for a row's sums one iteration after
-    # sending them: four slots), bf16 and e4m3 outputs
+    # and its exchange slots wrap many times (a row's sums are awaited one iteration after they
+    # are sent: four slots), bf16 and e4m3 outputs
     with cuda_backend.norm_fwd_stream_from(1):
         for is_rms in (True, False):
             x = torch.randn(1200, 8192, device="cuda", dtype=torch.bfloat16)

@@ -613,6 +613,38 @@ def test_layernorm_large_mean(backend):
         assert not torch.allclose(naive_rsigma, ref["rsigma"], rtol=1e-3, atol=0)
 
 
+@pytest.mark.skipif(not ON_GPU, reason="a path of the CUDA forward")
+@pytest.mark.parametrize("n", [8200, 32776])
+def test_layernorm_stream_large_mean(n):
+    """The streamed LayerNorm forward's statistics (each warp's sum and centred sum of squares,
+    merged by Chan's formula) on bf16 rows of 32768 + 256 * {-1, 0, 1}: a mean of 2**15 against a
+    standard deviation of ~209. E[x^2] - E[x]^2 in fp32 misses rsigma here by ~2e-3 (checked
+    below, with torch's pairwise sums); the stream must be within 1e-4. 8200 / 32776 leave the
+    last CTA's slice partly past the row (warps with fewer values in the merge)."""
+    from engine import cuda_backend
+    from tolerances import LARGE_MEAN_FP32
+
+    use_backend("cuda")
+    try:
+        j = torch.randint(-1, 2, (64, n), device=DEVICE).float()
+        x = (32768.0 + 256.0 * j).to(BF16)
+        w = torch.randn(n, device=DEVICE, dtype=BF16)
+        b = torch.randn(n, device=DEVICE, dtype=BF16)
+        with cuda_backend.norm_fwd_stream_from(1):
+            out, _, mu, rsigma = run_fwd(False, x, w, b, None, 1e-5, False, F32)
+        ref = ref_fwd(x, w, b, 1e-5, False)
+        torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+        torch.testing.assert_close(rsigma.double(), ref["rsigma"], rtol=1e-4, atol=0)
+        # y's error is the fp32 mean's rounding (ulp 2**-8 at 2**15) times rsigma, as for every
+        # backend: test_layernorm_large_mean's tolerance
+        torch.testing.assert_close(out.double(), ref["y"], **LARGE_MEAN_FP32)
+        xf = x.float()
+        naive = torch.rsqrt(((xf * xf).mean(1) - xf.mean(1) ** 2).clamp_min(0) + 1e-5).double()
+        assert not torch.allclose(naive, ref["rsigma"], rtol=1e-4, atol=0)
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_zero_rows(backend, is_rms):
     """M = 0 is a valid empty call: nothing written, dweight/dbias zero."""

@@ -27,7 +27,8 @@
  * own 16-byte vectors (slot i of thread t at vector rank * T * NV + i * T + t of the row; in
  * shared memory at (i * T + t) * 16 of its stage), so cp.async's per-thread completion is the
  * only synchronisation the data needs; a vector past the row is zero-filled by the copy (it adds
- * zeros to the sums of z and z^2, and is skipped by the centred sum and the stores).
+ * zeros to the sums of z and z^2 and, about a zero mean, to the centred sum; its stores are
+ * predicated off).
  * gamma (+ the zero-centred 1) and beta are held as floats in registers for the whole kernel.
  * Modes kFull (any output dtype; FP8 with a given scale, fused amax) and kStats (current scaling's
  * first pass: statistics and amax, no output). Current scaling's second pass (kApply) reads the
@@ -332,7 +333,7 @@ bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
     if (c == 0) return false;
     const bool rms = a.is_rms != 0;
     const size_t smem = (size_t)fwd_stream_stages(rms) * NV * tpr * 16;
-    const size_t room = (size_t)ctx.max_smem_optin - 16384; /* its static shared memory: up to 8.3 KB */
+    const size_t room = (size_t)ctx.max_smem_optin - 16384; /* its static shared memory: up to 10.4 KB */
     if (smem > room) return false;
     void (*kernel)(FwdArgs) = fwd_stream_kernel<X, O>(rms, a.bias != nullptr);
     int active = 0;
