@@ -258,14 +258,11 @@ __device__ __forceinline__ void pair_xchg_gather_chan(PairRecv<kSlots>& recv, ui
                                                       int q, unsigned parity, int C, const float* n_e,
                                                       const float* inv_e, float inv_n, float& mean,
                                                       float& m2) {
-  mbar_wait(&bar[q], parity);
-  const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0][0]);
-  float s[2] = {0.0f, 0.0f};
-#pragma unroll 4
-  for (int e = (int)threadIdx.x & 31; e < C * kPairXchgMaxWarps; e += 32) s[0] += flat[e].x;
-  warp_sum_pair<false>(s);
+  float s[2];
+  pair_xchg_gather<false>(recv, bar, q, parity, C, s); /* round 1: the wait and the sums */
   mean = s[0] * inv_n;
   s[0] = 0.0f;
+  const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0][0]);
 #pragma unroll 4
   for (int e = (int)threadIdx.x & 31; e < C * kPairXchgMaxWarps; e += 32) {
     const float2 v = flat[e];
