@@ -133,20 +133,23 @@ __device__ __forceinline__ void mbar_init_fence() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 #endif
 }
-/* This thread's arrival at `bar` (of this CTA), raising the phase's expected transaction bytes by
- * `bytes` (sends may have completed some already: the count may go below zero meanwhile). */
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+/* This thread's arrival at `bar` (of this CTA; its shared::cta address), raising the phase's
+ * expected transaction bytes by `bytes` (sends may have completed some already: the count may go
+ * below zero meanwhile). */
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, unsigned bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 #elif defined(__CUDA_ARCH__)
+  (void)bar, (void)bytes;
   __trap();
 #endif
 }
-/* Wait until the phase of `bar` with the given parity (0 for its 1st, 3rd, ... phase) completes;
- * the sends it counted are then visible to this thread. */
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+  mbar_arrive_expect_tx(smem_u32(bar), bytes);
+}
+/* Wait until the phase of `bar` (its shared::cta address) with the given parity (0 for its 1st,
+ * 3rd, ... phase) completes; the sends it counted are then visible to this thread. */
+__device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   uint32_t done = 0;
   do {
@@ -155,25 +158,35 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
         "selp.u32 %0, 1, 0, p;\n\t}"
         : "=r"(done)
-        : "r"(smem_u32(bar)), "r"(parity)
+        : "r"(bar), "r"(parity)
         : "memory");
   } while (!done);
 #elif defined(__CUDA_ARCH__)
+  (void)bar, (void)parity;
   __trap();
 #endif
 }
-/* Send two floats to `p` (8-byte aligned) in the shared memory of cluster CTA `rank`, completing 8
- * transaction bytes of `bar` there (p and bar: this CTA's addresses of the same variables). */
-__device__ __forceinline__ void st_async_f2(const float* p, uint64_t* bar, int rank, float a, float b) {
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) { mbar_wait(smem_u32(bar), parity); }
+/* The shared::cluster address of this CTA's shared::cta address `p` in cluster CTA `rank`. */
+__device__ __forceinline__ uint32_t mapa_u32(uint32_t p, int rank) {
+  uint32_t r = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t rp, rb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rp) : "r"(smem_u32(p)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(p), "r"(rank)); /* pure: may be hoisted */
+#elif defined(__CUDA_ARCH__)
+  (void)p, (void)rank;
+  __trap();
+#endif
+  return r;
+}
+/* Send two floats to the shared::cluster address `rp` (8-byte aligned, from mapa_u32), completing
+ * 8 transaction bytes of the mbarrier at `rb` (the same CTA's, from mapa_u32). */
+__device__ __forceinline__ void st_async_f2(uint32_t rp, uint32_t rb, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
                ::"r"(rp), "f"(a), "f"(b), "r"(rb)
                : "memory");
 #elif defined(__CUDA_ARCH__)
-  (void)p, (void)bar, (void)rank, (void)a, (void)b;
+  (void)rp, (void)rb, (void)a, (void)b;
   __trap();
 #endif
 }
@@ -181,8 +194,9 @@ __device__ __forceinline__ void st_async_f2(const float* p, uint64_t* bar, int r
 /* The per-row exchange of the streamed cluster kernels (norm_fwd_stream.cuh, norm_bwd_stream.cuh),
  * over arrays the kernel declares in shared memory: recv[slot][source rank][source warp][pair]
  * and one mbarrier per slot. pair_xchg_init: once, by every thread (zeroes recv, then a cluster
- * barrier). Per row: pair_xchg_send by every thread (each warp's pair, the same in all its lanes,
- * sent by lane r to cluster rank r; thread 0 raises its own CTA's expected bytes), later
+ * barrier; returns the thread's addresses, PairXchgAddr). Per row: pair_xchg_send by every thread
+ * (each warp's pair, the same in all its lanes, sent by lane r to cluster rank r; thread 0 raises
+ * its own CTA's expected bytes), later
  * pair_xchg_gather by every thread: the wait on this CTA's mbarrier, then lane l adds the entries
  * l, l + 32, ... of the slot's [rank][warp] array read as one flat array of C * 16 pairs (the
  * entries of warps a CTA does not have stay the zeros of init: no division by the warp count), and
@@ -207,8 +221,21 @@ __device__ __forceinline__ void warp_sum_pair(float (&s)[2]) {
   }
 }
 
+/* The exchange's addresses, computed once per thread by pair_xchg_init: slot q's are slot 0's plus
+ * q times a slot's bytes (a CTA's shared memory is one contiguous range of the cluster's shared
+ * window, so mapa(p + d) = mapa(p) + d). The per-row calls derived them again every row (the
+ * CTA's shared window, each remote address: ~20 instructions per row, NOTES P69). */
+struct PairXchgAddr {
+  uint32_t bar;     /* this CTA's bar[0] (shared::cta) */
+  uint32_t to_recv; /* lane r < C: recv[0][this rank][this warp] in rank r's shared memory */
+  uint32_t to_bar;  /* lane r < C: bar[0] in rank r's shared memory */
+};
+constexpr uint32_t kPairSlotBytes = kPairXchgMaxCluster * kPairXchgMaxWarps * 2 * sizeof(float);
+
 template <int kSlots>
-__device__ __forceinline__ void pair_xchg_init(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots]) {
+__device__ __forceinline__ PairXchgAddr pair_xchg_init(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots],
+                                                       int rank, int C) {
+  static_assert(sizeof(recv[0]) == kPairSlotBytes, "a slot of recv");
   float* flat = &recv[0][0][0][0];
   for (int e = (int)threadIdx.x; e < (int)(sizeof(PairRecv<kSlots>) / sizeof(float)); e += (int)blockDim.x)
     flat[e] = 0.0f;
@@ -222,20 +249,25 @@ __device__ __forceinline__ void pair_xchg_init(PairRecv<kSlots>& recv, uint64_t 
     mbar_init_fence();
   }
   cluster_sync(); /* every CTA's mbarriers are initialised before any send */
+  PairXchgAddr x;
+  x.bar = smem_u32(&bar[0]);
+  const int lane = (int)threadIdx.x & 31;
+  const int dst = lane < C ? lane : rank; /* lanes from C send nothing */
+  x.to_recv = mapa_u32(smem_u32(&recv[0][rank][threadIdx.x >> 5][0]), dst);
+  x.to_bar = mapa_u32(x.bar, dst);
+  return x;
 }
 
-template <int kSlots>
-__device__ __forceinline__ void pair_xchg_send(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots], int q,
-                                               int rank, int C, float s0, float s1) {
+__device__ __forceinline__ void pair_xchg_send(const PairXchgAddr& x, int q, int C, float s0, float s1) {
   const int t = (int)threadIdx.x;
-  if (t == 0) mbar_arrive_expect_tx(&bar[q], (unsigned)(((int)blockDim.x >> 5) * C * 8));
-  if ((t & 31) < C) st_async_f2(&recv[q][rank][t >> 5][0], &bar[q], t & 31, s0, s1);
+  if (t == 0) mbar_arrive_expect_tx(x.bar + (uint32_t)q * 8u, (unsigned)(((int)blockDim.x >> 5) * C * 8));
+  if ((t & 31) < C) st_async_f2(x.to_recv + (uint32_t)q * kPairSlotBytes, x.to_bar + (uint32_t)q * 8u, s0, s1);
 }
 
 template <bool kTwo, int kSlots>
-__device__ __forceinline__ void pair_xchg_gather(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots], int q,
-                                                 unsigned parity, int C, float (&s)[2]) {
-  mbar_wait(&bar[q], parity);
+__device__ __forceinline__ void pair_xchg_gather(const PairRecv<kSlots>& recv, const PairXchgAddr& x,
+                                                 int q, unsigned parity, int C, float (&s)[2]) {
+  mbar_wait(x.bar + (uint32_t)q * 8u, parity);
   const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0][0]);
   s[0] = s[1] = 0.0f;
 #pragma unroll 4
@@ -254,12 +286,12 @@ __device__ __forceinline__ void pair_xchg_gather(PairRecv<kSlots>& recv, uint64_
  * E[z^2] - E[z]^2), each added as pair_xchg_gather adds (lane l: entries l, l + 32, ..., then the
  * xor butterfly), so every warp of every CTA of the cluster gets the same bits. */
 template <int kSlots>
-__device__ __forceinline__ void pair_xchg_gather_chan(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots],
+__device__ __forceinline__ void pair_xchg_gather_chan(const PairRecv<kSlots>& recv, const PairXchgAddr& x,
                                                       int q, unsigned parity, int C, const float* n_e,
                                                       const float* inv_e, float inv_n, float& mean,
                                                       float& m2) {
   float s[2];
-  pair_xchg_gather<false>(recv, bar, q, parity, C, s); /* round 1: the wait and the sums */
+  pair_xchg_gather<false>(recv, x, q, parity, C, s); /* round 1: the wait and the sums */
   mean = s[0] * inv_n;
   s[0] = 0.0f;
   const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0][0]);
@@ -276,9 +308,7 @@ __device__ __forceinline__ void pair_xchg_gather_chan(PairRecv<kSlots>& recv, ui
 /* st_async_f2 for four floats (`p` 16-byte aligned, 16 transaction bytes). */
 __device__ __forceinline__ void st_async_f4(const float4* p, uint64_t* bar, int rank, float4 v) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t rp, rb;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rp) : "r"(smem_u32(p)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(rb) : "r"(smem_u32(bar)), "r"(rank));
+  const uint32_t rp = mapa_u32(smem_u32(p), rank), rb = mapa_u32(smem_u32(bar), rank);
   asm volatile(
       "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
       ::"r"(rp), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w), "r"(rb)

@@ -80,8 +80,9 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
   const int v0 = rank * T * NV + t;
   const int64_t cid = blockIdx.x / C;
   const int64_t stride = a.grid_clusters;
-  const int64_t count = cid < a.rows ? (a.rows - 1 - cid) / stride + 1 : 0;
-  const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+  /* rows of this cluster: cid, cid + stride, ... (fewer than 2^31) */
+  const int count = cid < a.rows ? (int)((a.rows - 1 - cid) / stride + 1) : 0;
+  const uint32_t ring_s = smem_u32(ring) + (uint32_t)(t * 16); /* this thread's slot 0 */
   const int stage_bytes = 2 * NV * T * 16;
   const uint32_t step = (uint32_t)T * 16; /* between a thread's slots */
   bool in_row[NV];                        /* which of this thread's vectors lie inside the row */
@@ -113,61 +114,93 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
   }
 
-  /* The copies of row k into stage k % kStages, whose last row (k - kStages) had its phase B in
-   * an earlier iteration (an empty group past the last row, so that every thread commits one
+  /* Per-row addresses are advanced from row to row, not derived from the row index (NOTES P69):
+   * the stages of the next copy, of phase A and of phase B (each thread's slot 0 of z; slot i of
+   * operand op (0: z, 1: dy) is at + (op * NV + i) * step; the ring wraps after kStages), the next
+   * copy's sources and phase B's dx (this thread's first vector of the cluster's next row). The copy's offsets per slot are fixed: i * T vectors, or 0 past
+   * the row, where the copy reads nothing (zero-fill). */
+  const uint32_t ring_end = ring_s + (uint32_t)(kStages * stage_bytes);
+  auto next_stage = [&](uint32_t s) {
+    s += (uint32_t)stage_bytes;
+    return s == ring_end ? ring_s : s;
+  };
+  uint32_t st_copy = ring_s, st_a = ring_s, st_b = ring_s;
+  const Z* z_next = static_cast<const Z*>(a.x) + cid * a.x_stride + (int64_t)v0 * VEC;
+  const DY* dy_next = static_cast<const DY*>(a.dy) + cid * a.dy_stride + (int64_t)v0 * VEC;
+  const int64_t z_step = stride * a.x_stride, dy_step = stride * a.dy_stride;
+  int c_off[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) c_off[i] = in_row[i] ? i * T * VEC : 0;
+  Z* dx_next = static_cast<Z*>(a.dx) + cid * a.dx_stride + (int64_t)v0 * VEC; /* dx_plain */
+  const int64_t dx_step = stride * a.dx_stride;
+
+  /* The copies of the next row (k) into its stage, whose last row (k - kStages) had its phase B
+   * in an earlier iteration (an empty group past the last row, so that every thread commits one
    * group per iteration and wait<D> means "row k has landed"). */
-  auto issue = [&](int64_t k) {
+  auto issue = [&](int k) {
     if (k < count) {
-      const int64_t row = cid + k * stride;
-      const Z* zr = static_cast<const Z*>(a.x) + row * a.x_stride;
-      const DY* dr = static_cast<const DY*>(a.dy) + row * a.dy_stride;
-      const uint32_t base = ring_s + (uint32_t)((k % kStages) * stage_bytes) + t * 16;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        const int v = v0 + i * T;
-        const bool ok = v < nvec;
-        cp_async16(base + (uint32_t)(i * T * 16), ok ? zr + (int64_t)v * VEC : zr, ok);
-        cp_async16(base + (uint32_t)((NV + i) * T * 16), ok ? dr + (int64_t)v * VEC : dr, ok);
+        cp_async16(st_copy + (uint32_t)i * step, z_next + c_off[i], in_row[i]);
+        cp_async16(st_copy + (uint32_t)(NV + i) * step, dy_next + c_off[i], in_row[i]);
       }
+      z_next += z_step;
+      dy_next += dy_step;
+      st_copy = next_stage(st_copy);
     }
     cp_async_commit();
-  };
-  /* this thread's slot 0 (z) of row k's stage; slot i of operand op (0: z, 1: dy) is at
-   * + (op * NV + i) * step */
-  auto stage = [&](int64_t k) {
-    return ring_s + (uint32_t)((k % kStages) * stage_bytes) + (uint32_t)t * 16;
   };
   auto slots = [&](uint32_t base, int i, float (&zv)[VEC], float (&dv)[VEC]) {
     lds_vec8<Z>(base + (uint32_t)i * step, zv);
     lds_vec8<DY>(base + (uint32_t)(NV + i) * step, dv);
   };
-  auto stats = [&](int64_t k, float& rs, float& mu) {
-    if (k < count) {
-      const int64_t row = cid + k * stride;
+  /* rsigma (and mu) of the cluster's rows, 32 at a time: lane l of every warp holds row 32 b + l
+   * of block b (blk_*) and of block b + 1 (nxt_*, loaded a block ahead), and row k's are
+   * shuffled out of the block at its phase A. Loaded per row, one row ahead, the values were
+   * moved into uniform registers (R2UR) right after their loads, which stalled every warp on an
+   * L2 round trip per row wherever ptxas kept them there (LayerNorm's backward at 128 registers:
+   * -7 to -13 points of fwd+bwd, NOTES P69); per lane they stay in vector registers. */
+  const int lane = t & 31;
+  auto load_blk = [&](int b, float& rs, float& mu) {
+    const int kk = 32 * b + lane;
+    rs = mu = 0.0f;
+    if (kk < count) {
+      const int64_t row = cid + (int64_t)kk * stride;
       rs = a.rsigma[row];
       if constexpr (!kRms) mu = a.mu[row];
     }
   };
+  float blk_rs, blk_mu, nxt_rs, nxt_mu;
+  load_blk(0, blk_rs, blk_mu);
+  load_blk(1, nxt_rs, nxt_mu);
 
-  pair_xchg_init(recv, mbar);
+  const PairXchgAddr xa = pair_xchg_init(recv, mbar, rank, C);
 #pragma unroll
   for (int d = 0; d < D; ++d) issue(d);
   /* rs / mu of rows k, k-1, .., k-L (index j: row k-j), shifted once per iteration */
   float rsh[L + 1], muh[L + 1];
 #pragma unroll
   for (int j = 0; j <= L; ++j) rsh[j] = muh[j] = 0.0f;
-  stats(0, rsh[0], muh[0]);
+  rsh[0] = __shfl_sync(kFullMask, blk_rs, 0); /* row 0's */
+  muh[0] = kRms ? 0.0f : __shfl_sync(kFullMask, blk_mu, 0);
   float k2_p = 0.0f, k1_p = 0.0f; /* row k-L's, from the previous iteration's wait */
-  for (int64_t k = 0; k < count + L; ++k) {
+  for (int k = 0; k < count + L; ++k) {
     issue(k + D);
-    float rs_n = 0.0f, mu_n = 0.0f; /* row k+1, read a row ahead of its use */
-    stats(k + 1, rs_n, mu_n);
-    const int64_t kb = k - L; /* phase B's row index */
+    /* row k+1's rsigma / mu, shuffled out of its block here and first used in the next iteration */
+    const int kn = k + 1;
+    if ((kn & 31) == 0) { /* block kn / 32 starts: the next one is loaded */
+      blk_rs = nxt_rs;
+      blk_mu = nxt_mu;
+      load_blk(kn / 32 + 1, nxt_rs, nxt_mu);
+    }
+    const float rs_n = __shfl_sync(kFullMask, blk_rs, kn & 31);
+    const float mu_n = kRms ? 0.0f : __shfl_sync(kFullMask, blk_mu, kn & 31);
+    const int kb = k - L; /* phase B's row index */
     /* row kb's dresidual, read here so that phase A covers its latency */
     float dr[NV][VEC];
     const bool has_dr = a.dresidual != nullptr && kb >= 0;
     if (has_dr) {
-      const int64_t row = cid + kb * stride;
+      const int64_t row = cid + (int64_t)kb * stride;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int v = v0 + i * T;
@@ -180,9 +213,10 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     /* k < count, kb >= 0, kw in [0, count): uniform over the cluster, whose CTAs share the row
      * sequence */
     if (k < count) { /* phase A of row k */
-      const int q = (int)(k % kSlots);
+      const int q = (int)((unsigned)k % (unsigned)kSlots);
       float s[2] = {0.0f, 0.0f};
-      const uint32_t sa = stage(k);
+      const uint32_t sa = st_a;
+      st_a = next_stage(st_a);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         float zv[VEC], dv[VEC];
@@ -200,11 +234,11 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
       /* (c2, c1; c1: LayerNorm) over the warp, sent by lane r to rank r (kSlots' comment: why
        * the slot is free) */
       warp_sum_pair<!kRms>(s);
-      pair_xchg_send(recv, mbar, q, rank, C, s[0], s[1]);
+      pair_xchg_send(xa, q, C, s[0], s[1]);
     }
     if (kb >= 0) { /* phase B of row kb */
-      const int64_t row = cid + kb * stride;
-      const uint32_t sb = stage(kb);
+      const uint32_t sb = st_b;
+      st_b = next_stage(st_b);
       /* dz of slot i (past the row: computed from the copy's zeros and never stored) */
       auto dz_of = [&](int i, float (&dz)[VEC]) {
         float zv[VEC], dv[VEC];
@@ -220,7 +254,8 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
         }
       };
       if (dx_plain) { /* the row's address once, one predicated store per vector (NOTES P58) */
-        Z* dxr = static_cast<Z*>(a.dx) + row * a.dx_stride + (int64_t)v0 * VEC;
+        Z* dxr = dx_next;
+        dx_next += dx_step;
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           float dz[VEC];
@@ -230,6 +265,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
           store_words_if<VEC * 2>(dxr + (int64_t)i * T * VEC, w, in_row[i]);
         }
       } else {
+        const int64_t row = cid + (int64_t)kb * stride;
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
           if (in_row[i]) {
@@ -242,11 +278,12 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
         }
       }
     }
-    const int64_t kw = kb + 1; /* the row whose sums this iteration waits for */
+    const int kw = kb + 1; /* the row whose sums this iteration waits for */
     if (kw >= 0 && kw < count) {
       /* every warp's sums of every CTA, added in a fixed order (the same bits in every CTA) */
       float s[2];
-      pair_xchg_gather<!kRms>(recv, mbar, (int)(kw % kSlots), (unsigned)((kw / kSlots) & 1), C, s);
+      pair_xchg_gather<!kRms>(recv, xa, (int)((unsigned)kw % (unsigned)kSlots),
+                             ((unsigned)kw / (unsigned)kSlots) & 1u, C, s);
       const float c2 = s[0] * a.inv_n;
       const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
       /* dz = rs * (dyg - xhat * c2 - c1) as in the register path (NOTES P40); row kw's rs / mu

@@ -140,9 +140,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   float amax = 0.0f;
   /* mean (LayerNorm) and rsigma of phase B's row (k - LB), set by the previous iteration's wait */
   float mean_b = 0.0f, rs_b = 0.0f;
-  /* LayerNorm: 1 / the values of this thread's warp inside the row (0 for none) */
-  float inv_nw = 0.0f;
-  if constexpr (!kRms) {
+  if constexpr (!kRms) { /* the tables, read after pair_xchg_init's barrier */
     const int nw = T >> 5;
     for (int e = t; e < C * kPairXchgMaxWarps; e += T) {
       const int r = e / kPairXchgMaxWarps, w = e % kPairXchgMaxWarps;
@@ -154,40 +152,46 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       n_ent[e] = (float)(n * VEC);
       inv_ent[e] = n > 0 ? 1.0f / (float)(n * VEC) : 0.0f;
     }
-    int n = 0;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) n += in_row[i] ? VEC : 0;
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) n += __shfl_xor_sync(kFullMask, n, off);
-    inv_nw = n > 0 ? 1.0f / (float)n : 0.0f;
   }
 
-  /* this thread's slot 0 of row k's stage */
-  auto stage = [&](uint32_t k) { return ring_s + (k % kStages) * (uint32_t)stage_bytes; };
-  /* The copies of row k into stage k % kStages, whose last row (k - kStages) had its phase B in
-   * an earlier iteration (an empty group past the last row, so that every thread commits one
+  /* Per-row addresses are advanced from row to row, not derived from the row index (NOTES P69):
+   * the stages of the next copy, of phase A and of phase B (each thread's slot 0; the ring wraps
+   * after kStages), the next copy's source and phase B's destination (this thread's first vector
+   * of the cluster's next row). The copy's offsets per slot are fixed: i * T vectors, or 0 past
+   * the row, where the copy reads nothing (zero-fill). */
+  const uint32_t ring_end = ring_s + kStages * (uint32_t)stage_bytes;
+  auto next_stage = [&](uint32_t s) {
+    s += (uint32_t)stage_bytes;
+    return s == ring_end ? ring_s : s;
+  };
+  uint32_t st_copy = ring_s, st_a = ring_s, st_b = ring_s;
+  const X* x_next = static_cast<const X*>(a.x) + cid * a.x_stride + (int64_t)v0 * VEC;
+  const int64_t x_step = stride * a.x_stride;
+  int x_off[NV];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) x_off[i] = in_row[i] ? i * T * VEC : 0;
+  uint8_t* o_next = static_cast<uint8_t*>(a.out) + (cid * a.out_stride + (int64_t)v0 * VEC) * (int64_t)sizeof(O);
+  const int64_t o_step = stride * a.out_stride * (int64_t)sizeof(O);
+  /* The copies of the next row (k) into its stage, whose last row (k - kStages) had its phase B
+   * in an earlier iteration (an empty group past the last row, so that every thread commits one
    * group per iteration and wait<D> means "row k has landed"). */
   auto issue = [&](uint32_t k) {
     if (k < count) {
-      const X* xr = static_cast<const X*>(a.x) + (cid + (int64_t)k * stride) * a.x_stride +
-                    (int64_t)v0 * VEC;
-      const uint32_t base = stage(k);
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        cp_async16(base + (uint32_t)i * step, in_row[i] ? xr + (int64_t)i * T * VEC : xr, in_row[i]);
-      }
+      for (int i = 0; i < NV; ++i) cp_async16(st_copy + (uint32_t)i * step, x_next + x_off[i], in_row[i]);
+      x_next += x_step;
+      st_copy = next_stage(st_copy);
     }
     cp_async_commit();
   };
-  /* Phase B of row kb: y, its stores (kOut 1: e4m3, 2: e5m2, 3: O itself; 0: none, kStats)
-   * and amax. The store kind is a template argument so that the per-vector code has no branch
+  /* Phase B of row k - LB (its stage st_b, its output o_next): y, its stores (kOut 1: e4m3, 2:
+   * e5m2, 3: O itself; 0: none, kStats) and amax. The store kind is a template argument so that the per-vector code has no branch
    * on the mode or the FP8 format (one uniform branch per row picks the instance). */
-  auto phase_b = [&](uint32_t kb, auto out_kind) {
+  auto phase_b = [&](auto out_kind) {
     constexpr int kOut = decltype(out_kind)::value;
-    const uint32_t sb = stage(kb);
+    const uint32_t sb = st_b;
     const float mb = kRms ? 0.0f : mean_b;
-    uint8_t* orow = static_cast<uint8_t*>(a.out) +
-                    ((cid + (int64_t)kb * stride) * a.out_stride + (int64_t)v0 * VEC) * (int64_t)sizeof(O);
+    uint8_t* orow = o_next;
     const int ostep = T * VEC * (int)sizeof(O);
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -219,7 +223,9 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
     }
   };
 
-  pair_xchg_init(recv, mbar);
+  const PairXchgAddr xa = pair_xchg_init(recv, mbar, rank, C);
+  /* LayerNorm: 1 / the values of this thread's warp inside the row (0 for none) */
+  const float inv_nw = kRms ? 0.0f : inv_ent[rank * kPairXchgMaxWarps + (t >> 5)];
 #pragma unroll
   for (int d = 0; d < D; ++d) issue((uint32_t)d);
   for (uint32_t k = 0; k < count + (uint32_t)LB; ++k) {
@@ -227,7 +233,8 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
     cp_async_wait<D>();
     /* k < count, kb, kw: uniform over the cluster, whose CTAs share the row sequence */
     if (k < count) { /* phase A of row k */
-      const uint32_t sa = stage(k);
+      const uint32_t sa = st_a;
+      st_a = next_stage(st_a);
       float s[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -257,19 +264,20 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
         s[1] = q[0];
       }
       /* sent by lane r to rank r (kSlots' comment: why the slot is free) */
-      pair_xchg_send(recv, mbar, (int)(k % (uint32_t)kSlots), rank, C, s[0], s[1]);
+      pair_xchg_send(xa, (int)(k % (uint32_t)kSlots), C, s[0], s[1]);
     }
     if (k >= (uint32_t)LB) { /* phase B of row k - LB */
-      const uint32_t kb = k - (uint32_t)LB;
       if constexpr (!kFp8) {
-        phase_b(kb, std::integral_constant<int, 3>{});
+        phase_b(std::integral_constant<int, 3>{});
       } else if (!store_y) {
-        phase_b(kb, std::integral_constant<int, 0>{});
+        phase_b(std::integral_constant<int, 0>{});
       } else if (a.e5m2 != 0) {
-        phase_b(kb, std::integral_constant<int, 2>{});
+        phase_b(std::integral_constant<int, 2>{});
       } else {
-        phase_b(kb, std::integral_constant<int, 1>{});
+        phase_b(std::integral_constant<int, 1>{});
       }
+      st_b = next_stage(st_b);
+      o_next += o_step;
     }
     /* wait for exchange kw = k - WL (sent WL iterations ago); add its sums in the fixed order:
      * rsigma (and the mean) of row kw, phase B's in the next iteration */
@@ -280,11 +288,11 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       const bool writer = rank == 0 && t == 0;
       if constexpr (kRms) {
         float s[2];
-        pair_xchg_gather<false>(recv, mbar, q, parity, C, s);
+        pair_xchg_gather<false>(recv, xa, q, parity, C, s);
         rs_b = 1.0f / sqrtf(s[0] * a.inv_n + a.eps);
       } else {
         float m2;
-        pair_xchg_gather_chan(recv, mbar, q, parity, C, n_ent, inv_ent, a.inv_n, mean_b, m2);
+        pair_xchg_gather_chan(recv, xa, q, parity, C, n_ent, inv_ent, a.inv_n, mean_b, m2);
         rs_b = 1.0f / sqrtf(m2 * a.inv_n + a.eps);
         if (writer) a.mu[cid + (int64_t)kw * stride] = mean_b;
       }
