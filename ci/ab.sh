@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One GPU call for an A/B of two CUDA builds: A = a carried tree (.carry/base.tgz, e.g.
+# `git archive HEAD | gzip > .carry/base.tgz`), B = this working tree. Both are built in parallel,
+# then optional tests run on B's build, then benchmarks/profile_kernels.py runs on A and B
+# alternated AB_REPS times (kernel time: compare only within one call). Logs under $OUT.
+#
+#   AB_ARGS="--impls cuda --n 16384 32768 --modes fwd+bwd" AB_REPS=2 \
+#   AB_TESTS="tests/test_norm_contract.py" AB_K="stream or cluster" AB_SANITIZE="memcheck racecheck" bash ci/ab.sh
+#
+# The built extensions come back xz-compressed ($OUT/{A,B}_C*.so.xz), so that a later call can
+# carry B's as .carry/_C*.so.xz for ci/gpu_session.sh (with $OUT/_C.srchash).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-build/ab}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+T0=$(date +%s)
+log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+SITE=""
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  SITE=/tmp/site:
+fi
+A=/tmp/ab_base
+rm -rf "$A" && mkdir -p "$A" && tar xzf .carry/base.tgz -C "$A" || { log "no .carry/base.tgz"; exit 2; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/ab_session.log"
+jobs_each=$(( $(nproc) / 2 ))
+( cd "$A" && MAX_JOBS=$jobs_each python3 setup.py -q build_ext --inplace > "$OUT/build_A.log" 2>&1
+  echo "A build rc $?" >> "$OUT/build_A.log" ) &
+( MAX_JOBS=$jobs_each python3 setup.py -q build_ext --inplace > "$OUT/build_B.log" 2>&1
+  echo "B build rc $?" >> "$OUT/build_B.log" ) &
+wait
+log "builds done"; tail -1 "$OUT/build_A.log" "$OUT/build_B.log"
+grep -q "rc 0" "$OUT/build_A.log" && grep -q "rc 0" "$OUT/build_B.log" || exit 1
+for f in "$A"/engine/_C*.so; do xz -T0 -3 -c "$f" > "$OUT/A_$(basename "$f").xz"; done
+for f in engine/_C*.so; do xz -T0 -3 -c "$f" > "$OUT/B_$(basename "$f").xz"; done
+find engine/csrc engine/_build.py -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp' \
+  -o -name '*.py' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16 > "$OUT/_C.srchash"
+if [ -n "${AB_TESTS:-}" ]; then
+  # shellcheck disable=SC2086
+  PYTHONPATH=$SITE$PWD timeout "${AB_TESTS_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \
+    -m "not slow" ${AB_K:+-k "$AB_K"} $AB_TESTS > "$OUT/ab_tests.log" 2>&1
+  log "tests (B) exit $?"; tail -2 "$OUT/ab_tests.log"
+fi
+for tool in ${AB_SANITIZE:-}; do  # memcheck / racecheck over ci/sanitize.py on B's build
+  PYTHONPATH=$SITE$PWD timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 1 python3 ci/sanitize.py \
+    >> "$OUT/ab_sanitize.log" 2>&1
+  log "$tool exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/ab_sanitize.log" | tail -1
+done
+for rep in $(seq "${AB_REPS:-2}"); do
+  for side in A B; do
+    d=$PWD; [ $side = A ] && d=$A
+    echo "=== $side rep $rep" >> "$OUT/ab.log"
+    # shellcheck disable=SC2086
+    (cd "$d" && PYTHONPATH=$SITE$d timeout "${AB_LIMIT:-120}" python3 benchmarks/profile_kernels.py ${AB_ARGS:-} \
+      2>&1 | grep -vE "UserWarning|_warn_once" >> "$OUT/ab.log")
+  done
+  log "rep $rep done"
+done
+log done
