@@ -32,8 +32,8 @@ jobs_each=$(( $(nproc) / 2 ))
 wait
 log "builds done"; tail -1 "$OUT/build_A.log" "$OUT/build_B.log"
 grep -q "rc 0" "$OUT/build_A.log" && grep -q "rc 0" "$OUT/build_B.log" || exit 1
-for f in "$A"/engine/_C*.so; do xz -T0 -3 -c "$f" > "$OUT/A_$(basename "$f").xz"; done
-for f in engine/_C*.so; do xz -T0 -3 -c "$f" > "$OUT/B_$(basename "$f").xz"; done
+for f in "$A"/engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/A_$(basename "$f").xz"; done
+for f in engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/B_$(basename "$f").xz"; done
 find engine/csrc engine/_build.py -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp' \
   -o -name '*.py' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16 > "$OUT/_C.srchash"
 if [ -n "${AB_TESTS:-}" ]; then
