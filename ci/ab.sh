@@ -30,7 +30,7 @@ jobs_each=$(( $(nproc) / 2 ))
 ( MAX_JOBS=$jobs_each python3 setup.py -q build_ext --inplace > "$OUT/build_B.log" 2>&1
   echo "B build rc $?" >> "$OUT/build_B.log" ) &
 wait
-log "builds done"; tail -1 "$OUT/build_A.log" "$OUT/build_B.log"
+log "builds done"; tail -q -n 1 "$OUT/build_A.log" "$OUT/build_B.log"
 grep -q "rc 0" "$OUT/build_A.log" && grep -q "rc 0" "$OUT/build_B.log" || exit 1
 for f in "$A"/engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/A_$(basename "$f").xz"; done
 for f in engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/B_$(basename "$f").xz"; done
@@ -43,7 +43,7 @@ if [ -n "${AB_TESTS:-}" ]; then
   log "tests (B) exit $?"; tail -2 "$OUT/ab_tests.log"
 fi
 for tool in ${AB_SANITIZE:-}; do  # memcheck / racecheck over ci/sanitize.py on B's build
-  PYTHONPATH=$SITE$PWD timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 1 python3 ci/sanitize.py \
+  PYTHONPATH=$SITE$PWD timeout "${AB_SANITIZE_LIMIT:-240}" compute-sanitizer --tool "$tool" --error-exitcode 1 python3 ci/sanitize.py \
     >> "$OUT/ab_sanitize.log" 2>&1
   log "$tool exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/ab_sanitize.log" | tail -1
 done
