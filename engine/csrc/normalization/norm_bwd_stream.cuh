@@ -10,8 +10,8 @@
  * 46-60 % of copy at 32K-128K (benchmarks/NOTES.md, session 16; ncu in P49b: barrier and membar
  * stalls). Here the copies of the next rows are in flight while one row is reduced; a row's
  * per-CTA sums travel by st.async into every CTA's shared memory, counted by an mbarrier (no
- * fence on the stores), and the wait for them sits behind the phase B of an earlier row (L = 1:
- * the previous one; the kernel is written for L = 2 as well, measured slower):
+ * fence on the stores), and the wait for them sits behind the phase B of an earlier row (L = 2;
+ * the kernel is written for L = 1 as well, which measured slower after P69: NOTES P70):
  *
  *   iteration k:  copy row k+D;  wait for row k's copies;
  *                 phase A of row k: dweight / dbias partials and each warp's (c2, c1) sums, sent
@@ -43,9 +43,12 @@ namespace norm {
 
 /* Rows copied ahead of the one reduced (D; four measured no faster than two: NOTES P50). */
 constexpr int kStreamDepth = 2;
-/* Rows between a row's phase A and its phase B (L): the kernel is written for 1 or 2, and runs 1
- * (2 measured up to 4 points slower on LayerNorm and no faster on RMSNorm: NOTES P51). */
-constexpr int kStreamLag = 1;
+/* Rows between a row's phase A and its phase B (L): the kernel is written for 1 or 2, and runs 2.
+ * P51 measured 2 no faster (RMSNorm) or up to 4 points slower (LayerNorm) when the kernel ran ~29
+ * instructions per value; after P69 (24 per value) the exchange's wait was exposed, and 2 measured
+ * +3 to +5 (RMSNorm, 4K-128K) and +3 to +8.5 (LayerNorm, 4K-8K and 32K-128K; 16K within the
+ * spread) of fwd+bwd kernel time (NOTES P70). */
+constexpr int kStreamLag = 2;
 constexpr int kStreamNV = 2;           /* 16-byte vectors per thread and operand */
 constexpr int kStreamMaxThreads = 512; /* CTA threads (launch bound: up to 128 registers) */
 constexpr int kStreamMaxCluster = 16;
