@@ -21,7 +21,10 @@ stage 3 num_stages in {1, 2, 4} (3 is the default) for the best one. Candidates:
 * blocked two-pass (N >= 4K): chunk ``block_n`` in {2048, 4096, 8192, 16384, 32768} up to N,
   ``block_m`` in {1, 2} (torch.compile's kernels at 8K-32K are this shape: one row per program,
   pass 2 re-reading from L2; ci/inductor_code.py, h200_inductor_configs.log), for bwd {1, 2, 4, 8};
-* fwd-fp8T: ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8}.
+* fwd-fp8T: ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8};
+* the split backward (bwd from 16K; ``split=True``): slices of 4096, 8192 or 16384
+  columns at 8-64 elements per thread, one program per SM (no stage 2); ``--kinds split`` tries
+  only these.
 
 A compile per (block_m, block_n, blocked, num_warps) dominates the time (about a second each on an
 H100), so ``--max-seconds`` stops trying new candidates when spent; what was measured is reported.
@@ -67,13 +70,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--norm", choices=("rmsnorm", "layernorm"), default="rmsnorm")
     p.add_argument("--warmup-ms", type=float, default=5.0)
     p.add_argument("--rep-ms", type=float, default=20.0)
+    p.add_argument("--kinds", choices=("all", "split"), default="all",
+                   help="split: only the split backward's candidates (bwd from 16K)")
     p.add_argument("--max-seconds", type=float, default=220.0,
                    help="try no new candidate after this many seconds")
     return p.parse_args(argv)
 
 
 def cfg_str(c: NormConfig) -> str:
-    return f"{c.block_m}x{c.block_n}{'B' if c.blocked else ''} w{c.num_warps} p{c.programs_per_sm}" + (
+    return f"{c.block_m}x{c.block_n}{'B' if c.blocked else ''}{'S' if c.split else ''} w{c.num_warps} p{c.programs_per_sm}" + (
         f" s{c.num_stages}" if hasattr(c, "num_stages") else "")
 
 
@@ -93,9 +98,23 @@ def _stage1_pps(num_warps: int) -> int:
     return 2 if num_warps >= 4 else 16 // num_warps
 
 
-def candidates(op: str, n: int, dry: bool) -> list:
-    """Stage-1 configs (two programs per SM) of ``op`` at row width ``n``."""
+def split_candidates(n: int, dry: bool) -> list:
+    """The split backward's configs (one program per SM, its only grid): slices of 4K-16K columns
+    (the row over G = N / slice programs) at 8-64 elements per thread; dry runs: one slice of the
+    whole row (G = 1, the interpreter's only case)."""
+    if dry:
+        return [NormConfig(1, triton.next_power_of_2(n), False, 4, 1, split=True)]
+    return [NormConfig(1, sl, False, w, 1, split=True)
+            for sl in (4096, 8192, 16384) if sl < n for w in _warps(sl, 8, 64, False)]
+
+
+def candidates(op: str, n: int, dry: bool, kinds: str = "all") -> list:
+    """Stage-1 configs (two programs per SM) of ``op`` at row width ``n``; the split backward's
+    (:func:`split_candidates`) from 16K, and only those with ``kinds == "split"``."""
     p2 = triton.next_power_of_2(n)
+    split = split_candidates(n, dry) if op == "bwd" and n >= (256 if dry else 16384) else []
+    if kinds == "split":
+        return split
     out = []
     if op == "fwd-fp8T":
         for bm in (16, 32, 64):
@@ -120,7 +139,7 @@ def candidates(op: str, n: int, dry: bool) -> list:
     out = list(dict.fromkeys(out))
     if dry:  # the interpreter is slow: one of each kind
         out = [c for c in out if not c.blocked][:1] + [c for c in out if c.blocked][:1]
-    return out
+    return out + split
 
 
 def heuristic(op: str, n: int, rms: bool) -> NormConfig:
@@ -249,11 +268,11 @@ def tune_one(op: str, m: int, n: int, args, copy_gbps: float, t_start: float) ->
         return sorted((c for c, r in tried.items() if "us" in r), key=lambda c: tried[c]["us"])
 
     # Stage 1: the candidate grid at two programs per SM.
-    measure(candidates(op, n, args.dry_run))
-    # Stage 2: programs per SM for the best three.
+    measure(candidates(op, n, args.dry_run, args.kinds))
+    # Stage 2: programs per SM for the best three (not the split backward's: one per SM).
     pps_values = (1, 2) if args.dry_run else ((1, 2, 4) if op == "fwd-fp8T" else (1, 2, 4, 8, 16, 32))
     measure([replace(base, programs_per_sm=pps)
-             for base in ranked()[: 1 if args.dry_run else 3] for pps in pps_values])
+             for base in [c for c in ranked() if not c.split][: 1 if args.dry_run else 3] for pps in pps_values])
     # Stage 3: pipelining depth of the best so far (a recompile each).
     good = ranked()
     if good and hasattr(good[0], "num_stages"):

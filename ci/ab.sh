@@ -7,6 +7,7 @@
 #   AB_ARGS="--impls cuda --n 16384 32768 --modes fwd+bwd" AB_REPS=2 \
 #   AB_TESTS="tests/test_norm_contract.py" AB_K="stream or cluster" AB_SANITIZE="memcheck racecheck" bash ci/ab.sh
 #
+# AB_BUILD=0 skips both builds (an A/B of Triton code: AB_ARGS="--impls triton ...").
 # The built extensions come back xz-compressed ($OUT/{A,B}_C*.so.xz), so that a later call can
 # carry B's as .carry/_C*.so.xz for ci/gpu_session.sh (with $OUT/_C.srchash).
 set -uo pipefail
@@ -24,6 +25,7 @@ fi
 A=/tmp/ab_base
 rm -rf "$A" && mkdir -p "$A" && tar xzf .carry/base.tgz -C "$A" || { log "no .carry/base.tgz"; exit 2; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/ab_session.log"
+if [ "${AB_BUILD:-1}" = 1 ]; then  # AB_BUILD=0: no CUDA builds (Triton-only A/B: --impls triton)
 jobs_each=$(( $(nproc) / 2 ))
 ( cd "$A" && MAX_JOBS=$jobs_each python3 setup.py -q build_ext --inplace > "$OUT/build_A.log" 2>&1
   echo "A build rc $?" >> "$OUT/build_A.log" ) &
@@ -36,6 +38,7 @@ for f in "$A"/engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/A_$(basename "$f").xz"
 for f in engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/B_$(basename "$f").xz"; done
 find engine/csrc engine/_build.py -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp' \
   -o -name '*.py' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16 > "$OUT/_C.srchash"
+fi
 if [ -n "${AB_TESTS:-}" ]; then
   # shellcheck disable=SC2086
   PYTHONPATH=$SITE$PWD timeout "${AB_TESTS_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \

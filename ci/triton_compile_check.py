@@ -35,6 +35,7 @@ from engine.triton_kernels import launch as launch_mod  # noqa: E402
 _TORCH_TO_TRITON = {
     torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
     torch.float8_e4m3fn: "fp8e4nv", torch.float8_e5m2: "fp8e5", torch.uint8: "u8", torch.int8: "i8",
+    torch.int64: "i64",
 }
 
 
@@ -84,11 +85,13 @@ class Recorder:
 
 def drive(rec: Recorder) -> None:
     """Run engine's Triton launch paths over the dtypes, modes and row widths they dispatch on.
-    The tensors are CPU tensors; the one device-dependent constexpr (the partial-sum reduction's
-    column block) is pinned to its GPU value."""
-    from engine.triton_kernels import norms, norms_common, transpose
+    The tensors are CPU tensors; the device-dependent constexprs (the partial-sum reduction's
+    column block, the split backward's programs per row) are pinned to their GPU values."""
+    from engine.triton_kernels import norms, norms_common, transpose, utils
 
     norms_common._reduce_block_n = lambda part: norms_common.REDUCE_BLOCK_N["cuda"]
+    norms.split_groups_run = lambda device: True  # the split backward's GPU variants (G > 1)
+    utils.INTERPRETER_SM_COUNT = 132  # an H100 / H200's SMs: G up to 132 (no compile key holds a grid)
 
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
     e4m3, e5m2 = torch.float8_e4m3fn, torch.float8_e5m2

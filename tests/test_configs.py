@@ -22,7 +22,10 @@ def _pow2(v: int) -> bool:
 def _check(cfg: nc.NormConfig, n: int, max_tile: int) -> None:
     assert _pow2(cfg.block_m) and _pow2(cfg.block_n) and cfg.num_warps in (1, 2, 4, 8, 16, 32)
     assert cfg.programs_per_sm >= 1 and cfg.num_stages >= 1
-    if cfg.blocked:  # one chunk may cover the row (pass 2 re-reads it from L2), never more
+    if cfg.split:  # the split backward: one-row slices, at least two per row, one program per SM
+        assert not cfg.blocked and cfg.block_m == 1 and cfg.programs_per_sm == 1
+        assert cfg.block_n < n, f"split slice of {cfg.block_n} for N={n}: {cfg}"
+    elif cfg.blocked:  # one chunk may cover the row (pass 2 re-reads it from L2), never more
         assert cfg.block_n < 2 * n, f"blocked chunk of {cfg.block_n} for N={n}: {cfg}"
     else:
         assert cfg.block_n >= n, f"register path narrower than N={n}: {cfg}"

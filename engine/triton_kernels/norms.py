@@ -61,11 +61,15 @@ def _ld(ptr, mask, EVICT: tl.constexpr, EVEN: tl.constexpr, BITS: tl.constexpr):
     """fp32 load of a tile; lanes outside ``mask`` read 0. EVEN: no lane is outside, no mask (an
     unpredicated load: no zeroing of its registers first, no predicate per vector). BITS: see
     :func:`_to_f32`."""
+    return _to_f32(_ld_raw(ptr, mask, EVICT, EVEN), BITS)
+
+
+@triton.jit
+def _ld_raw(ptr, mask, EVICT: tl.constexpr, EVEN: tl.constexpr):
+    """:func:`_ld` in the tensor's own dtype (converted where it is used)."""
     if EVEN:
-        v = tl.load(ptr, eviction_policy=EVICT)
-    else:
-        v = tl.load(ptr, mask=mask, other=0.0, eviction_policy=EVICT)
-    return _to_f32(v, BITS)
+        return tl.load(ptr, eviction_policy=EVICT)
+    return tl.load(ptr, mask=mask, other=0.0, eviction_policy=EVICT)
 
 
 @triton.jit
@@ -498,6 +502,157 @@ def _norm_bwd_kernel(
             _st(DB_PART + part_row + cols, db, cmask, EVEN)
 
 
+
+@triton.jit
+def _xchg_word(v):
+    """An exchange word of the split backward: fp32 ``v``'s bits in the low half, 1 ("written")
+    in the high half. One 64-bit store is single-copy atomic, so a reader that sees the flag sees
+    the value with it: no fence, no counter, no second round trip (NCCL's LL protocol)."""
+    return (v.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF) | (1 << 32)
+
+
+@triton.jit
+def _split_phase_a(dy_raw, z_raw, mean, rstd, row64, valid, XCHG, cols, cmask, g, gi, G: tl.constexpr,
+                   IS_RMS_NORM: tl.constexpr, INTERPRETER: tl.constexpr, EVEN: tl.constexpr):
+    """Phase A of one row of the split backward: the partial sums of this program's slice (dy
+    and z loaded in their own dtypes, [1, SLICE]), written as exchange words (_xchg_word) unless
+    the row is past the group's last (``valid`` false: a pipeline fill / drain step)."""
+    dy = _to_f32(dy_raw, True)
+    xhat = _xhat(_to_f32(z_raw, True), mean, rstd, cmask[None, :], EVEN)
+    dyg = dy * g[None, :]
+    s2, s1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
+    K: tl.constexpr = 1 if IS_RMS_NORM else 2
+    base = XCHG + row64 * (K * G) + gi
+    tl.store(base, _xchg_word(s2), mask=valid)
+    if not IS_RMS_NORM:
+        tl.store(base + G, _xchg_word(s1), mask=valid)
+
+
+@triton.jit
+def _split_phase_b(dy_raw, z_raw, mean, rstd, row64, valid, g, dw, db, XCHG, DRES_IN, DX, DRES, cols,
+                   cmask, inv_n, stride_dri, stride_dx, stride_dres, G: tl.constexpr, KG_P2: tl.constexpr,
+                   IS_RMS_NORM: tl.constexpr, HAS_DRES_IN: tl.constexpr, HAS_DRES: tl.constexpr,
+                   HAS_DB: tl.constexpr, INTERPRETER: tl.constexpr, EVEN: tl.constexpr):
+    """Phase B of one row of the split backward (nothing where ``valid`` is false): wait for the
+    row's G (RMSNorm) or 2G (LayerNorm: c2's, then c1's) exchange words, add the partial sums in
+    slot order (the same tree in every program of the group: the same bits), then dx of this
+    program's slice (xhat recomputed from the loaded z: fewer registers held across the
+    pipeline than the fp32 tiles) and its dW / dB accumulation."""
+    K: tl.constexpr = 1 if IS_RMS_NORM else 2
+    slot = tl.arange(0, KG_P2)
+    smask = (slot < K * G)[None, :] & valid[:, None]
+    wptr = XCHG + row64[:, None] * (K * G) + slot[None, :]
+    # slots past K * G and rows past the last read as written zeros
+    w = tl.load(wptr, mask=smask, other=1 << 32, volatile=True)
+    while tl.sum(((w >> 32) == 0).to(tl.int32)) > 0:  # a program of the group has not written
+        w = tl.load(wptr, mask=smask, other=1 << 32, volatile=True)
+    part = (w & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    if IS_RMS_NORM:
+        c2 = tl.sum(part, axis=1) * inv_n
+        c1 = c2
+    else:
+        first = (slot < G)[None, :]
+        c2 = tl.sum(tl.where(first, part, 0.0), axis=1) * inv_n
+        c1 = tl.sum(tl.where(first, 0.0, part), axis=1) * inv_n
+    mask = cmask[None, :] & valid[:, None]
+    dy = _to_f32(dy_raw, True)
+    xhat = _xhat(_to_f32(z_raw, True), mean, rstd, cmask[None, :], EVEN)
+    dz = _dz(dy * g[None, :], xhat, rstd, c2, c1, IS_RMS_NORM)
+    _store_dx(dz, DRES_IN, DX, DRES, row64, cols, mask, stride_dri, stride_dx, stride_dres,
+              HAS_DRES_IN, HAS_DRES, INTERPRETER, False)
+    dw += tl.sum(dy * xhat, axis=0)
+    if HAS_DB:
+        db += tl.sum(dy, axis=0)
+    return dw, db
+
+
+@triton.jit
+def _split_load(DY, X, MU, RSTD, row, M, cols, cmask, stride_dy, stride_x, IS_RMS_NORM: tl.constexpr):
+    """Row ``row``'s slice of dy and z in their own dtypes (predicated off past M), its stored
+    statistics, its 64-bit index and whether it exists ([1] tensors)."""
+    row64 = tl.cast(row + tl.arange(0, 1), tl.int64)
+    valid = row64 < M
+    mask = cmask[None, :] & valid[:, None]
+    dy = tl.load(DY + row64[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0,
+                 eviction_policy="evict_first")
+    z = tl.load(X + row64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                eviction_policy="evict_first")
+    mean, rstd = _load_stats(MU, RSTD, row64, valid, IS_RMS_NORM)
+    return dy, z, mean, rstd, row64, valid
+
+
+@triton.jit
+def _norm_bwd_split_kernel(
+    DY,  # [M, N] output gradient
+    X,  # [M, N] normalised input z
+    MU,  # [M] fp32 mean or dummy
+    RSTD,  # [M] fp32 1/sigma
+    W,  # [N] weight
+    DRES_IN,  # [M, N] gradient of residual_out, or dummy
+    DX,  # [M, N] input gradient
+    DRES,  # [M, N] the same gradient in the residual's dtype, or dummy
+    DW_PART,  # [R, N] fp32 partial dW per row group
+    DB_PART,  # [R, N] fp32 partial dB per row group, or dummy
+    XCHG,  # [M, K * G] int64 exchange words, zeroed before the launch
+    stride_dy, stride_x, stride_dri, stride_dx, stride_dres,  # row strides in elements
+    M, N,
+    IS_RMS_NORM: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
+    HAS_DRES_IN: tl.constexpr,
+    HAS_DRES: tl.constexpr,
+    HAS_DB: tl.constexpr,
+    INTERPRETER: tl.constexpr,
+    G: tl.constexpr,  # programs per row (column slices)
+    KG_P2: tl.constexpr,  # next power of two of the exchange words per row (G, LayerNorm 2G)
+    SLICE: tl.constexpr,  # columns per program (G * SLICE >= N)
+    EVEN: tl.constexpr,  # N == G * SLICE: no column mask
+):
+    """The backward of wide rows with each row split over G programs (a row group), each owning
+    a column slice of SLICE columns for all of the group's rows: its gamma and its dW / dB
+    accumulators stay in registers for the whole kernel (the blocked kernel read-modify-writes a
+    per-program partial row of N floats per row tile, through DRAM from 32K: NOTES Q3, P66). A
+    row's constants c2 / c1 are sums over the whole row: each program writes its slice's partial
+    sums as one 64-bit exchange word per sum (_xchg_word) and reads the group's words back
+    (_split_phase_b). Iteration i (rows past the group's last are predicated off):
+
+        loads of row i;  phase B of row i-1 (its wait overlaps the loads);  phase A of row i
+
+    A lag of 2 (phase A of row i-1, then phase B of row i-2) was written and failed on the H200
+    (every dx unwritten, triton 3.6; it passed in the interpreter): not kept (NOTES P71).
+
+    The program of slice ``gi`` of group ``grp`` is ``grp * G + gi``; group grp owns rows grp,
+    grp + R, ... (R = programs / G <= M). The G programs of a group wait for one another, so they
+    must be resident at once: launch_bwd launches at most one program per SM (which always fits)
+    and never more programs than SMs. The interpreter runs programs one after another: G = 1
+    there (launch_bwd)."""
+    pid = tl.program_id(0)
+    R = tl.num_programs(0) // G
+    grp = pid // G
+    gi = pid % G
+    cols = gi * SLICE + tl.arange(0, SLICE)
+    cmask = cols < N
+    inv_n = 1.0 / N
+    g = _load_gamma(W, cols, N, ZERO_CENTERED, EVEN, True)
+    dw = tl.zeros([SLICE], dtype=tl.float32)
+    db = tl.zeros([SLICE], dtype=tl.float32)
+    count = tl.cdiv(M - grp, R)
+    # the row of phase B: row M (past the last, nothing to do) before the pipeline fills
+    dy_b, z_b, mean_b, rstd_b, row_b, valid_b = _split_load(DY, X, MU, RSTD, M, M, cols, cmask, stride_dy,
+                                                            stride_x, IS_RMS_NORM)
+    for i in range(0, count + 1):
+        dy_n, z_n, mean_n, rstd_n, row_n, valid_n = _split_load(DY, X, MU, RSTD, grp + i * R, M, cols,
+                                                                cmask, stride_dy, stride_x, IS_RMS_NORM)
+        dw, db = _split_phase_b(dy_b, z_b, mean_b, rstd_b, row_b, valid_b, g, dw, db, XCHG, DRES_IN, DX, DRES,
+                                cols, cmask, inv_n, stride_dri, stride_dx, stride_dres, G, KG_P2, IS_RMS_NORM,
+                                HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN)
+        _split_phase_a(dy_n, z_n, mean_n, rstd_n, row_n, valid_n, XCHG, cols, cmask, g, gi, G, IS_RMS_NORM,
+                       INTERPRETER, EVEN)
+        dy_b, z_b, mean_b, rstd_b, row_b, valid_b = dy_n, z_n, mean_n, rstd_n, row_n, valid_n
+    prow = tl.cast(grp, tl.int64) * N
+    _st(DW_PART + prow + cols, dw, cmask, EVEN)
+    if HAS_DB:
+        _st(DB_PART + prow + cols, db, cmask, EVEN)
+
 # The forward compiled with N not specialised, for the in-kernel transposed FP8 store (STORE_T).
 # With N specialised as a multiple of 16 (Triton does that for every such N), triton 3.6 compiled
 # that store into wrong bytes for every N % 16 == 0, in this kernel only; bounding the store by an
@@ -510,6 +665,7 @@ _norm_fwd_kernel_t = triton.jit(_norm_fwd_kernel.fn, do_not_specialize=["N"])
 _FWD = Launcher(_norm_fwd_kernel)
 _FWD_T = Launcher(_norm_fwd_kernel_t)
 _BWD = Launcher(_norm_bwd_kernel)
+_BWD_SPLIT = Launcher(_norm_bwd_split_kernel)
 
 
 def _amax_v(cfg: nc.NormConfig, store_t: bool) -> int:
@@ -638,12 +794,72 @@ def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_r
     """What a backward launch needs beyond the tensors and the row count: ``(config, programs
     cap, constexprs)``."""
     cfg = config or nc.bwd_config(n, x_dtype, is_rms_norm)
+    if cfg.split:
+        return _split_plan(cfg, n, has_dres_in, has_dres, has_db, device, sm_margin, is_rms_norm,
+                           zero_centered_gamma, config is None)
     constexprs = _BWD.constexprs(
         IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma, HAS_DRES_IN=has_dres_in,
         HAS_DRES=has_dres, HAS_DB=has_db, INTERPRETER=interpreter_rounding(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
         ONE_CHUNK=cfg.blocked and n <= cfg.block_n, EVEN=_even(cfg, n, False))
     return cfg, persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm), constexprs
+
+
+def split_groups_run(device: torch.device) -> bool:
+    """Whether the split backward's programs run at once on ``device`` (G > 1 possible): on a GPU;
+    not in the interpreter. ci/triton_compile_check.py says True to compile the GPU's variants."""
+    return device.type == "cuda"
+
+
+def _split_plan(cfg, n, has_dres_in, has_dres, has_db, device, sm_margin, is_rms_norm, zero_centered_gamma,
+                heuristic):
+    """:func:`_bwd_plan` of the split backward: ``(config, row groups cap, constexprs)``. The G
+    programs of a row group wait for one another, so at most one program per SM (a program of
+    at most 1024 threads always fits one) and G <= SMs; the heuristic's config falls back to the
+    blocked one where G would not fit, and an explicit one raises. The interpreter runs programs
+    one after another: G = 1 there (the heuristic's slice widens to the row; an explicit G > 1
+    raises)."""
+    sms = persistent_grid(1 << 62, device, sm_margin, 1)
+    slice_n = cfg.block_n
+    concurrent = split_groups_run(device)
+    if not concurrent and heuristic:
+        slice_n = triton.next_power_of_2(n)
+    g = -(-n // slice_n)
+    if (not concurrent and g > 1) or g > sms:
+        if heuristic:
+            return _bwd_plan(n, None, has_dres_in, has_dres, has_db, device, sm_margin, is_rms_norm,
+                             zero_centered_gamma, nc.BWD_BLOCKED)
+        raise ValueError(f"split backward: {g} programs per row do not fit "
+                         f"{'the interpreter (one at a time)' if device.type != 'cuda' else f'{sms} SMs'}")
+    cfg = nc.NormConfig(1, slice_n, False, cfg.num_warps, 1, cfg.num_stages, split=True)
+    constexprs = _BWD_SPLIT.constexprs(
+        IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma, HAS_DRES_IN=has_dres_in,
+        HAS_DRES=has_dres, HAS_DB=has_db, INTERPRETER=interpreter_rounding(), G=g,
+        KG_P2=triton.next_power_of_2(g * (1 if is_rms_norm else 2)), SLICE=slice_n,
+        EVEN=g * slice_n == n)
+    return cfg, max(1, sms // g), constexprs
+
+
+def _launch_bwd_split(cfg, groups_cap, constexprs, dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight,
+                      dbias) -> None:
+    """Launch ``_norm_bwd_split_kernel`` (:func:`_split_plan`), then reduce its partials."""
+    m, n = x.shape
+    g = -(-n // cfg.block_n)
+    groups = min(m, groups_cap)
+    k = 1 if mu is None else 2
+    xchg = torch.zeros((m, k * g), dtype=torch.int64, device=x.device)
+    parts = torch.empty((2 if dbias is not None else 1, groups, n), dtype=torch.float32, device=x.device)
+    dw_part = parts[0]
+    db_part = parts[1] if dbias is not None else dw_part
+    _BWD_SPLIT.launch(groups * g, (
+        dy, x, mu if mu is not None else rsigma, rsigma, weight,
+        dresidual if dresidual is not None else dy, dx, dres if dres is not None else dx,
+        dw_part, db_part, xchg,
+    ), (
+        dy.stride(0), x.stride(0), dresidual.stride(0) if dresidual is not None else 0, dx.stride(0),
+        dres.stride(0) if dres is not None else 0, m, n,
+    ), cfg.num_warps, cfg.num_stages, constexprs)
+    nc.reduce_partials(parts, dweight, dbias)
 
 
 #: Backward plans (:func:`_bwd_plan`), as :data:`FWD_PLANS`.
@@ -670,6 +886,10 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
         if config is None:
             BWD_PLANS[key] = plan
     cfg, cap, constexprs = plan
+    if cfg.split:
+        _launch_bwd_split(cfg, cap, constexprs, dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight,
+                          dbias)
+        return
     p = min(-(-m // cfg.block_m), cap)
     # dW and, with a bias, dB partials in one allocation, reduced in one launch (reduce_partials)
     parts = torch.empty((2 if dbias is not None else 1, p, n), dtype=torch.float32, device=x.device)

@@ -38,7 +38,9 @@ class NormConfig:
     block_m: rows per tile; block_n: columns per tile (>= N unless ``blocked``);
     blocked: two passes over column chunks per row tile; num_warps; programs_per_sm: persistent
     programs per multiprocessor; num_stages: software-pipelining depth Triton may apply to the
-    persistent row loop.
+    persistent row loop. split (backward only): each row split over the programs of a row group,
+    ``block_n`` columns each (``_norm_bwd_split_kernel``; ``block_m`` 1, not blocked, one program
+    per SM).
     """
 
     block_m: int
@@ -47,6 +49,7 @@ class NormConfig:
     num_warps: int
     programs_per_sm: int
     num_stages: int = 3
+    split: bool = False
 
 
 # Measured on an H200 (benchmarks/tune.py, bf16, M*N = 64M; benchmarks/results/ and NOTES.md):
@@ -97,7 +100,16 @@ _BWD_BLOCKED_TABLE = {
     65536: NormConfig(4, 8192, True, 32, 1),
     131072: NormConfig(4, 8192, True, 32, 1),
 }
-_BWD_BLOCKED = NormConfig(2, BLOCKED_CHUNK_N, True, 32, 1)  # wider than the table
+#: The split backward (rows over the programs of a row group, dW / dB in registers) from 32K, per
+#: norm and row width (tune.py --kinds split on the H200, h200_tune_split_s23_*.log; NOTES P71):
+#: slices of 8192 columns at 8 warps but RMSNorm's 32K (16 warps: 57.3 % against 55.3 of the
+#: backward alone) and 128K (slices of 16384: 44.4 against 43.4). At 16K the one-chunk blocked
+#: kernel stays (RMSNorm 79 against 62, LayerNorm 62 against 60).
+SPLIT_BWD_FROM = 32768
+_SPLIT = NormConfig(1, 8192, False, 8, 1, split=True)
+_RMS_SPLIT = {32768: NormConfig(1, 8192, False, 16, 1, split=True),
+              131072: NormConfig(1, 16384, False, 8, 1, split=True)}
+BWD_BLOCKED = NormConfig(2, BLOCKED_CHUNK_N, True, 32, 1)  # wider than the table (and the split's G)
 
 # Where another op wants another config (tune.py on the H200: h200_tune_rms_fp8.log,
 # h200_tune_ln.log; entries only where the gain over the RMSNorm bf16 table was over 5 %).
@@ -211,6 +223,8 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
 def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
     """Backward config (from the measured tables above); ``rms``: RMSNorm (False: LayerNorm)."""
     p2 = triton.next_power_of_2(n)
+    if p2 >= SPLIT_BWD_FROM:
+        return _RMS_SPLIT.get(min(p2, 131072), _SPLIT) if rms else _SPLIT
     if not rms and p2 in _LN_BWD_OVERRIDES:
         return _LN_BWD_OVERRIDES[p2]
     if rms and p2 in _RMS_BWD_OVERRIDES:
@@ -218,7 +232,7 @@ def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
     if p2 in _BWD_BLOCKED_TABLE:
         return _BWD_BLOCKED_TABLE[p2]
     if p2 > MAX_FUSED_N_BWD:
-        return _BWD_BLOCKED
+        return BWD_BLOCKED
     bm, w, p = _BWD_TABLE[p2] if p2 >= 1024 else _small_rows(p2, _BWD_TABLE)
     return NormConfig(bm, p2, False, w, p)
 
