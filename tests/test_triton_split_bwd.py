@@ -62,6 +62,15 @@ def _check(x, w, b, dy, dres_in, is_rms, out):
         assert rel_err(db, ref["dbias"]) < REDUCTION[F32]
 
 
+@pytest.fixture(params=[1, 2], ids=["lag1", "lag2"])
+def lag(request, monkeypatch):
+    """Both lags of the split kernel (norms.SPLIT_LAG, read when a launch is planned)."""
+    from engine.triton_kernels import norms as nm
+
+    monkeypatch.setattr(nm, "SPLIT_LAG", request.param)
+    return request.param
+
+
 def _split(slice_n):
     from engine.triton_kernels.norms_common import NormConfig
 
@@ -74,7 +83,7 @@ def _split(slice_n):
     pytest.param(512, 512, False, id="even"),
     pytest.param(300, 512, True, id="masked-dresidual"),
 ])
-def test_split_backward_one_program_per_row(is_rms, n, slice_n, residual):
+def test_split_backward_one_program_per_row(is_rms, n, slice_n, residual, lag):
     """G = 1 (one slice per row; the interpreter's only case), several rows per program (M = 37,
     at most 2 programs per stand-in SM on CPU), bias and zero-centred gamma, with and without the
     residual's gradient (added, and stored again in fp32)."""
@@ -90,7 +99,7 @@ def test_split_backward_one_program_per_row(is_rms, n, slice_n, residual):
     pytest.param(512, 128, False, id="4-slices-even"),
     pytest.param(3571, 256, True, id="14-slices-dresidual"),
 ])
-def test_split_backward_row_groups(is_rms, n, slice_n, residual):
+def test_split_backward_row_groups(is_rms, n, slice_n, residual, lag):
     """G > 1 with masked and unmasked last slices, M = 37 rows over the row groups."""
     use_backend("triton")
     x, w, b, dy, dres_in = _problem(37, n, is_rms, residual=residual)

@@ -605,6 +605,7 @@ def _norm_bwd_split_kernel(
     G: tl.constexpr,  # programs per row (column slices)
     KG_P2: tl.constexpr,  # next power of two of the exchange words per row (G, LayerNorm 2G)
     SLICE: tl.constexpr,  # columns per program (G * SLICE >= N)
+    LAG: tl.constexpr,  # rows between a row's phase A and its phase B: 1 or 2 (SPLIT_LAG)
     EVEN: tl.constexpr,  # N == G * SLICE: no column mask
 ):
     """The backward of wide rows with each row split over G programs (a row group), each owning
@@ -615,10 +616,14 @@ def _norm_bwd_split_kernel(
     sums as one 64-bit exchange word per sum (_xchg_word) and reads the group's words back
     (_split_phase_b). Iteration i (rows past the group's last are predicated off):
 
-        loads of row i;  phase B of row i-1 (its wait overlaps the loads);  phase A of row i
+        LAG 1:  loads of row i;  phase B of row i-1 (its wait overlaps the loads);  phase A of row i
+        LAG 2:  loads of row i;  phase A of row i-1;  phase B of row i-2
 
-    A lag of 2 (phase A of row i-1, then phase B of row i-2) was written and failed on the H200
-    (every dx unwritten, triton 3.6; it passed in the interpreter): not kept (NOTES P71).
+    At LAG 1 a program has one row slice in flight, issued at the top of an iteration and
+    consumed at its end behind the previous row's wait; at LAG 2 the slice loaded in iteration i
+    is consumed in iteration i + 1 (NOTES P72). The two rows before the pipeline fills start as
+    row M (past the last: nothing happens), loaded separately: the same value as both initial
+    rows compiled (triton 3.6) into a kernel that wrote no dx (NOTES P71).
 
     The program of slice ``gi`` of group ``grp`` is ``grp * G + gi``; group grp owns rows grp,
     grp + R, ... (R = programs / G <= M). The G programs of a group wait for one another, so they
@@ -636,18 +641,30 @@ def _norm_bwd_split_kernel(
     dw = tl.zeros([SLICE], dtype=tl.float32)
     db = tl.zeros([SLICE], dtype=tl.float32)
     count = tl.cdiv(M - grp, R)
-    # the row of phase B: row M (past the last, nothing to do) before the pipeline fills
+    # the row of phase B (b) and, at LAG 2, of phase A (a): row M (past the last, nothing to do)
+    # before the pipeline fills
     dy_b, z_b, mean_b, rstd_b, row_b, valid_b = _split_load(DY, X, MU, RSTD, M, M, cols, cmask, stride_dy,
                                                             stride_x, IS_RMS_NORM)
-    for i in range(0, count + 1):
+    dy_a, z_a, mean_a, rstd_a, row_a, valid_a = _split_load(DY, X, MU, RSTD, M, M, cols, cmask, stride_dy,
+                                                            stride_x, IS_RMS_NORM)
+    for i in range(0, count + LAG):
         dy_n, z_n, mean_n, rstd_n, row_n, valid_n = _split_load(DY, X, MU, RSTD, grp + i * R, M, cols,
                                                                 cmask, stride_dy, stride_x, IS_RMS_NORM)
-        dw, db = _split_phase_b(dy_b, z_b, mean_b, rstd_b, row_b, valid_b, g, dw, db, XCHG, DRES_IN, DX, DRES,
-                                cols, cmask, inv_n, stride_dri, stride_dx, stride_dres, G, KG_P2, IS_RMS_NORM,
-                                HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN)
-        _split_phase_a(dy_n, z_n, mean_n, rstd_n, row_n, valid_n, XCHG, cols, cmask, g, gi, G, IS_RMS_NORM,
-                       INTERPRETER, EVEN)
-        dy_b, z_b, mean_b, rstd_b, row_b, valid_b = dy_n, z_n, mean_n, rstd_n, row_n, valid_n
+        if LAG == 1:
+            dw, db = _split_phase_b(dy_b, z_b, mean_b, rstd_b, row_b, valid_b, g, dw, db, XCHG, DRES_IN, DX,
+                                    DRES, cols, cmask, inv_n, stride_dri, stride_dx, stride_dres, G, KG_P2,
+                                    IS_RMS_NORM, HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN)
+            _split_phase_a(dy_n, z_n, mean_n, rstd_n, row_n, valid_n, XCHG, cols, cmask, g, gi, G,
+                           IS_RMS_NORM, INTERPRETER, EVEN)
+            dy_b, z_b, mean_b, rstd_b, row_b, valid_b = dy_n, z_n, mean_n, rstd_n, row_n, valid_n
+        else:
+            _split_phase_a(dy_a, z_a, mean_a, rstd_a, row_a, valid_a, XCHG, cols, cmask, g, gi, G,
+                           IS_RMS_NORM, INTERPRETER, EVEN)
+            dw, db = _split_phase_b(dy_b, z_b, mean_b, rstd_b, row_b, valid_b, g, dw, db, XCHG, DRES_IN, DX,
+                                    DRES, cols, cmask, inv_n, stride_dri, stride_dx, stride_dres, G, KG_P2,
+                                    IS_RMS_NORM, HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN)
+            dy_b, z_b, mean_b, rstd_b, row_b, valid_b = dy_a, z_a, mean_a, rstd_a, row_a, valid_a
+            dy_a, z_a, mean_a, rstd_a, row_a, valid_a = dy_n, z_n, mean_n, rstd_n, row_n, valid_n
     prow = tl.cast(grp, tl.int64) * N
     _st(DW_PART + prow + cols, dw, cmask, EVEN)
     if HAS_DB:
@@ -805,6 +822,15 @@ def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_r
     return cfg, persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm), constexprs
 
 
+#: The split backward's lag: 2, phase A of row i-1 while row i loads, then phase B of row i-2
+#: (H200, 8192 x 8 warps, the backward alone: RMSNorm 32K / 128K 55.3 / 43.4 -> 72.5 / 71.4 %,
+#: LayerNorm 55.4 / 42.2 -> 56.4 / 51.2 against 1; NOTES P72), and its programs per SM (1: a
+#: group's programs are resident together whatever the kernel's registers; 2 measured slower).
+#: Module attributes for experiments (tests run both lags).
+SPLIT_LAG = 2
+SPLIT_PROGRAMS_PER_SM = 1
+
+
 def split_groups_run(device: torch.device) -> bool:
     """Whether the split backward's programs run at once on ``device`` (G > 1 possible): on a GPU;
     not in the interpreter. ci/triton_compile_check.py says True to compile the GPU's variants."""
@@ -819,7 +845,7 @@ def _split_plan(cfg, n, has_dres_in, has_dres, has_db, device, sm_margin, is_rms
     blocked one where G would not fit, and an explicit one raises. The interpreter runs programs
     one after another: G = 1 there (the heuristic's slice widens to the row; an explicit G > 1
     raises)."""
-    sms = persistent_grid(1 << 62, device, sm_margin, 1)
+    sms = persistent_grid(1 << 62, device, sm_margin, SPLIT_PROGRAMS_PER_SM)
     slice_n = cfg.block_n
     concurrent = split_groups_run(device)
     if not concurrent and heuristic:
@@ -835,7 +861,7 @@ def _split_plan(cfg, n, has_dres_in, has_dres, has_db, device, sm_margin, is_rms
     constexprs = _BWD_SPLIT.constexprs(
         IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma, HAS_DRES_IN=has_dres_in,
         HAS_DRES=has_dres, HAS_DB=has_db, INTERPRETER=interpreter_rounding(), G=g,
-        KG_P2=triton.next_power_of_2(g * (1 if is_rms_norm else 2)), SLICE=slice_n,
+        KG_P2=triton.next_power_of_2(g * (1 if is_rms_norm else 2)), SLICE=slice_n, LAG=SPLIT_LAG,
         EVEN=g * slice_n == n)
     return cfg, max(1, sms // g), constexprs
 

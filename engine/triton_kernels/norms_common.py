@@ -100,15 +100,14 @@ _BWD_BLOCKED_TABLE = {
     65536: NormConfig(4, 8192, True, 32, 1),
     131072: NormConfig(4, 8192, True, 32, 1),
 }
-#: The split backward (rows over the programs of a row group, dW / dB in registers) from 32K, per
-#: norm and row width (tune.py --kinds split on the H200, h200_tune_split_s23_*.log; NOTES P71):
-#: slices of 8192 columns at 8 warps but RMSNorm's 32K (16 warps: 57.3 % against 55.3 of the
-#: backward alone) and 128K (slices of 16384: 44.4 against 43.4). At 16K the one-chunk blocked
-#: kernel stays (RMSNorm 79 against 62, LayerNorm 62 against 60).
+#: The split backward (rows over the programs of a row group, dW / dB in registers) from 32K:
+#: slices of 8192 columns at 8 warps, LayerNorm's 64K slices of 4096 (tune.py --kinds split at
+#: lag 2 on the H200, the backward alone: 56.4 % against 54.5; h200_tune_split_s23_lag2_*.log,
+#: NOTES P72). At 16K the one-chunk blocked kernel stays (RMSNorm 79 against 72, LayerNorm 62
+#: against 57).
 SPLIT_BWD_FROM = 32768
 _SPLIT = NormConfig(1, 8192, False, 8, 1, split=True)
-_RMS_SPLIT = {32768: NormConfig(1, 8192, False, 16, 1, split=True),
-              131072: NormConfig(1, 16384, False, 8, 1, split=True)}
+_LN_SPLIT = {65536: NormConfig(1, 4096, False, 8, 1, split=True)}
 BWD_BLOCKED = NormConfig(2, BLOCKED_CHUNK_N, True, 32, 1)  # wider than the table (and the split's G)
 
 # Where another op wants another config (tune.py on the H200: h200_tune_rms_fp8.log,
@@ -224,7 +223,7 @@ def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
     """Backward config (from the measured tables above); ``rms``: RMSNorm (False: LayerNorm)."""
     p2 = triton.next_power_of_2(n)
     if p2 >= SPLIT_BWD_FROM:
-        return _RMS_SPLIT.get(min(p2, 131072), _SPLIT) if rms else _SPLIT
+        return _SPLIT if rms else _LN_SPLIT.get(p2, _SPLIT)
     if not rms and p2 in _LN_BWD_OVERRIDES:
         return _LN_BWD_OVERRIDES[p2]
     if rms and p2 in _RMS_BWD_OVERRIDES:
