@@ -379,9 +379,14 @@ def norm_fwd_stream_from(n: int):
     scaling and current scaling's statistics pass: the row is split over a cluster and each CTA
     copies its slice of the next two rows into shared memory (cp.async) while it reduces one row
     and writes an earlier one (engine/csrc/normalization/norm_fwd_stream.cuh). A width past every
-    row (e.g. ``1 << 30``) never takes it: the paths before session 18; ``n = 0``, the default, is
-    the launcher's choice (``fwd_take_stream``: RMSNorm from 32768 columns, LayerNorm from
-    16384; benchmarks/NOTES.md P56, P59). For tests and A/B benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous
+    row (e.g. ``1 << 30``) never takes it: the paths before session 18; an ``n > 0`` applies to
+    every output dtype. ``n = 0``, the default, is the launcher's choice (``fwd_take_stream``:
+    RMSNorm from 32768 columns, LayerNorm from 16384; FP8 outputs, delayed and current scaling,
+    from 16384 and 8192; benchmarks/NOTES.md P56, and NOTES P59/P67/P68 measurements (RMSNorm
+    16K e4m3 75.0 -> 81.7, LayerNorm 8K e4m3 60.5 -> 68.3)). At RMSNorm 16K-32K and
+    LayerNorm 8K-16K an FP8 output is then within one FP8 step of the cast of the same call's
+    fp32 output (which takes the register path), not its exact cast. For tests and A/B
+    benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` (not an int, or negative) raises ValueError at the call."""
     if type(n) is not int or n < 0:
         raise ValueError(f"norm_fwd_stream_from: n must be an int >= 0, got {n!r}")

@@ -1,10 +1,13 @@
 """FP8 outputs: norm -> FP8 (delayed and current scaling), transposed copies, cast_transpose, recipes.
 
 Exactness: a backend's FP8 bytes must equal torch's saturating round-to-nearest-even cast of the
-*same backend's* fp32 output times the scale (run with out_dtype=fp32), bit for bit; amax must equal
-max|y| of that output and scale_inv = 1/scale exactly. Against the float64 oracle the bytes may
-differ by one FP8 step where the fp32 value sits within rounding error of a tie between two FP8
-values (the fp32 and float64 results round differently there), so that check allows one step.
+*same backend's* fp32 output times the scale (run with out_dtype=fp32), bit for bit, where both
+outputs add a row's sums in one order (same_row_sums); amax must equal max|y| of that output and
+scale_inv = 1/scale exactly. Where they do not (Triton; CUDA's streamed forward at the widths it
+takes for FP8 outputs only) the bytes may differ from that cast by one step at rounding boundaries.
+Against the float64 oracle the bytes may differ by one FP8 step where the fp32 value sits within
+rounding error of a tie between two FP8 values (the fp32 and float64 results round differently
+there), so that check allows one step.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ NORMS = [pytest.param(True, id="rms"), pytest.param(False, id="ln")]
 FP8 = [pytest.param(E4M3, id="e4m3"), pytest.param(E5M2, id="e5m2")]
 SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
 # On the GPU also rows that CUDA splits over thread-block clusters (2 and 8 CTAs; more rows than
-# resident clusters at 24584): the FP8 epilogue, amax and the transposed copy on that path.
+# resident clusters at 24584): the FP8 epilogue, amax and the transposed copy on that path. By
+# default CUDA's FP8 outputs take its streamed kernel at both widths, its fp32 outputs too but for
+# RMSNorm at 24584 (same_row_sums).
 WIDE = [(301, 24584), (37, 131072)] if ON_GPU else []
 
 
@@ -50,18 +55,36 @@ def fp8_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordinal(a) - ordinal(b)).abs()
 
 
-def same_row_sums(backend):
-    """Whether the backend adds a row's sums in the same order for an FP8 and an fp32 output.
+def cuda_stream_fp8_only(is_rms, n, x_dtype=BF16, residual=False):
+    """Whether CUDA's forward, by default, takes its streamed cluster kernel for an FP8 output of
+    contiguous rows of n and not for an fp32 one (fwd_take_stream, engine/csrc/normalization/
+    norm_fwd_stream.cuh): FP8 outputs from 16K (RMSNorm) / 8K (LayerNorm), the others from 32K /
+    16K, where the kernel applies at all: a 16-bit x without a residual, rows of 16-byte vectors
+    (n a multiple of 8), a device with thread-block clusters (sm_90)."""
+    fp8_from, other_from = (16384, 32768) if is_rms else (8192, 16384)
+    return (ON_GPU and torch.cuda.get_device_capability()[0] >= 9
+            and x_dtype in (BF16, torch.float16) and not residual and n % 8 == 0
+            and fp8_from <= n < other_from)
 
-    CUDA and the reference do by construction (one thread layout per row width, whatever the
-    output). Triton does not: its tiles are tuned per output kind (engine.triton_kernels.
-    norms_common), and even where the FP8 tile's shape equals the high-precision one, Triton lays
-    the FP8 tile out with 16 values per thread (its store's 16-byte vectors) against 8 for a bf16
-    input with a 16- or 32-bit output, so tl.sum adds in another order. The statistics then agree
-    to the last bits and the FP8 bytes equal the fp32 output's cast except where a value lies on a
-    rounding boundary (seen on the H200 at 37 x 131072, LayerNorm, with equal tile shapes).
+
+def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
+    """Whether the backend adds a row's sums in the same order for an FP8 and an fp32 output, for
+    rows of n of ``x_dtype`` with or without a residual, at the default launch knobs.
+
+    The reference does by construction. CUDA does (one thread layout per row width, whatever the
+    output) except where its streamed kernel takes the FP8 output and not the fp32 one
+    (cuda_stream_fp8_only: RMSNorm 16K-32K, LayerNorm 8K-16K; NOTES P59/P67/P68), whose sums
+    over warps and CTAs add in another order than the register path's. Triton does not: its tiles
+    are tuned per output kind (engine.triton_kernels.norms_common), and even where the FP8 tile's
+    shape equals the high-precision one, Triton lays the FP8 tile out with 16 values per thread
+    (its store's 16-byte vectors) against 8 for a bf16 input with a 16- or 32-bit output, so
+    tl.sum adds in another order. The statistics then agree to the last bits and the FP8 bytes
+    equal the fp32 output's cast except where a value lies on a rounding boundary (seen on the
+    H200 at 37 x 131072, LayerNorm, with equal tile shapes).
     """
-    return backend != "triton"
+    if backend == "triton":
+        return False
+    return not (backend == "cuda" and cuda_stream_fp8_only(is_rms, n, x_dtype, residual))
 
 
 def assert_cast_of(data, y32, scale, bias, *, exact):
@@ -101,7 +124,7 @@ def test_norm_fp8_delayed(backend, is_rms, fp8_dtype, m, n):
     t = call(is_rms, x, w, b, quantizer=q)
     assert isinstance(t, Float8Tensor) and t.data.dtype == fp8_dtype and t.data.shape == x.shape
     assert t.transpose_data is None
-    same = same_row_sums(backend)  # True: the FP8 output is the fp32 one's cast
+    same = same_row_sums(backend, is_rms, n)  # True: the FP8 output is the fp32 one's cast
     assert_cast_of(t.data, y32, 3.0, b, exact=same)
     if same:
         assert q.amax.item() == max(0.25, y32.abs().max().item())
@@ -123,7 +146,7 @@ def test_norm_fp8_current_scaling(backend, is_rms, fp8_dtype):
     y32 = call(is_rms, x, w, b, out_dtype=F32)
     q = Float8CurrentScalingQuantizer(fp8_dtype)
     t = call(is_rms, x, w, b, quantizer=q)
-    same = same_row_sums(backend)
+    same = same_row_sums(backend, is_rms, n)
     amax = y32.abs().max()
     if same:
         assert q.amax.item() == amax.item()
@@ -139,10 +162,11 @@ def test_norm_fp8_current_scaling(backend, is_rms, fp8_dtype):
 
 
 def check_fp8_path(is_rms, fp8_dtype, n, knob):
-    """CUDA, 67 rows of n under a path knob (a context manager of engine.cuda_backend): delayed
-    scaling with the transposed copy and current scaling, each the exact cast of the same path's
-    fp32 output with its exact amax, and the delayed bytes within one step of the float64
-    oracle's (rarely)."""
+    """CUDA, 67 rows of n under a path knob (a context manager of engine.cuda_backend) that puts
+    the fp32 and FP8 outputs on one path: delayed scaling with the transposed copy and current
+    scaling, each the exact cast of the same path's fp32 output with its exact amax, current
+    scaling's bytes delayed scaling's at its scale, and the delayed bytes within one step of the
+    float64 oracle's (rarely)."""
     use_backend("cuda")
     try:
         with knob:
@@ -159,6 +183,8 @@ def check_fp8_path(is_rms, fp8_dtype, n, knob):
             assert qc.amax.item() == amax.item()
             scale = torch.tensor(torch.finfo(fp8_dtype).max, device=DEVICE) / amax
             assert_cast_of(tc.data, y32, scale.item(), b, exact=True)
+            td = call(is_rms, x, w, b, quantizer=delayed(fp8_dtype, scale=qc.scale.item(), amax=0.0))
+            assert torch.equal(td.data.view(torch.uint8), tc.data.view(torch.uint8))
             oracle = fp8_quantize(ref_fwd(x, w, b, 1e-5, is_rms)["y"], 3.0, fp8_dtype)
             steps = fp8_steps(t.data, oracle)
             assert steps.max().item() <= 1
@@ -189,10 +215,49 @@ def test_norm_fp8_stream_kernel(is_rms, fp8_dtype, n):
     every width) to FP8: delayed scaling (with the transposed copy, which the caller transposes on
     this path) and current scaling (its statistics pass on the streamed kernel, its output pass
     on the register path from the stored statistics), each the exact cast of the same path's fp32
-    output with its exact amax; 131072 also through the default (streamed from 32K)."""
+    output with its exact amax; 131072 also through the default (streamed for every output dtype
+    there; test_fp8_stream_fp8_widths: the widths streamed for FP8 outputs only)."""
     from engine import cuda_backend
 
     check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1 if n < 131072 else 0))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
+@pytest.mark.parametrize("is_rms,n", [(True, 16384), (True, 16392), (False, 8192), (False, 12296)],
+                         ids=["rms-16384", "rms-16392", "ln-8192", "ln-12296"])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_fp8_stream_fp8_widths(is_rms, n, fp8_dtype):
+    """By default the CUDA forward takes its streamed kernel for FP8 outputs from 16K (RMSNorm) /
+    8K (LayerNorm), one width below the other outputs (fwd_take_stream; NOTES P59/P67/P68;
+    test_norm_contract.py::test_fwd_stream_fp8_from checks the paths taken). There, over 67 rows
+    (16392 and 12296 leave the last CTA's slice partly past the row): the FP8 bytes, delayed
+    scaling, are the exact cast of the streamed kernel's fp32 output (the knob at n) with its
+    exact amax, and within one step of the default fp32 output's cast (the register path: another
+    order of the row sums) at rounding boundaries only; current scaling's bytes are delayed
+    scaling's at its scale (its statistics pass streamed too, its output pass from them)."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        assert not same_row_sums("cuda", is_rms, n)  # the case this test is for
+        x, w, b = inputs(67, n, is_rms)
+        y32 = call(is_rms, x, w, b, out_dtype=F32)
+        with cuda_backend.norm_fwd_stream_from(n):
+            y32s = call(is_rms, x, w, b, out_dtype=F32)
+        q = delayed(fp8_dtype, scale=3.0, amax=0.25)
+        t = call(is_rms, x, w, b, quantizer=q)
+        assert_cast_of(t.data, y32s, 3.0, b, exact=True)
+        assert q.amax.item() == max(0.25, y32s.abs().max().item())
+        assert_cast_of(t.data, y32, 3.0, b, exact=False)
+        qc = Float8CurrentScalingQuantizer(fp8_dtype)
+        tc = call(is_rms, x, w, b, quantizer=qc)
+        assert qc.amax.item() == y32s.abs().max().item()
+        qd = delayed(fp8_dtype, scale=qc.scale.item(), amax=0.0)
+        td = call(is_rms, x, w, b, quantizer=qd)
+        assert torch.equal(td.data.view(torch.uint8), tc.data.view(torch.uint8))
+        assert qd.amax.item() == qc.amax.item()
+    finally:
+        engine.backend.reset_for_tests()
 
 
 @pytest.mark.parametrize("is_rms", NORMS)
@@ -260,12 +325,13 @@ def test_fp8_vector_layouts(is_rms, vectors, m, n):
     """Every thread layout of the CUDA forward's register path (cuda_backend.norm_fwd_vectors): the
     FP8 bytes are the cast of the same layout's fp32 output bit for bit, amax its max, and the
     in-kernel transposed copy (a tile of rows a multiple of the layout's row groups) equals
-    data.T bitwise."""
+    data.T bitwise. The streamed kernel is off (FP8 outputs take it by default from 8K for
+    LayerNorm: test_fp8_stream_fp8_widths), so that LayerNorm 8200 runs the register path too."""
     from engine import cuda_backend
 
     use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
     try:
-        with cuda_backend.norm_fwd_vectors(vectors):
+        with cuda_backend.norm_fwd_vectors(vectors), cuda_backend.norm_fwd_stream_from(1 << 30):
             x, w, b = inputs(m, n, is_rms)
             y32 = call(is_rms, x, w, b, out_dtype=F32)
             q = delayed(E4M3, scale=3.0, amax=0.25, columnwise=True)
@@ -284,20 +350,22 @@ def test_fp8_grid_per_sm(is_rms, n):
     """The CUDA forward's register path to e4m3 at 1, 3, 16 and 64 CTAs per SM
     (cuda_backend.norm_fwd_grid_per_sm) over 3001 rows: the FP8 bytes and amax equal the default
     grid's bit for bit (the grid changes no row's arithmetic; every block's amax reaches the one
-    global max)."""
+    global max). The streamed kernel is off (FP8 outputs take it by default from 16K for RMSNorm,
+    8K for LayerNorm), so that every width here runs the register path."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
         x, w, b = inputs(3001, n, is_rms)
-        q0 = delayed(E4M3, scale=8.0, amax=0.0)
-        t0 = call(is_rms, x, w, b, quantizer=q0)
-        for v in (1, 3, 16, 64):
-            with cuda_backend.norm_fwd_grid_per_sm(v):
-                q = delayed(E4M3, scale=8.0, amax=0.0)
-                t = call(is_rms, x, w, b, quantizer=q)
-            assert torch.equal(t.data.view(torch.uint8), t0.data.view(torch.uint8)), v
-            assert torch.equal(q.amax, q0.amax), v
+        with cuda_backend.norm_fwd_stream_from(1 << 30):
+            q0 = delayed(E4M3, scale=8.0, amax=0.0)
+            t0 = call(is_rms, x, w, b, quantizer=q0)
+            for v in (1, 3, 16, 64):
+                with cuda_backend.norm_fwd_grid_per_sm(v):
+                    q = delayed(E4M3, scale=8.0, amax=0.0)
+                    t = call(is_rms, x, w, b, quantizer=q)
+                assert torch.equal(t.data.view(torch.uint8), t0.data.view(torch.uint8)), v
+                assert torch.equal(q.amax, q0.amax), v
     finally:
         engine.backend.reset_for_tests()
 
@@ -323,8 +391,11 @@ def test_fwd_fast_loop_same_bits(is_rms, m, n):
     bits: e4m3 and e5m2 bytes, amax and the in-kernel transposed copy, with and without a bf16
     residual (LayerNorm with a bias). 1032, 5120 and 8200 leave slots outside the row (zeros
     there in the fast loop), 16384 reads gamma from global memory, 40000 splits rows over a
-    cluster; m is odd where row groups share a CTA, so a row block ends in masked rows. The fast
-    loop runs in every FP8 test of the default against float64 and the fp32 output's cast."""
+    cluster; m is odd where row groups share a CTA, so a row block ends in masked rows. The
+    streamed kernel is off (FP8 outputs without a residual take it by default from 16K for
+    RMSNorm, 8K for LayerNorm), so that 8200 and 16384 run the register path without a residual
+    too. The fast loop runs in every FP8 test of the default against float64 and the fp32
+    output's cast where the streamed kernel does not take the row."""
     from engine import cuda_backend
 
     use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
@@ -334,7 +405,7 @@ def test_fwd_fast_loop_same_bits(is_rms, m, n):
         runs = []
         for general in (0, 1):
             outs = []
-            with cuda_backend.norm_fwd_general_loop(general):
+            with cuda_backend.norm_fwd_general_loop(general), cuda_backend.norm_fwd_stream_from(1 << 30):
                 for fmt in (E4M3, E5M2):
                     for res in (None, r):
                         q = delayed(fmt, scale=3.0, amax=0.25, columnwise=True)
@@ -357,14 +428,15 @@ def test_fwd_loop_taken(general):
     RMSNorm to e4m3 of 4096 runs the fast loop with gamma in shared memory (1), of 16384 (gamma
     past the shared memory the launcher allows) the fast loop reading it from global memory (3;
     4 for e5m2); with the knob, and for bf16 outputs and current scaling always, the general
-    loop (0)."""
+    loop (0). The streamed kernel is off: FP8 outputs of 16384 take it by default
+    (test_fp8_stream_fp8_widths)."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
         x, w, _ = inputs(64, 4096, True)
         xw, ww, _ = inputs(16, 16384, True)
-        with cuda_backend.norm_fwd_general_loop(general):
+        with cuda_backend.norm_fwd_general_loop(general), cuda_backend.norm_fwd_stream_from(1 << 30):
             e4m3 = cuda_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3)))
             wide = cuda_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E4M3)))
             wide5 = cuda_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E5M2)))

@@ -43,20 +43,20 @@ def rows_with_stride(m, n, dtype, extra=0, scale=1.0, offset=0.0):
     return base.to(dtype)[:, :n]
 
 
-def run_fwd(is_rms, x, w, b, res, eps, zcg, out_dtype):
+def run_fwd(is_rms, x, w, b, res, eps, zcg, out_dtype, current=False):
     m, n = x.shape
     out = poisoned((m, n), out_dtype)
     res_out = poisoned((m, n), res.dtype) if res is not None else None
     mu = poisoned((m,), F32) if not is_rms else None
     rsigma = poisoned((m,), F32)
-    fp8 = out_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)  # delayed scaling at scale 2
+    fp8 = out_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)  # delayed scaling at 2, or current
     scale = torch.full((1,), 2.0, device=DEVICE) if fp8 else None
     amax = torch.zeros(1, device=DEVICE) if fp8 else None
     scale_inv = poisoned((1,), F32) if fp8 else None
     impl_for(is_rms).norm_fwd(
         x, w, b, res, eps, out, res_out, mu, rsigma, scale, amax, scale_inv, None,
-        is_rms_norm=is_rms, zero_centered_gamma=zcg, current_scaling=False, amax_epsilon=0.0,
-        sm_margin=0)
+        is_rms_norm=is_rms, zero_centered_gamma=zcg, current_scaling=fp8 and current,
+        amax_epsilon=0.0, sm_margin=0)
     return out, res_out, mu, rsigma
 
 
@@ -200,13 +200,13 @@ def test_cluster_rows(is_rms, n, max_cluster):
         engine.backend.reset_for_tests()
 
 
-def knob_stats(is_rms, n, knob, values, out_dtype=BF16):
+def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False):
     """CUDA: the forward's row statistics of 301 random rows of n to ``out_dtype`` (an FP8 dtype:
-    delayed scaling) under each value of a launch knob (engine.cuda_backend); each path adds a
-    row's values in its own order. For every knob but
-    norm_fwd_stream_from itself the streamed kernel is off, so that the knob's paths run (they
-    remain the paths of a residual, of current scaling's output pass and of devices or widths the
-    stream does not take)."""
+    delayed scaling, or with ``current`` current scaling, whose statistics pass writes them) under
+    each value of a launch knob (engine.cuda_backend); each path adds a row's values in its own
+    order. For every knob but norm_fwd_stream_from itself the streamed kernel is off, so that the
+    knob's paths run (they remain the paths of a residual, of current scaling's output pass and of
+    devices or widths the stream does not take)."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -220,7 +220,7 @@ def knob_stats(is_rms, n, knob, values, out_dtype=BF16):
                 if knob != "norm_fwd_stream_from":
                     stack.enter_context(cuda_backend.norm_fwd_stream_from(1 << 30))
                 stack.enter_context(getattr(cuda_backend, knob)(v))
-                _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, out_dtype)
+                _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, out_dtype, current)
             stats.append(rsigma if is_rms else torch.cat([mu, rsigma]))
         return stats
     finally:
@@ -552,13 +552,35 @@ def test_fwd_stream(is_rms, threads, n):
 @pytest.mark.parametrize("out_dtype", [BF16, torch.float8_e4m3fn])
 def test_fwd_stream_taken(is_rms, n, out_dtype):
     """The knob changes the path (the streamed kernel adds a row's values over warps and CTAs in
-    its own order), over 301 rows; the default takes the streamed kernel, bit for bit, from 32K
-    for RMSNorm and from 16K for LayerNorm, and the register path below, whatever the output
-    dtype (an FP8 output is the cast of the fp32 one: the path is not chosen by the output)."""
+    its own order), over 301 rows, for every output dtype; the default takes the streamed kernel,
+    bit for bit, from 32K for RMSNorm and from 16K for LayerNorm, for FP8 outputs from 16K and 8K
+    (fwd_take_stream; NOTES P59/P67/P68), and the register path below."""
     stats = knob_stats(is_rms, n, "norm_fwd_stream_from", (n, 1 << 30, 0), out_dtype)
     torch.testing.assert_close(stats[1], stats[0], rtol=1e-5, atol=1e-6)
     assert not torch.equal(stats[1], stats[0])
-    assert torch.equal(stats[2], stats[0] if n >= (32768 if is_rms else 16384) else stats[1])
+    fp8 = out_dtype != BF16
+    start = (16384 if fp8 else 32768) if is_rms else (8192 if fp8 else 16384)
+    assert torch.equal(stats[2], stats[0] if n >= start else stats[1])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("out_dtype,current", [
+    (BF16, False), (torch.float8_e4m3fn, False), (torch.float8_e5m2, False),
+    (torch.float8_e4m3fn, True)], ids=["bf16", "e4m3", "e5m2", "e4m3-current"])
+def test_fwd_stream_fp8_from(is_rms, out_dtype, current):
+    """FP8 outputs take the streamed kernel by default one width below the other outputs
+    (fwd_take_stream; NOTES P59/P67/P68 measurements: RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm
+    8K e4m3 60.5 -> 68.3): at RMSNorm 16384 and LayerNorm 8192, over 301 rows, the default's
+    statistics of an FP8 output, delayed scaling or current scaling's statistics pass, are the
+    streamed kernel's (the knob at that width) bit for bit, those of a bf16 output the register
+    path's (the knob off); the two paths' statistics differ."""
+    n = 16384 if is_rms else 8192
+    stream, register, default = knob_stats(is_rms, n, "norm_fwd_stream_from", (n, 1 << 30, 0),
+                                           out_dtype, current)
+    torch.testing.assert_close(register, stream, rtol=1e-5, atol=1e-6)
+    assert not torch.equal(register, stream)
+    assert torch.equal(default, register if out_dtype == BF16 else stream)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a grid knob of the CUDA forward")

@@ -37,7 +37,8 @@
  * registers this way (one read of x) instead of taking the blocked path (two), and rows of 16K-32K
  * run as 3 CTAs per SM instead of one 512-thread CTA. No in-kernel transposed copy on this path.
  * Streamed path (norm_fwd_stream.cuh, its own kernel; by default for a 16-bit x without a residual
- * from 32K columns (LayerNorm: 16K) on sm_90, modes kFull and kStats): the row over a cluster, the next rows copied
+ * from 32K columns (LayerNorm: 16K; FP8 outputs from 16K, LayerNorm from 8K: fwd_take_stream) on
+ * sm_90, modes kFull and kStats): the row over a cluster, the next rows copied
  * ahead into shared memory; this kernel keeps kApply there, the residual rows and the knobs.
  * Blocked path (norm_fwd_blocked_kernel), any cols: one CTA per row at a time; pass 1 walks the
  * row in chunks of blockDim * NVB * VEC elements computing the statistics (RMSNorm: sum of squares;
@@ -121,7 +122,8 @@ __device__ __forceinline__ float fwd_fp8_scale(const FwdArgs& a) {
  * (80 registers in blocks of up to 256 threads); 4 when z is fp32 (fp32 x, or an fp32 residual
  * stream with 16-bit x), where 8 spills with FP8 out. The same for every output dtype: the thread
  * layout fixes the order of the row reductions, so an FP8 output is bit for bit the cast of the
- * fp32 output (and its amax the max of it). */
+ * fp32 output (and its amax the max of it) wherever both take this path (not at the widths where
+ * only FP8 outputs take the streamed kernel: fwd_take_stream). */
 template <typename X, typename R>
 constexpr int fwd_reg_nv() {
   return sizeof(R) == 4 ? kFwdNV / 2 : kFwdNV;

@@ -33,7 +33,9 @@
  * Modes kFull (any output dtype; FP8 with a given scale, fused amax) and kStats (current scaling's
  * first pass: statistics and amax, no output). Current scaling's second pass (kApply) reads the
  * statistics back and computes y with the same formula (norm_y) on the register path: the same
- * bits as this kernel's kFull output, so an FP8 output is the cast of the fp32 one on every mode.
+ * bits as this kernel's kFull output, so current scaling's FP8 output is delayed scaling's at the
+ * same scale, and the cast of the fp32 output wherever that output takes this kernel too
+ * (fwd_take_stream: FP8 outputs take it one width earlier).
  */
 #ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_STREAM_CUH_
 #define ENGINE_CSRC_NORMALIZATION_NORM_FWD_STREAM_CUH_
@@ -303,16 +305,26 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   if constexpr (kFp8) block_amax_atomic(amax, a.amax, amax_buf);
 }
 
-/* Whether the streamed forward takes a row of `cols` values: from engine_set_norm_fwd_stream_
- * from's width where it is set, else from fwd_stream_from_default. The default is per norm, not
- * per output dtype: the path fixes the order of a row's sums, and an FP8 output stays the exact
- * cast of the same row's fp32 output (tests/test_fp8.py::same_row_sums). Measured on the H200
- * (kernel time, % of copy, register path -> streamed, NOTES P59): RMSNorm 16K bf16 86.6 -> 81.4,
- * e4m3 74.8 -> 75.7, so from 32K; LayerNorm 16K bf16 76.3 -> 75.1, e4m3 58.2 -> 63.0, so from
- * 16K (8K: bf16 80.2 -> 75.4, e4m3 60.6 -> 61.9). */
-inline int fwd_stream_from_default(bool rms) { return rms ? 32768 : 16384; }
-inline bool fwd_take_stream(int cols, int stream_from, bool rms) {
-  return cols >= (stream_from != 0 ? stream_from : fwd_stream_from_default(rms));
+/* Whether the streamed forward takes a row of `cols` values to an FP8 output (`fp8`) or another:
+ * from engine_set_norm_fwd_stream_from's width where it is set (every output dtype: A/B runs),
+ * else from fwd_stream_from_default, per norm and output kind. FP8 covers both scalings: delayed
+ * scaling's kFull and current scaling's kStats both run with O = fp8 (norm_api.cu dispatches
+ * either pass on the FP8 out dtype: fwd_out_fp8), so current scaling's statistics are delayed
+ * scaling's and its bytes delayed scaling's at the same scale. Measured on the H200 (kernel time,
+ * % of copy, register path -> streamed; NOTES P59/P67/P68 measurements (RMSNorm 16K e4m3 75.0 ->
+ * 81.7, LayerNorm 8K e4m3 60.5 -> 68.3)): FP8 outputs gain one width below the others, which
+ * lose there (RMSNorm 16K bf16 86.3 -> 82.7, LayerNorm 8K bf16 80.0 -> 76.5), so FP8 from 16K
+ * (RMSNorm) / 8K (LayerNorm), the others from 32K / 16K (LayerNorm 16K at P59, when one width
+ * served every dtype: bf16 76.3 -> 75.1, e4m3 58.2 -> 63.0). The path fixes the order of a row's
+ * sums: at RMSNorm 16K-32K and LayerNorm 8K-16K an FP8 output is no longer the exact cast of the
+ * same call's fp32 output (the register path's) but within one FP8 step of it, at rounding
+ * boundaries only (tests/test_fp8.py::same_row_sums). */
+inline int fwd_stream_from_default(bool rms, bool fp8) {
+  if (fp8) return rms ? 16384 : 8192;
+  return rms ? 32768 : 16384;
+}
+inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8) {
+  return cols >= (stream_from != 0 ? stream_from : fwd_stream_from_default(rms, fp8));
 }
 
 template <typename X, typename O>
@@ -333,7 +345,7 @@ bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
   if constexpr (sizeof(X) == 2 && std::is_same<X, R>::value) {
     constexpr int NV = kFwdStreamNV;
     if (a.residual != nullptr || a.mode == kApply) return false;
-    if (!fwd_take_stream(a.cols, ctx.fwd_stream_from, a.is_rms != 0)) return false;
+    if (!fwd_take_stream(a.cols, ctx.fwd_stream_from, a.is_rms != 0, is_fp8_v<O>)) return false;
     const int tmax = ctx.fwd_stream_threads != 0 ? ctx.fwd_stream_threads : kFwdStreamThreadsDefault;
     int tpr = 0;
     const int c = stream_cluster((int)ceil_div(a.cols / 8, NV), ctx.max_cluster, kFwdStreamMaxCluster,
