@@ -10,8 +10,8 @@ from engine.triton_kernels.norms_common import NormConfig
 from benchmarks import harness as H
 copy = H.copy_bandwidth(None)["gbps"]
 print("copy", copy)
-def run(is_rms, n, lag, stages, pps, sl, w):
-    nm.SPLIT_LAG, nm.SPLIT_PROGRAMS_PER_SM = lag, pps
+def run(is_rms, n, lag, stages, pps, sl, w, hold=True):
+    nm.SPLIT_LAG, nm.SPLIT_PROGRAMS_PER_SM, nm.SPLIT_HOLD_G = lag, pps, hold
     m = (64 << 20) // n
     torch.manual_seed(0)
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
@@ -33,15 +33,20 @@ def run(is_rms, n, lag, stages, pps, sl, w):
     try:
         f(); torch.cuda.synchronize()
     except Exception as e:
-        print(f"{'rms' if is_rms else 'ln'} {n} lag{lag} s{stages} p{pps} {sl}x{w}: ERROR {str(e)[:200]}", flush=True); return
+        print(f"{'rms' if is_rms else 'ln'} {n} lag{lag} s{stages} p{pps} {sl}x{w} hold{int(hold)}: ERROR {str(e)[:200]}", flush=True); return
     err = (dx.float() - dxr).abs().max().item()
     dwe = ((dw - (dy.float() * xhat).sum(0)).abs().max() / (dy.float() * xhat).sum(0).abs().max()).item()
     ms = triton.testing.do_bench(f, warmup=5, rep=30)
     gbps = 3 * m * n * 2 / ms / 1e6
-    print(f"{'rms' if is_rms else 'ln'} {n:6d} lag{lag} s{stages} p{pps} {sl:5d}x{w:2d}: dx err {err:.3g} dw rel {dwe:.3g}  {ms*1e3:7.1f} us  {100*gbps/copy:5.1f} %", flush=True)
+    print(f"{'rms' if is_rms else 'ln'} {n:6d} lag{lag} s{stages} p{pps} {sl:5d}x{w:2d} hold{int(hold)}: dx err {err:.3g} dw rel {dwe:.3g}  {ms*1e3:7.1f} us  {100*gbps/copy:5.1f} %", flush=True)
+VARIANTS = [(2, 3, 1, 8192, 8, True), (2, 3, 1, 8192, 8, False), (2, 3, 1, 8192, 16, False),
+            (2, 3, 1, 16384, 16, False), (2, 3, 2, 4096, 8, False), (2, 3, 1, 4096, 8, False)]
+if len(sys.argv) > 1 and sys.argv[1] == "--session23":  # the first sweep (NOTES P72)
+    VARIANTS = [(1, 3, 1, 8192, 8, True), (1, 1, 1, 8192, 8, True), (2, 1, 1, 8192, 8, True),
+                (2, 3, 1, 8192, 8, True), (1, 3, 2, 8192, 8, True), (1, 3, 2, 4096, 4, True),
+                (1, 3, 2, 8192, 4, True), (2, 1, 2, 8192, 8, True), (2, 1, 1, 8192, 16, True),
+                (2, 1, 1, 16384, 16, True)]
 for is_rms in (True, False):
     for n in (32768, 131072):
-        for lag, stages, pps, sl, w in [(1, 3, 1, 8192, 8), (1, 1, 1, 8192, 8), (2, 1, 1, 8192, 8), (2, 3, 1, 8192, 8),
-                                        (1, 3, 2, 8192, 8), (1, 3, 2, 4096, 4), (1, 3, 2, 8192, 4), (2, 1, 2, 8192, 8),
-                                        (2, 1, 1, 8192, 16), (2, 1, 1, 16384, 16)]:
-            run(is_rms, n, lag, stages, pps, sl, w)
+        for v in VARIANTS:
+            run(is_rms, n, *v)

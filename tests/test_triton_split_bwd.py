@@ -62,12 +62,14 @@ def _check(x, w, b, dy, dres_in, is_rms, out):
         assert rel_err(db, ref["dbias"]) < REDUCTION[F32]
 
 
-@pytest.fixture(params=[1, 2], ids=["lag1", "lag2"])
+@pytest.fixture(params=[(1, True), (2, True), (2, False)], ids=["lag1", "lag2", "lag2-gamma-per-phase"])
 def lag(request, monkeypatch):
-    """Both lags of the split kernel (norms.SPLIT_LAG, read when a launch is planned)."""
+    """The split kernel's lags and its gamma held or loaded per phase (norms.SPLIT_LAG and
+    SPLIT_HOLD_G, read when a launch is planned)."""
     from engine.triton_kernels import norms as nm
 
-    monkeypatch.setattr(nm, "SPLIT_LAG", request.param)
+    monkeypatch.setattr(nm, "SPLIT_LAG", request.param[0])
+    monkeypatch.setattr(nm, "SPLIT_HOLD_G", request.param[1])
     return request.param
 
 

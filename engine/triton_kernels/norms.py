@@ -567,6 +567,15 @@ def _split_phase_b(dy_raw, z_raw, mean, rstd, row64, valid, g, dw, db, XCHG, DRE
 
 
 @triton.jit
+def _split_gamma(g_held, W, cols, N, HOLD_G: tl.constexpr, ZERO_CENTERED: tl.constexpr, EVEN: tl.constexpr):
+    """The split backward's gamma slice for one phase: the held one, or loaded again (from L1, the
+    same slice every row), so that it is not live across the whole loop."""
+    if HOLD_G:
+        return g_held
+    return _load_gamma(W, cols, N, ZERO_CENTERED, EVEN, True)
+
+
+@triton.jit
 def _split_load(DY, X, MU, RSTD, row, M, cols, cmask, stride_dy, stride_x, IS_RMS_NORM: tl.constexpr):
     """Row ``row``'s slice of dy and z in their own dtypes (predicated off past M), its stored
     statistics, its 64-bit index and whether it exists ([1] tensors)."""
@@ -606,6 +615,7 @@ def _norm_bwd_split_kernel(
     KG_P2: tl.constexpr,  # next power of two of the exchange words per row (G, LayerNorm 2G)
     SLICE: tl.constexpr,  # columns per program (G * SLICE >= N)
     LAG: tl.constexpr,  # rows between a row's phase A and its phase B: 1 or 2 (SPLIT_LAG)
+    HOLD_G: tl.constexpr,  # gamma held in registers (else loaded per phase: SPLIT_HOLD_G)
     EVEN: tl.constexpr,  # N == G * SLICE: no column mask
 ):
     """The backward of wide rows with each row split over G programs (a row group), each owning
@@ -637,7 +647,9 @@ def _norm_bwd_split_kernel(
     cols = gi * SLICE + tl.arange(0, SLICE)
     cmask = cols < N
     inv_n = 1.0 / N
-    g = _load_gamma(W, cols, N, ZERO_CENTERED, EVEN, True)
+    g_held = cmask  # a placeholder when gamma is loaded per phase (_split_gamma)
+    if HOLD_G:
+        g_held = _load_gamma(W, cols, N, ZERO_CENTERED, EVEN, True)
     dw = tl.zeros([SLICE], dtype=tl.float32)
     db = tl.zeros([SLICE], dtype=tl.float32)
     count = tl.cdiv(M - grp, R)
@@ -651,16 +663,21 @@ def _norm_bwd_split_kernel(
         dy_n, z_n, mean_n, rstd_n, row_n, valid_n = _split_load(DY, X, MU, RSTD, grp + i * R, M, cols,
                                                                 cmask, stride_dy, stride_x, IS_RMS_NORM)
         if LAG == 1:
-            dw, db = _split_phase_b(dy_b, z_b, mean_b, rstd_b, row_b, valid_b, g, dw, db, XCHG, DRES_IN, DX,
-                                    DRES, cols, cmask, inv_n, stride_dri, stride_dx, stride_dres, G, KG_P2,
-                                    IS_RMS_NORM, HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN)
-            _split_phase_a(dy_n, z_n, mean_n, rstd_n, row_n, valid_n, XCHG, cols, cmask, g, gi, G,
+            dw, db = _split_phase_b(dy_b, z_b, mean_b, rstd_b, row_b, valid_b,
+                                    _split_gamma(g_held, W, cols, N, HOLD_G, ZERO_CENTERED, EVEN), dw, db, XCHG,
+                                    DRES_IN, DX, DRES, cols, cmask, inv_n, stride_dri, stride_dx, stride_dres, G,
+                                    KG_P2, IS_RMS_NORM, HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN)
+            _split_phase_a(dy_n, z_n, mean_n, rstd_n, row_n, valid_n, XCHG, cols, cmask,
+                           _split_gamma(g_held, W, cols, N, HOLD_G, ZERO_CENTERED, EVEN), gi, G,
                            IS_RMS_NORM, INTERPRETER, EVEN)
             dy_b, z_b, mean_b, rstd_b, row_b, valid_b = dy_n, z_n, mean_n, rstd_n, row_n, valid_n
         else:
-            _split_phase_a(dy_a, z_a, mean_a, rstd_a, row_a, valid_a, XCHG, cols, cmask, g, gi, G,
+            _split_phase_a(dy_a, z_a, mean_a, rstd_a, row_a, valid_a, XCHG, cols, cmask,
+                           _split_gamma(g_held, W, cols, N, HOLD_G, ZERO_CENTERED, EVEN), gi, G,
                            IS_RMS_NORM, INTERPRETER, EVEN)
-            dw, db = _split_phase_b(dy_b, z_b, mean_b, rstd_b, row_b, valid_b, g, dw, db, XCHG, DRES_IN, DX,
+            dw, db = _split_phase_b(dy_b, z_b, mean_b, rstd_b, row_b, valid_b,
+                                    _split_gamma(g_held, W, cols, N, HOLD_G, ZERO_CENTERED, EVEN), dw, db, XCHG,
+                                    DRES_IN, DX,
                                     DRES, cols, cmask, inv_n, stride_dri, stride_dx, stride_dres, G, KG_P2,
                                     IS_RMS_NORM, HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN)
             dy_b, z_b, mean_b, rstd_b, row_b, valid_b = dy_a, z_a, mean_a, rstd_a, row_a, valid_a
@@ -669,6 +686,7 @@ def _norm_bwd_split_kernel(
     _st(DW_PART + prow + cols, dw, cmask, EVEN)
     if HAS_DB:
         _st(DB_PART + prow + cols, db, cmask, EVEN)
+
 
 # The forward compiled with N not specialised, for the in-kernel transposed FP8 store (STORE_T).
 # With N specialised as a multiple of 16 (Triton does that for every such N), triton 3.6 compiled
@@ -829,6 +847,12 @@ def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_r
 #: Module attributes for experiments (tests run both lags).
 SPLIT_LAG = 2
 SPLIT_PROGRAMS_PER_SM = 1
+#: Whether the split backward holds its gamma slice in registers for the whole kernel (True) or
+#: loads it again before each phase (False: from L1, live within a phase only); None: per norm,
+#: RMSNorm holds it, LayerNorm (which holds dB too and spilled at 255 registers) loads it. H200,
+#: the backward alone, 8192 x 8 warps, held -> loaded: LayerNorm 32K / 128K 55.5 / 50.4 -> 69.7 /
+#: 63.5 %, RMSNorm 72.2 / 70.0 -> 71.5 / 69.5 (NOTES P74).
+SPLIT_HOLD_G = None
 
 
 def split_groups_run(device: torch.device) -> bool:
@@ -862,6 +886,7 @@ def _split_plan(cfg, n, has_dres_in, has_dres, has_db, device, sm_margin, is_rms
         IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma, HAS_DRES_IN=has_dres_in,
         HAS_DRES=has_dres, HAS_DB=has_db, INTERPRETER=interpreter_rounding(), G=g,
         KG_P2=triton.next_power_of_2(g * (1 if is_rms_norm else 2)), SLICE=slice_n, LAG=SPLIT_LAG,
+        HOLD_G=is_rms_norm if SPLIT_HOLD_G is None else SPLIT_HOLD_G,
         EVEN=g * slice_n == n)
     return cfg, max(1, sms // g), constexprs
 

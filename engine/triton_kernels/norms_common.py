@@ -101,13 +101,12 @@ _BWD_BLOCKED_TABLE = {
     131072: NormConfig(4, 8192, True, 32, 1),
 }
 #: The split backward (rows over the programs of a row group, dW / dB in registers) from 32K:
-#: slices of 8192 columns at 8 warps, LayerNorm's 64K slices of 4096 (tune.py --kinds split at
-#: lag 2 on the H200, the backward alone: 56.4 % against 54.5; h200_tune_split_s23_lag2_*.log,
-#: NOTES P72). At 16K the one-chunk blocked kernel stays (RMSNorm 79 against 72, LayerNorm 62
-#: against 57).
+#: slices of 8192 columns at 8 warps (tune.py --kinds split at lag 2 on the H200, the backward
+#: alone: RMSNorm 73 / 72 / 71 % at 32K / 64K / 128K; h200_tune_split_s23_lag2_*.log, NOTES P72;
+#: LayerNorm with gamma loaded per phase, P74). At 16K the one-chunk blocked kernel stays
+#: (RMSNorm 79 against 72, LayerNorm 62 against 57).
 SPLIT_BWD_FROM = 32768
 _SPLIT = NormConfig(1, 8192, False, 8, 1, split=True)
-_LN_SPLIT = {65536: NormConfig(1, 4096, False, 8, 1, split=True)}
 BWD_BLOCKED = NormConfig(2, BLOCKED_CHUNK_N, True, 32, 1)  # wider than the table (and the split's G)
 
 # Where another op wants another config (tune.py on the H200: h200_tune_rms_fp8.log,
@@ -223,7 +222,7 @@ def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
     """Backward config (from the measured tables above); ``rms``: RMSNorm (False: LayerNorm)."""
     p2 = triton.next_power_of_2(n)
     if p2 >= SPLIT_BWD_FROM:
-        return _SPLIT if rms else _LN_SPLIT.get(p2, _SPLIT)
+        return _SPLIT
     if not rms and p2 in _LN_BWD_OVERRIDES:
         return _LN_BWD_OVERRIDES[p2]
     if rms and p2 in _RMS_BWD_OVERRIDES:
