@@ -27,7 +27,7 @@ def run(is_rms, n, lag, stages, pps, sl, w, hold=True):
     dxr = rs[:, None] * (dyg - xhat * c2 - c1)
     dx = torch.full_like(x, float("nan")); dw = torch.full((n,), float("nan"), device="cuda")
     db = None if is_rms else torch.full((n,), float("nan"), device="cuda")
-    cfg = NormConfig(1, sl, False, w, pps, stages, split=True)
+    cfg = None if sl is None else NormConfig(1, sl, False, w, pps, stages, split=True)
     f = lambda: nm.launch_bwd(dy, x, mu, rs, w_, None, dx, None, dw, db, is_rms_norm=is_rms,
                               zero_centered_gamma=False, sm_margin=0, config=cfg)
     try:
@@ -38,15 +38,24 @@ def run(is_rms, n, lag, stages, pps, sl, w, hold=True):
     dwe = ((dw - (dy.float() * xhat).sum(0)).abs().max() / (dy.float() * xhat).sum(0).abs().max()).item()
     ms = triton.testing.do_bench(f, warmup=5, rep=30)
     gbps = 3 * m * n * 2 / ms / 1e6
-    print(f"{'rms' if is_rms else 'ln'} {n:6d} lag{lag} s{stages} p{pps} {sl:5d}x{w:2d} hold{int(hold)}: dx err {err:.3g} dw rel {dwe:.3g}  {ms*1e3:7.1f} us  {100*gbps/copy:5.1f} %", flush=True)
-VARIANTS = [(2, 3, 1, 8192, 8, True), (2, 3, 1, 8192, 8, False), (2, 3, 1, 8192, 16, False),
-            (2, 3, 1, 16384, 16, False), (2, 3, 2, 4096, 8, False), (2, 3, 1, 4096, 8, False)]
-if len(sys.argv) > 1 and sys.argv[1] == "--session23":  # the first sweep (NOTES P72)
+    print(f"{'rms' if is_rms else 'ln'} {n:6d} lag{lag} s{stages} p{pps} {str(sl or 'default'):>7s}x{w:2d} hold{int(hold)}: dx err {err:.3g} dw rel {dwe:.3g}  {ms*1e3:7.1f} us  {100*gbps/copy:5.1f} %", flush=True)
+# (lag, num_stages, programs per SM, slice (None: the default config of the width), warps, gamma held)
+VARIANTS = [(2, 3, 1, None, 8, True), (2, 3, 1, 8192, 8, False), (2, 3, 1, 4096, 8, False),
+            (2, 3, 1, 4096, 4, False), (2, 3, 1, 2048, 4, False)]
+WIDTHS = (16384,)
+if len(sys.argv) > 1 and sys.argv[1] == "--narrow":  # G = 1 (the slice is the row) and 2 at 4K-8K
+    VARIANTS = [(2, 3, 1, None, 8, True), (2, 3, 1, 8192, 8, False), (2, 3, 1, 8192, 8, True),
+                (2, 3, 1, 4096, 8, False), (2, 3, 1, 4096, 4, False), (2, 3, 1, 4096, 4, True),
+                (2, 3, 1, 2048, 4, False)]
+    WIDTHS = (4096, 8192)
+if len(sys.argv) > 1 and sys.argv[1] == "--session23":  # the sweeps of NOTES P72 and P74
     VARIANTS = [(1, 3, 1, 8192, 8, True), (1, 1, 1, 8192, 8, True), (2, 1, 1, 8192, 8, True),
                 (2, 3, 1, 8192, 8, True), (1, 3, 2, 8192, 8, True), (1, 3, 2, 4096, 4, True),
                 (1, 3, 2, 8192, 4, True), (2, 1, 2, 8192, 8, True), (2, 1, 1, 8192, 16, True),
-                (2, 1, 1, 16384, 16, True)]
+                (2, 1, 1, 16384, 16, True), (2, 3, 1, 8192, 8, False), (2, 3, 1, 8192, 16, False),
+                (2, 3, 1, 16384, 16, False), (2, 3, 2, 4096, 8, False), (2, 3, 1, 4096, 8, False)]
+    WIDTHS = (32768, 131072)
 for is_rms in (True, False):
-    for n in (32768, 131072):
+    for n in WIDTHS:
         for v in VARIANTS:
             run(is_rms, n, *v)

@@ -118,12 +118,14 @@ def test_split_backward_rejects_row_groups_in_the_interpreter():
 
 
 def test_split_backward_is_the_default_from_32k():
-    """The heuristic takes the split kernel from 32K columns (NOTES P71), and on CPU tensors runs it
-    with G = 1 (the slice is the row): a 2 x 32768 backward through the public API."""
+    """The heuristic takes the split kernel from 32K columns for RMSNorm and from 16K for LayerNorm
+    (NOTES P71, P74), and on CPU tensors runs it with G = 1 (the slice is the row): a 2 x 32768
+    backward through the public API."""
     from engine.triton_kernels import norms_common as nc
 
     assert nc.bwd_config(32768, BF16, True).split and nc.bwd_config(131072, BF16, False).split
-    assert not nc.bwd_config(16384, BF16, True).split
+    assert nc.bwd_config(16384, BF16, False).split and nc.bwd_config(12289, BF16, False).split
+    assert not nc.bwd_config(16384, BF16, True).split and not nc.bwd_config(8192, BF16, False).split
     use_backend("triton")
     for is_rms in (True, False):
         x, w, b, dy, _ = _problem(2, 32768, is_rms)

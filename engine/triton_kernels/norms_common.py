@@ -87,27 +87,26 @@ _RMS_RES_FWD_REGISTER = {16384: NormConfig(2, 16384, False, 32, 8),
                          32768: NormConfig(1, 32768, False, 32, 2)}
 _FWD_BLOCKED = NormConfig(1, BLOCKED_CHUNK_N, True, 32, 8)  # wider than the table
 _BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 1)}
-# 16K-32K: blocked, chunks of 16K (h200_tune_rmsnorm_bwd_s9.log: 1.09x / 1.07x)
+# 16K: blocked, one chunk. From 32K the split kernel (below) replaced the blocked tiles measured
+# here before (two rows in chunks of 16K at 32K, four rows in chunks of 8K at 64K-128K: sessions 9
+# and 11, NOTES; h200_tune_rmsnorm_bwd_s9.log, h200_tune_rmsnorm_bwd_s11*.log).
 _BWD_BLOCKED_TABLE = {
     # 16K: one row per tile in one chunk, whose dW accumulator and gamma stay in registers across
     # row tiles (ONE_CHUNK, session 12: h200_tune_rmsnorm_bwd_s12.log, 75.6 % against 43.0 % for
     # the 2-row tile that ONE_CHUNK made spill; NOTES P33)
     16384: NormConfig(1, 16384, True, 32, 1, 3),
-    32768: NormConfig(2, 16384, True, 32, 1, 1),
-    # 64K-128K: four rows per tile (session 11, tune.py with 4- and 8-row blocked tiles, two runs:
-    # h200_tune_rmsnorm_bwd_s11*.log): 1.13x / 1.17x. Pass 2 reads and writes the program's dW
-    # partial chunk once per row tile; four rows share that read-modify-write, two paid it per two.
-    65536: NormConfig(4, 8192, True, 32, 1),
-    131072: NormConfig(4, 8192, True, 32, 1),
 }
-#: The split backward (rows over the programs of a row group, dW / dB in registers) from 32K:
-#: slices of 8192 columns at 8 warps (tune.py --kinds split at lag 2 on the H200, the backward
-#: alone: RMSNorm 73 / 72 / 71 % at 32K / 64K / 128K; h200_tune_split_s23_lag2_*.log, NOTES P72;
-#: LayerNorm with gamma loaded per phase, P74). At 16K the one-chunk blocked kernel stays
-#: (RMSNorm 79 against 72, LayerNorm 62 against 57).
-SPLIT_BWD_FROM = 32768
-_SPLIT = NormConfig(1, 8192, False, 8, 1, split=True)
 BWD_BLOCKED = NormConfig(2, BLOCKED_CHUNK_N, True, 32, 1)  # wider than the table (and the split's G)
+#: The split backward (rows over the programs of a row group, dW / dB in registers): slices of
+#: 8192 columns at 8 warps (tune.py --kinds split at lag 2 on the H200, the backward alone:
+#: RMSNorm 73 / 72 / 71 % at 32K / 64K / 128K; h200_tune_split_s23_lag2_*.log, NOTES P72;
+#: LayerNorm with gamma loaded per phase, P74), from 32K for RMSNorm and from 16K for LayerNorm
+#: (ci/split_exp.py, the backward alone against the one-chunk blocked kernel: LayerNorm 16K 61.5
+#: -> 69.3 %, RMSNorm 16K 79.1 -> 71.8; at 4K-8K the other kernels win or tie, LayerNorm 8K 70.8
+#: against 69.8: h200_split_exp_s23_{16k,narrow}.log).
+SPLIT_BWD_FROM = 32768
+LN_SPLIT_BWD_FROM = 16384
+_SPLIT = NormConfig(1, 8192, False, 8, 1, split=True)
 
 # Where another op wants another config (tune.py on the H200: h200_tune_rms_fp8.log,
 # h200_tune_ln.log; entries only where the gain over the RMSNorm bf16 table was over 5 %).
@@ -169,15 +168,9 @@ _LN_BWD_OVERRIDES = {
     # warps and 2 stages since the two-FMA dz (session 14: tune.py 1.06x on the backward,
     # fwd+bwd 76.0 -> 78.8 %, two alternations: h200_ab_s14_ln8k.log)
     8192: NormConfig(2, 8192, True, 16, 1, 2),
-    # 16K: no entry since session 12: RMSNorm's (one row in one chunk, ONE_CHUNK) won 1.25x over
-    # the two chunks of 8K that stood here (h200_tune_layernorm_bwd_s12.log)
-    # 32K: chunks of 8K, as before session 9 gave RMSNorm chunks of 16K (which did not win here:
-    # h200_tune_layernorm_bwd_s9.log)
-    # 32K-128K: four rows per tile, which share each chunk's read-modify-write of the dW and dB
-    # partials (session 11, two runs: h200_tune_layernorm_bwd_s11*.log): 1.13x / 1.23x / 1.24x
-    32768: NormConfig(4, 4096, True, 16, 1, 4),
-    65536: NormConfig(4, 2048, True, 8, 8),
-    131072: NormConfig(4, 4096, True, 16, 1),
+    # 16K and wider: the split kernel (LN_SPLIT_BWD_FROM above); the blocked tiles measured here
+    # before (sessions 9-12: h200_tune_layernorm_bwd_s9.log, h200_tune_layernorm_bwd_s11*.log,
+    # h200_tune_layernorm_bwd_s12.log) are in git history and NOTES
 }
 
 
@@ -221,7 +214,7 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
 def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
     """Backward config (from the measured tables above); ``rms``: RMSNorm (False: LayerNorm)."""
     p2 = triton.next_power_of_2(n)
-    if p2 >= SPLIT_BWD_FROM:
+    if p2 >= (SPLIT_BWD_FROM if rms else LN_SPLIT_BWD_FROM):
         return _SPLIT
     if not rms and p2 in _LN_BWD_OVERRIDES:
         return _LN_BWD_OVERRIDES[p2]
