@@ -158,3 +158,23 @@ def test_split_backward_wide_rows_deterministic(is_rms, m, n):
         for a, e in zip(o, outs[0]):
             if e is not None:
                 assert torch.equal(a, e)
+
+
+def test_split_backward_falls_back_where_a_group_would_not_fit(monkeypatch):
+    """Where a row group's G programs would outnumber the SMs (on an H200 past ~1M columns), the
+    heuristic takes the blocked kernel (BWD_BLOCKED) instead of a launch whose groups could not be
+    resident together. Simulated on CPU tensors: programs per row allowed (the GPU's rule), two
+    stand-in SMs, a 2 x 32768 LayerNorm backward (G = 4)."""
+    from engine.triton_kernels import norms as nm
+    from engine.triton_kernels import norms_common as nc
+    from engine.triton_kernels import utils
+
+    use_backend("triton")
+    monkeypatch.setattr(nm, "split_groups_run", lambda device: True)
+    monkeypatch.setattr(utils, "INTERPRETER_SM_COUNT", 2)
+    cfg, _, _ = nm._bwd_plan(32768, BF16, False, False, True, torch.device("cpu"), 0, False, True, None)
+    assert cfg == nc.BWD_BLOCKED
+    nm.BWD_PLANS.clear()
+    x, w, b, dy, _ = _problem(2, 32768, False)
+    _check(x, w, b, dy, None, False, _launch(x, w, b, dy, None, False, None))
+    nm.BWD_PLANS.clear()
