@@ -61,15 +61,11 @@ def _ld(ptr, mask, EVICT: tl.constexpr, EVEN: tl.constexpr, BITS: tl.constexpr):
     """fp32 load of a tile; lanes outside ``mask`` read 0. EVEN: no lane is outside, no mask (an
     unpredicated load: no zeroing of its registers first, no predicate per vector). BITS: see
     :func:`_to_f32`."""
-    return _to_f32(_ld_raw(ptr, mask, EVICT, EVEN), BITS)
-
-
-@triton.jit
-def _ld_raw(ptr, mask, EVICT: tl.constexpr, EVEN: tl.constexpr):
-    """:func:`_ld` in the tensor's own dtype (converted where it is used)."""
     if EVEN:
-        return tl.load(ptr, eviction_policy=EVICT)
-    return tl.load(ptr, mask=mask, other=0.0, eviction_policy=EVICT)
+        v = tl.load(ptr, eviction_policy=EVICT)
+    else:
+        v = tl.load(ptr, mask=mask, other=0.0, eviction_policy=EVICT)
+    return _to_f32(v, BITS)
 
 
 @triton.jit
