@@ -122,11 +122,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
    * operand op (0: z, 1: dy) is at + (op * NV + i) * step; the ring wraps after kStages), the next
    * copy's sources and phase B's dx (this thread's first vector of the cluster's next row). The copy's offsets per slot are fixed: i * T vectors, or 0 past
    * the row, where the copy reads nothing (zero-fill). */
-  const uint32_t ring_end = ring_s + (uint32_t)(kStages * stage_bytes);
-  auto next_stage = [&](uint32_t s) {
-    s += (uint32_t)stage_bytes;
-    return s == ring_end ? ring_s : s;
-  };
+  const StageRing stages{ring_s, ring_s + (uint32_t)(kStages * stage_bytes), (uint32_t)stage_bytes};
   uint32_t st_copy = ring_s, st_a = ring_s, st_b = ring_s;
   const Z* z_next = static_cast<const Z*>(a.x) + cid * a.x_stride + (int64_t)v0 * VEC;
   const DY* dy_next = static_cast<const DY*>(a.dy) + cid * a.dy_stride + (int64_t)v0 * VEC;
@@ -149,7 +145,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
       }
       z_next += z_step;
       dy_next += dy_step;
-      st_copy = next_stage(st_copy);
+      st_copy = stages.next(st_copy);
     }
     cp_async_commit();
   };
@@ -219,7 +215,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
       const int q = (int)((unsigned)k % (unsigned)kSlots);
       float s[2] = {0.0f, 0.0f};
       const uint32_t sa = st_a;
-      st_a = next_stage(st_a);
+      st_a = stages.next(st_a);
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         float zv[VEC], dv[VEC];
@@ -241,7 +237,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
     }
     if (kb >= 0) { /* phase B of row kb */
       const uint32_t sb = st_b;
-      st_b = next_stage(st_b);
+      st_b = stages.next(st_b);
       /* dz of slot i (past the row: computed from the copy's zeros and never stored) */
       auto dz_of = [&](int i, float (&dz)[VEC]) {
         float zv[VEC], dv[VEC];

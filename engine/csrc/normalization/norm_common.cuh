@@ -178,6 +178,18 @@ inline int stream_cluster(int tpr_raw, int max_cluster, int cap, int tmax, int* 
   return c;
 }
 
+/* The streamed kernels' ring of shared-memory stages (shared::cta addresses): a thread's slot in
+ * the stage after `s`, wrapping from the last stage to the first. */
+struct StageRing {
+  uint32_t first; /* the thread's slot in stage 0 */
+  uint32_t end;   /* first + stages * bytes */
+  uint32_t bytes; /* one stage */
+  __device__ __forceinline__ uint32_t next(uint32_t s) const {
+    s += bytes;
+    return s == end ? first : s;
+  }
+};
+
 /* Register paths, gamma (and beta) as fp32 in shared memory: floats per operand (the slots of one
  * row group, or of this CTA's part of a cluster's row), slot i of lane lr at
  * (i * tpr + lr) * vec. */

@@ -161,11 +161,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
    * after kStages), the next copy's source and phase B's destination (this thread's first vector
    * of the cluster's next row). The copy's offsets per slot are fixed: i * T vectors, or 0 past
    * the row, where the copy reads nothing (zero-fill). */
-  const uint32_t ring_end = ring_s + kStages * (uint32_t)stage_bytes;
-  auto next_stage = [&](uint32_t s) {
-    s += (uint32_t)stage_bytes;
-    return s == ring_end ? ring_s : s;
-  };
+  const StageRing stages{ring_s, ring_s + kStages * (uint32_t)stage_bytes, (uint32_t)stage_bytes};
   uint32_t st_copy = ring_s, st_a = ring_s, st_b = ring_s;
   const X* x_next = static_cast<const X*>(a.x) + cid * a.x_stride + (int64_t)v0 * VEC;
   const int64_t x_step = stride * a.x_stride;
@@ -182,7 +178,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
 #pragma unroll
       for (int i = 0; i < NV; ++i) cp_async16(st_copy + (uint32_t)i * step, x_next + x_off[i], in_row[i]);
       x_next += x_step;
-      st_copy = next_stage(st_copy);
+      st_copy = stages.next(st_copy);
     }
     cp_async_commit();
   };
@@ -236,7 +232,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
     /* k < count, kb, kw: uniform over the cluster, whose CTAs share the row sequence */
     if (k < count) { /* phase A of row k */
       const uint32_t sa = st_a;
-      st_a = next_stage(st_a);
+      st_a = stages.next(st_a);
       float s[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -278,7 +274,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       } else {
         phase_b(std::integral_constant<int, 1>{});
       }
-      st_b = next_stage(st_b);
+      st_b = stages.next(st_b);
       o_next += o_step;
     }
     /* wait for exchange kw = k - WL (sent WL iterations ago); add its sums in the fixed order:
