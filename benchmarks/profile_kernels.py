@@ -3,7 +3,10 @@
 For each (norm, mode, impl, N) at M*N = 64M this prints the benchmark's own time (``harness.bench``:
 do_bench median, L2 flushed) beside the summed device time of every kernel one call launches (torch
 profiler, averaged over several calls), both as % of the copy bandwidth measured in the same run.
-Where the two differ the row is host-bound: the GPU waits for Python between kernels.
+Where the two differ the row is host-bound: the GPU waits for Python between kernels. With
+``--graph`` also the time of one replay of the call captured as a CUDA graph (``harness.bench_graph``:
+the host's launch cost removed, the kernels' gaps on the GPU kept), as a user who captures the step
+sees it.
 
     python benchmarks/profile_kernels.py [--n 1024 8192] [--modes fwd fwd+bwd] [--impls triton]
                                          [--jit-launch] [--max-cluster 1] [--json out.json]
@@ -45,6 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("--norms", nargs="*", default=["rmsnorm", "layernorm"])
     ap.add_argument("--impls", nargs="*", default=["cuda", "triton"])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--graph", action="store_true",
+                    help="also time one replay of the call captured as a CUDA graph (harness.bench_graph)")
     ap.add_argument("--jit-launch", action="store_true",
                     help="launch Triton kernels through kernel[grid] instead of engine's Launcher")
     ap.add_argument("--max-cluster", type=int, choices=[0, 1, 2, 4, 8, 16],
@@ -127,6 +132,7 @@ def run(args) -> int:
                         case = C.build(spec, inp)
                         ms = H.bench(case.fn)
                         dev_us = device_us_per_call(case.fn)
+                        g_ms = H.bench_graph(case.fn) if args.graph else None
                     except Exception as e:  # noqa: BLE001 - a row that fails is reported, not fatal
                         print(f"{spec.label:14s} {impl:7s} N={n:6d}: {H.short_error(e)}")
                         continue
@@ -135,10 +141,13 @@ def run(args) -> int:
                     nb = C.nbytes(spec, m, n)
                     timed = 100 * H.gbps(nb, ms) / copy
                     kern = 100 * H.gbps(nb, dev_us / 1e3) / copy
+                    graph = None if g_ms is None else 100 * H.gbps(nb, g_ms) / copy
                     rows.append(dict(norm=norm, mode=mode, impl=impl, n=n, timed_ms=ms, device_us=dev_us,
-                                     timed_pct=timed, kernels_pct=kern))
+                                     timed_pct=timed, kernels_pct=kern, graph_ms=g_ms, graph_pct=graph))
+                    g_txt = "" if not args.graph else (
+                        "   graph      -" if g_ms is None else f"   graph {g_ms * 1e3:8.1f} us = {graph:5.1f} %")
                     print(f"{spec.label:14s} {impl:7s} N={n:6d}: timed {ms * 1e3:8.1f} us = {timed:5.1f} %   "
-                          f"kernels {dev_us:8.1f} us = {kern:5.1f} %", flush=True)
+                          f"kernels {dev_us:8.1f} us = {kern:5.1f} %{g_txt}", flush=True)
                     del inp, case
                     H.free_memory()
     if args.json:
