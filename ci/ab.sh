@@ -7,7 +7,9 @@
 #   AB_ARGS="--impls cuda --n 16384 32768 --modes fwd+bwd" AB_REPS=2 \
 #   AB_TESTS="tests/test_norm_contract.py" AB_K="stream or cluster" AB_SANITIZE="memcheck racecheck" bash ci/ab.sh
 #
-# AB_BUILD=0 skips both builds (an A/B of Triton code: AB_ARGS="--impls triton ...").
+# AB_BUILD=0 skips both builds (an A/B of Triton code: AB_ARGS="--impls triton ...");
+# AB_BUILD=carry takes both from an earlier call's output carried as .carry/{A,B}_C*.so.xz;
+# AB_BUILD=carryA takes A's from there and builds B.
 # The built extensions come back xz-compressed ($OUT/{A,B}_C*.so.xz), so that a later call can
 # carry B's as .carry/_C*.so.xz for ci/gpu_session.sh (with $OUT/_C.srchash).
 set -uo pipefail
@@ -25,6 +27,17 @@ fi
 A=/tmp/ab_base
 rm -rf "$A" && mkdir -p "$A" && tar xzf .carry/base.tgz -C "$A" || { log "no .carry/base.tgz"; exit 2; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/ab_session.log"
+case "${AB_BUILD:-1}" in carry|carryA)  # builds of an earlier call (.carry/{A,B}_C*.so.xz)
+  for f in .carry/A_*.so.xz; do xz -dc "$f" > "$A/engine/$(basename "$f" .xz | cut -c3-)"; done
+  if [ "${AB_BUILD}" = carryA ]; then
+    python3 setup.py -q build_ext --inplace > "$OUT/build_B.log" 2>&1; echo "B build rc $?" >> "$OUT/build_B.log"
+    log "B built"; tail -n 1 "$OUT/build_B.log"; grep -q "rc 0" "$OUT/build_B.log" || exit 1
+    for f in engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/B_$(basename "$f").xz"; done
+  else
+    for f in .carry/B_*.so.xz; do xz -dc "$f" > "engine/$(basename "$f" .xz | cut -c3-)"; done
+  fi
+  ls -l "$A"/engine/_C*.so engine/_C*.so ;;
+esac
 if [ "${AB_BUILD:-1}" = 1 ]; then  # AB_BUILD=0: no CUDA builds (Triton-only A/B: --impls triton)
 jobs_each=$(( $(nproc) / 2 ))
 ( cd "$A" && MAX_JOBS=$jobs_each python3 setup.py -q build_ext --inplace > "$OUT/build_A.log" 2>&1

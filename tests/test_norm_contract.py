@@ -635,6 +635,47 @@ def test_layernorm_large_mean(backend):
         assert not torch.allclose(naive_rsigma, ref["rsigma"], rtol=1e-3, atol=0)
 
 
+@pytest.mark.parametrize("n", [1024, 4100, 16392, 32776])
+def test_layernorm_mean_against_spread(backend, n):
+    """LayerNorm statistics of bf16 rows whose mean is 0 to ~50 standard deviations, within STATS
+    of the float64 oracle at every ratio.
+
+    The CUDA kernels sum z and z^2 in one pass and take M2 = sum z^2 - (sum z)^2 / n only where
+    mean^2 <= 3 var (a row in the register kernel, a warp in the streamed one: ln_one_pass_m2,
+    NOTES P80); past that line the centred pass runs. The ratios sit on both sides of it (1.4, 1.6
+    under sqrt(3), 1.8 over) and far past it, where the one-pass formula alone misses rsigma (checked
+    below). Rows are m + s * j with j uniform in -8..8: every value exact in bf16, std 4.9 s. n:
+    the register kernel (1024, 4100) and the streamed one (16392, 32776: the last CTA's slice
+    partly past the row).
+    """
+    rows = 8
+    s = 2.0 ** -4
+    ks = [0, 7, 8, 9, 15, 50, 120, 245]  # m / s: ratio m / std = k / 4.9
+    # the same rows on every device (drawn on the CPU), so that the check of the one-pass formula
+    # below holds for the data every backend sees
+    g = torch.Generator().manual_seed(n)
+    j = torch.randint(-8, 9, (rows, n), generator=g).float()
+    exact = (torch.tensor(ks, dtype=torch.float32)[:, None] + j) * s
+    x = exact.to(BF16).to(DEVICE)
+    assert torch.equal(x.float().cpu(), exact)  # every value exact in bf16
+    w = torch.randn(n, device=DEVICE, dtype=BF16)
+    b = torch.randn(n, device=DEVICE, dtype=BF16)
+    out, _, mu, rsigma = run_fwd(False, x, w, b, None, 1e-5, False, F32)
+    ref = ref_fwd(x, w, b, 1e-5, False)
+    torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+    torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+    torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
+    # the rows past the line need the centred pass: sum z and sum z^2 alone (fp32, one pass
+    # per row as a kernel thread adds them) miss rsigma there
+    one_pass = torch.zeros(rows), torch.zeros(rows)
+    for c in range(0, n, 64):  # sequential fp32 sums of 64-column slices
+        blk = exact[:, c:c + 64]
+        one_pass = one_pass[0] + blk.sum(1), one_pass[1] + (blk * blk).sum(1)
+    var = (one_pass[1] - one_pass[0] * one_pass[0] / n) / n
+    naive = torch.rsqrt(var.clamp_min(0) + 1e-5).double()
+    assert not torch.allclose(naive[-3:], ref["rsigma"][-3:].cpu(), **STATS)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a path of the CUDA forward")
 @pytest.mark.parametrize("n", [8200, 32776])
 def test_layernorm_stream_large_mean(n):

@@ -117,6 +117,16 @@ def _row_sums(a, b, IS_RMS_NORM: tl.constexpr, SEPARATE: tl.constexpr):
 
 
 @triton.jit
+def _ln_one_pass(mean, e2):
+    """LayerNorm's (var, ok) per row from mean = E[z] and e2 = E[z^2]: var = e2 - mean^2 is used
+    only where ``ok`` (mean^2 <= 3/4 e2, i.e. mean^2 <= 3 var: var >= e2 / 4, so the subtraction
+    costs at most 2 bits against the rounding of the sums); elsewhere (a large mean, NaN) the
+    caller replaces it by the centred mean square. The CUDA kernels' ln_one_pass_var (NOTES P80)."""
+    c = mean * mean
+    return e2 - c, c <= 0.75 * e2
+
+
+@triton.jit
 def _xhat(z, mean, rstd, mask, EVEN: tl.constexpr):
     """(z - mean) * rstd of a backward tile, 0 outside ``mask`` (no select when EVEN)."""
     xhat = (z - mean[:, None]) * rstd[:, None]
@@ -312,28 +322,42 @@ def _norm_fwd_kernel(
             if LOAD_STATS:
                 mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
             else:
-                # Pass 1: statistics over column chunks. LayerNorm merges per-chunk mean and M2
-                # (Chan et al.), which stays accurate for rows with a large mean.
+                # Pass 1: statistics over column chunks. LayerNorm sums z and z^2 in one
+                # two-operand reduction per chunk, adds the chunk's shares of E[z] and E[z^2], and
+                # takes var = E[z^2] - mean^2 where that loses at most 2 bits (_ln_one_pass); a
+                # tile with a row past that line (a large mean against the spread, or NaN) walks
+                # the row again for the centred sum.
                 mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-                m2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+                acc = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum z^2 (RMSNorm), E[z^2] (LayerNorm)
                 for c0 in range(0, N, BLOCK_N):
                     cc = c0 + cols
                     mask = rmask[:, None] & (cc[None, :] < N)
                     z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
                                 HAS_RES, True, INTERPRETER, "evict_last", EVEN, BITS)
                     if IS_RMS_NORM:
-                        m2 += tl.sum(z * z, axis=1)
+                        acc += tl.sum(z * z, axis=1)
                     else:
-                        n_a = c0 * 1.0
-                        n_b = tl.minimum(N - c0, BLOCK_N).to(tl.float32)  # columns in this chunk
-                        mean_b = tl.sum(z, axis=1) / n_b
-                        zc = z - mean_b[:, None]
-                        if not EVEN:
-                            zc = tl.where(mask, zc, 0.0)
-                        delta = mean_b - mean
-                        mean += delta * (n_b / (n_a + n_b))
-                        m2 += tl.sum(zc * zc, axis=1) + delta * delta * (n_a * n_b / (n_a + n_b))
-                rstd = tl.math.rsqrt(m2 * inv_n + eps)
+                        a1, a2 = _row_sums(z, z * z, False, INTERPRETER)
+                        mean += a1 * inv_n
+                        acc += a2 * inv_n
+                if IS_RMS_NORM:
+                    var = acc * inv_n
+                else:
+                    var, ok = _ln_one_pass(mean, acc)
+                    if tl.min(ok.to(tl.int32), axis=0) == 0:
+                        m2c = tl.zeros([BLOCK_M], dtype=tl.float32)
+                        for c0 in range(0, N, BLOCK_N):
+                            cc = c0 + cols
+                            mask = rmask[:, None] & (cc[None, :] < N)
+                            z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res,
+                                        stride_ro, HAS_RES, False, INTERPRETER, "evict_last", EVEN,
+                                        BITS)
+                            zc = z - mean[:, None]
+                            if not EVEN:
+                                zc = tl.where(mask, zc, 0.0)
+                            m2c += tl.sum(zc * zc, axis=1)
+                        var = tl.where(ok, var, m2c * inv_n)
+                rstd = tl.math.rsqrt(var + eps)
                 tl.store(RSTD + rows, rstd, mask=rmask)
                 if not IS_RMS_NORM:
                     tl.store(MU + rows, mean, mask=rmask)

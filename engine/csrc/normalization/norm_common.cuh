@@ -190,6 +190,28 @@ struct StageRing {
   }
 };
 
+/* LayerNorm's statistics in one pass (NOTES P80): from mean = E[z] and e2 = E[z^2] (one pass's
+ * sums of z and z^2 over the row, times 1 / N), var = e2 - mean^2 wherever mean^2 <= 3/4 e2
+ * (mean^2 <= 3 var): there var >= e2 / 4, so the subtraction costs at most 2 bits against the
+ * rounding of the sums themselves. Returns false (var not to be used) otherwise (a large mean
+ * against the spread, or NaN / Inf): the caller then takes the exact centred pass about the mean,
+ * E[(z - mean)^2]. Rows of N(0, 1) and any row with |mean| < ~1.7 standard deviations take the
+ * one pass; rows of 1e4 + noise the centred one (tests/test_norm_contract.py: large_mean,
+ * mean_against_spread). */
+__device__ __forceinline__ bool ln_one_pass_var(float mean, float e2, float& var) {
+  const float c = mean * mean;
+  var = e2 - c;
+  return c <= 0.75f * e2;
+}
+
+/* The same test on sums over n values (s = sum z, q = sum z^2, inv_n = 1 / n): m2 = q - s^2 / n,
+ * the sum of squares about the mean (n var), for the streamed kernel's per-warp statistics. */
+__device__ __forceinline__ bool ln_one_pass_m2(float s, float q, float inv_n, float& m2) {
+  const float c = s * s * inv_n;
+  m2 = q - c;
+  return c <= 0.75f * q;
+}
+
 /* Register paths, gamma (and beta) as fp32 in shared memory: floats per operand (the slots of one
  * row group, or of this CTA's part of a cluster's row), slot i of lane lr at
  * (i * tpr + lr) * vec. */

@@ -20,9 +20,10 @@
  *     that is uniform across the CTA (invalid rows are masked, never skipped: the reductions use
  *     a barrier over the row group's warps when a row spans several: row_group_sync);
  *   - 1/N (host) and the FP8 scale are computed once, before the row loop;
- *   - LayerNorm statistics are two-pass over registers: mean first, then sum((z - mean)^2): no
- *     E[z^2] - E[z]^2 cancellation (in a cluster each CTA does this over its slice, and the
- *     slices' (n, mean, M2) are merged by Chan's formula: cluster_chan);
+ *   - LayerNorm statistics: sum z and sum z^2 in one pass and one reduction of the pair (in a
+ *     cluster then cluster_sum), var = E[z^2] - mean^2 where that loses at most 2 bits
+ *     (ln_one_pass_var, norm_common.cuh: mean^2 <= 3 var), else a second, centred pass
+ *     sum((z - mean)^2) and its reduction: no E[z^2] - E[z]^2 cancellation for large-mean rows;
  *   - FP8 out: per-thread amax (a NaN-propagating float max of |y|, masked lanes contribute 0),
  *     one atomicMax of its bits per CTA; with out_t the CTA owns tiles of
  *     tile_rows rows, stages the FP8 bytes in shared memory and writes the transposed tile with
@@ -32,7 +33,7 @@
  * over a thread-block cluster of 2, 4, 8 (or, on request, 16) such CTAs (FwdArgs::cluster;
  * row_cluster() in norm_common.cuh), CTA k owning lanes k * tpr .. (k + 1) * tpr - 1 of the row; the row's
  * statistics are reduced in the CTA, then across the cluster: each CTA's values sent to every CTA
- * by st.async and counted by an mbarrier (cluster_sum / cluster_chan over ClusterXchg, reduce.cuh:
+ * by st.async and counted by an mbarrier (cluster_sum over ClusterXchg, reduce.cuh:
  * rank order, so all CTAs hold the same bits). 16-bit rows of up to 128K stay in
  * registers this way (one read of x) instead of taking the blocked path (two), and rows of 16K-32K
  * run as 3 CTAs per SM instead of one 512-thread CTA. No in-kernel transposed copy on this path.
@@ -42,9 +43,9 @@
  * ahead into shared memory; this kernel keeps kApply there, the residual rows and the knobs.
  * Blocked path (norm_fwd_blocked_kernel), any cols: one CTA per row at a time; pass 1 walks the
  * row in chunks of blockDim * NVB * VEC elements computing the statistics (RMSNorm: sum of squares;
- * LayerNorm: per-thread Chan merge of each chunk's exact two-pass (n, mean, M2), then a block-wide
- * Chan merge in a fixed order) and storing residual_out; pass 2 re-reads z (residual_out or x, hot
- * in L2) and writes y. VEC = 1 is the scalar fallback for unaligned operands or cols % VEC != 0.
+ * LayerNorm: the sums of z and z^2, var = E[z^2] - mean^2 where that loses at most 2 bits, else
+ * one more walk over the row for the centred mean square: ln_one_pass_var) and storing
+ * residual_out; pass 2 re-reads z (residual_out or x, hot in L2) and writes y. VEC = 1 is the scalar fallback for unaligned operands or cols % VEC != 0.
  *
  * Numerics shared by every path and mode (so kStats and kApply agree bit for bit):
  *   z = round_R(x + residual), rsigma = 1 / sqrtf(var + eps) (IEEE sqrt and division),
@@ -193,7 +194,8 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
    * GPU (its SASS differs from unpacking at each use). */
   constexpr bool kZf = sizeof(R) == 2 && NV * VEC <= 32;
   constexpr bool kFp8 = is_fp8_v<O>;
-  __shared__ float red_buf[2 * 32];
+  /* RowGroupSum<1> (RMSNorm, 2 x 32 floats) or RowGroupSum<2> (LayerNorm, 2 x 32 x 2) */
+  __shared__ float red_buf[2 * 32 * (kRms ? 1 : 2)];
   __shared__ ClusterXchgSmem cl_smem;
   __shared__ int amax_buf[32];
   extern __shared__ __align__(16) uint8_t tile[];
@@ -210,14 +212,6 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   const int ncl = kMaxThreads <= kClusterRowThreads ? a.cluster : 1;
   const int glane = ncl > 1 ? cluster_rank() * tpr + lr : lr;
   const int gstride = ncl * tpr;
-  /* LayerNorm in a cluster: the elements of a row this CTA holds (its slots below nvec). */
-  float cta_n = 0.0f;
-  if (!kRms && ncl > 1) {
-    const int lane0 = glane - lr;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) cta_n += (float)(VEC * min(max(nvec - i * gstride - lane0, 0), tpr));
-  }
-
   int col[NV];
   bool valid[NV];
   row_slots<NV, VEC>(glane, gstride, nvec, col, valid);
@@ -259,7 +253,8 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
     gsm = gw;
   }
 
-  RowGroupSum<1> red(red_buf, tpr, group);
+  RowGroupSum<1> red(red_buf, tpr, group);   /* RMSNorm's sum z^2 */
+  RowGroupSum<2> red2(red_buf, tpr, group);  /* LayerNorm's (sum z, sum z^2), then sum (z - mean)^2 */
   ClusterXchg xchg(cl_smem, ncl); /* the row's statistics over a cluster (reduce.cuh) */
   const int G = a.rows_per_iter;
   const int rpb = a.tile_rows > 0 ? a.tile_rows : G; /* a multiple of G */
@@ -336,39 +331,66 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
         }
       } else {
         if constexpr (!kRms) {
-          float s[1] = {0.0f};
+          /* One pass: sum z and z^2 (masked slots: z = 0, nothing added), each thread's sums
+           * scaled by 1 / N into its shares of E[z] and E[z^2], then one reduction of the pair
+           * over the row group and the cluster (unscaled, a cluster's partial sums of z added at
+           * ~2.5e8 for a row of 1e4 + noise over 24K values and put the mean 1e-3 off; shares of
+           * ~1e3 do not; scaled after the row group's reduction, ptxas spilled); var =
+           * E[z^2] - mean^2 where that loses at most 2 bits, else the centred pass about the mean
+           * (ln_one_pass_var, norm_common.cuh; NOTES P80). The sums are the same bits in every
+           * thread of the row and every CTA of its cluster, so the fallback's reduction is
+           * reached by all of them or none. */
+          float sq[2] = {0.0f, 0.0f};
 #pragma unroll
           for (int i = 0; i < NV; ++i) {
+            if (kFast || valid[i]) {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) s[0] += zv(i, j); /* masked: 0 */
-          }
-          red(s);
-          /* In a cluster each CTA centres its own slice on its own mean, and the slices' (n,
-           * mean, M2) are merged across the cluster below: one cluster barrier per row. */
-          mean = ncl > 1 ? (cta_n > 0.0f ? s[0] / cta_n : 0.0f) : s[0] * a.inv_n;
-        }
-        float q[1] = {0.0f};
-#pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          /* A masked slot (z = 0) adds nothing: centred on 0 (a select per slot, not a branch
-           * in kFast), or skipped. */
-          const float m = kRms ? 0.0f : (valid[i] ? mean : 0.0f);
-          if (kFast || valid[i]) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              const float d = kRms ? zv(i, j) : zv(i, j) - m;
-              q[0] = fmaf(d, d, q[0]);
+              for (int j = 0; j < VEC; ++j) {
+                const float z = zv(i, j);
+                sq[0] += z;
+                sq[1] = fmaf(z, z, sq[1]);
+              }
             }
           }
-        }
-        red(q);
-        if constexpr (kRms) {
-          cluster_sum<1>(q, xchg);
+          sq[0] *= a.inv_n;
+          sq[1] *= a.inv_n;
+          red2(sq);
+          cluster_sum<2>(sq, xchg);
+          mean = sq[0];
+          float var;
+          if (!ln_one_pass_var(mean, sq[1], var)) {
+            float q[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < NV; ++i) {
+              /* a masked slot (z = 0) adds nothing: centred on 0 (kFast: a select, no branch) */
+              const float m = valid[i] ? mean : 0.0f;
+              if (kFast || valid[i]) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                  const float d = zv(i, j) - m;
+                  q[0] = fmaf(d, d, q[0]);
+                }
+              }
+            }
+            red2(q); /* q[1] = 0: red2 reduces pairs */
+            float c[1] = {q[0]};
+            cluster_sum<1>(c, xchg);
+            var = c[0] * a.inv_n;
+          }
+          rs = 1.0f / sqrtf(var + a.eps);
         } else {
-          float cnt = cta_n;
-          cluster_chan(cnt, mean, q[0], xchg);
+          float q[1] = {0.0f};
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            if (kFast || valid[i]) {
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) q[0] = fmaf(zv(i, j), zv(i, j), q[0]);
+            }
+          }
+          red(q);
+          cluster_sum<1>(q, xchg);
+          rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
         }
-        rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
         if (ok && glane == 0) {
           a.rsigma[row] = rs;
           if constexpr (!kRms) a.mu[row] = mean;
@@ -485,7 +507,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
   constexpr bool kPacked = fwd_blocked_packed<X, R, VEC>();
   constexpr int ZW = kPacked ? VEC * (int)sizeof(R) / 4 : 1; /* PackedWords<R, VEC>::kWords */
   __shared__ float red_buf[2 * 32];
-  __shared__ float chan_buf[3 * 33];
+  __shared__ float red2_buf[2 * 32 * 2];
   __shared__ int amax_buf[32];
 
   const int nt = blockDim.x;
@@ -501,7 +523,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
   const float scale = fwd_fp8_scale<kFp8>(a);
   const bool e5m2 = a.e5m2 != 0;
   float amax = 0.0f;
-  RowGroupSum<1> red(red_buf, nt, 0);
+  RowGroupSum<1> red(red_buf, nt, 0);   /* RMSNorm's sum z^2 */
+  RowGroupSum<2> red2(red2_buf, nt, 0); /* LayerNorm's (E[z], E[z^2]), then E[(z - mean)^2] */
 
   uint32_t zw[kPacked ? NVB : 1][ZW] = {};
   float zf[kPacked ? 1 : NVB][kPacked ? 1 : VEC] = {};
@@ -532,6 +555,25 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
     }
   };
 
+  /* The slots of the chunk at c0 of a row as pass 2 reads them (L2-resident after pass 1):
+   * residual_out where pass 1 wrote it, else x. */
+  auto load_chunk = [&](int64_t row, int c0, bool (&valid)[NVB], int (&col)[NVB]) {
+    const bool z_from_res = has_res && mode != kApply;
+    const X* zx = static_cast<const X*>(a.x) + row * a.x_stride;
+    const R* zr = z_from_res ? static_cast<const R*>(a.residual_out) + row * a.res_out_stride
+                             : nullptr;
+#pragma unroll
+    for (int i = 0; i < NVB; ++i) {
+      col[i] = c0 + (threadIdx.x + i * nt) * VEC;
+      valid[i] = col[i] < cols;
+      if (z_from_res) {
+        load_z(i, zr, col[i], valid[i]);
+      } else {
+        load_z(i, zx, col[i], valid[i]);
+      }
+    }
+  };
+
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     float mean = 0.0f;
     float rs;
@@ -539,8 +581,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
       const X* xrow = static_cast<const X*>(a.x) + row * a.x_stride;
       const R* rrow = has_res ? static_cast<const R*>(a.residual) + row * a.res_stride : nullptr;
       R* orow = has_res ? static_cast<R*>(a.residual_out) + row * a.res_out_stride : nullptr;
-      float cnt = 0.0f, cmean = 0.0f, cm2 = 0.0f; /* LayerNorm running (n, mean, M2) */
-      float ss = 0.0f;                            /* RMSNorm running sum of squares */
+      float ss = 0.0f; /* running sum of z^2 */
+      float sz = 0.0f; /* LayerNorm: running sum of z */
       for (int c0 = 0; c0 < cols; c0 += chunk) {
         bool valid[NVB];
         int col[NVB];
@@ -568,36 +610,13 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
             }
           }
         }
-        if (is_rms) {
+        /* masked slots hold z = 0: nothing added */
 #pragma unroll
-          for (int i = 0; i < NVB; ++i) {
+        for (int i = 0; i < NVB; ++i) {
 #pragma unroll
-            for (int j = 0; j < VEC; ++j) ss = fmaf(zv(i, j), zv(i, j), ss);
-          }
-        } else {
-          float n = 0.0f, s = 0.0f;
-#pragma unroll
-          for (int i = 0; i < NVB; ++i) {
-            if (valid[i]) {
-              n += (float)VEC;
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) s += zv(i, j);
-            }
-          }
-          if (n > 0.0f) {
-            const float m = s / n;
-            float m2 = 0.0f;
-#pragma unroll
-            for (int i = 0; i < NVB; ++i) {
-              if (valid[i]) {
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                  const float d = zv(i, j) - m;
-                  m2 = fmaf(d, d, m2);
-                }
-              }
-            }
-            chan_merge(cnt, cmean, cm2, n, m, m2);
+          for (int j = 0; j < VEC; ++j) {
+            if (!is_rms) sz += zv(i, j);
+            ss = fmaf(zv(i, j), zv(i, j), ss);
           }
         }
       }
@@ -607,9 +626,34 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
         red(v);
         var = v[0] * a.inv_n;
       } else {
-        block_chan(cnt, cmean, cm2, chan_buf);
-        mean = cmean;
-        var = cm2 * a.inv_n;
+        /* LayerNorm (NOTES P80): each thread's shares of E[z] and E[z^2], one reduction of the
+         * pair; var = E[z^2] - mean^2 where that loses at most 2 bits (ln_one_pass_var,
+         * norm_common.cuh), else a walk over the row again (L2) for the centred mean square.
+         * Uniform over the CTA (every thread holds the same sums). */
+        float v[2] = {sz * a.inv_n, ss * a.inv_n};
+        red2(v);
+        mean = v[0];
+        if (!ln_one_pass_var(mean, v[1], var)) {
+          float q[2] = {0.0f, 0.0f};
+          for (int c0 = 0; c0 < cols; c0 += chunk) {
+            bool valid[NVB];
+            int col[NVB];
+            load_chunk(row, c0, valid, col);
+#pragma unroll
+            for (int i = 0; i < NVB; ++i) {
+              if (valid[i]) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                  const float d = zv(i, j) - mean;
+                  q[0] = fmaf(d, d, q[0]);
+                }
+              }
+            }
+          }
+          q[0] *= a.inv_n;
+          red2(q);
+          var = q[0];
+        }
       }
       rs = 1.0f / sqrtf(var + a.eps);
       if (threadIdx.x == 0) {
@@ -622,23 +666,10 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
     }
 
     /* Pass 2: re-read z (L2-resident), write y. */
-    const bool z_from_res = has_res && mode != kApply;
-    const X* zx = static_cast<const X*>(a.x) + row * a.x_stride;
-    const R* zr = z_from_res ? static_cast<const R*>(a.residual_out) + row * a.res_out_stride
-                             : nullptr;
     for (int c0 = 0; c0 < cols; c0 += chunk) {
       bool valid[NVB];
       int col[NVB];
-#pragma unroll
-      for (int i = 0; i < NVB; ++i) {
-        col[i] = c0 + (threadIdx.x + i * nt) * VEC;
-        valid[i] = col[i] < cols;
-        if (z_from_res) {
-          load_z(i, zr, col[i], valid[i]);
-        } else {
-          load_z(i, zx, col[i], valid[i]);
-        }
-      }
+      load_chunk(row, c0, valid, col);
 #pragma unroll
       for (int i = 0; i < NVB; ++i) {
         if (valid[i]) {

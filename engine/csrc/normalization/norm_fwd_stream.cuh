@@ -14,15 +14,17 @@
  *
  *   iteration k:  copy row k+D;  wait for row k's copies;
  *                 phase A of row k, each warp's sums sent by lane r to rank r: RMSNorm the sum of
- *                   z^2; LayerNorm the sum of z and, about the warp's own mean, of (z - mean)^2;
+ *                   z^2; LayerNorm the sum of z and, about the warp's own mean, of (z - mean)^2
+ *                   (from one pass's sums of z and z^2 where exact enough: ln_one_pass_m2);
  *                 phase B of row k-2 (y, its stores, amax);
  *                 wait for row k-1's sums from every warp of every CTA: rsigma(k-1) (and the
  *                   mean), phase B's in the next iteration.
  * A row's sums are awaited one iteration after they are sent, so the exchange's round trip between
  * SMs sits behind phase A of the next row and a phase B (NOTES P67, P68). LayerNorm's statistics
- * are exact two-pass within each warp (the warp's mean, then the centred sum of squares) and
- * merged across warps and CTAs by Chan's formula (pair_xchg_gather_chan): no E[z^2] - E[z]^2
- * cancellation. The sums over warps and CTAs are added in a fixed order (pair_xchg_gather):
+ * are each warp's (n, sum, M2), M2 from one pass's sums of z and z^2 where that loses at most 2
+ * bits and from a second, centred pass over the stage otherwise (ln_one_pass_m2, NOTES P80), merged
+ * across warps and CTAs by Chan's formula (pair_xchg_gather_chan): no E[z^2] - E[z]^2
+ * cancellation for large-mean rows. The sums over warps and CTAs are added in a fixed order (pair_xchg_gather):
  * the same bits in every CTA and every run. Each thread copies and later reads only its
  * own 16-byte vectors (slot i of thread t at vector rank * T * NV + i * T + t of the row; in
  * shared memory at (i * T + t) * 16 of its stage), so cp.async's per-thread completion is the
@@ -239,27 +241,40 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
         float z[VEC];
         lds_vec8<X>(sa + (uint32_t)i * step, z);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) s[0] = kRms ? fmaf(z[j], z[j], s[0]) : s[0] + z[j];
-      }
-      warp_sum_pair<false>(s); /* over the warp: every lane holds the warp's sum */
-      if constexpr (!kRms) {
-        /* the sum of squares about the warp's mean (past the row: the copy's zeros about a zero
-         * mean add exact zeros), over the warp */
-        const float mw = s[0] * inv_nw;
-        float q[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          const float m = in_row[i] ? mw : 0.0f;
-          float z[VEC];
-          lds_vec8<X>(sa + (uint32_t)i * step, z);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float dz = z[j] - m;
-            q[0] = fmaf(dz, dz, q[0]);
+        for (int j = 0; j < VEC; ++j) {
+          if constexpr (kRms) {
+            s[0] = fmaf(z[j], z[j], s[0]);
+          } else {
+            s[0] += z[j];
+            s[1] = fmaf(z[j], z[j], s[1]);
           }
         }
-        warp_sum_pair<false>(q);
-        s[1] = q[0];
+      }
+      warp_sum_pair<!kRms>(s); /* over the warp: every lane holds the warp's sums */
+      if constexpr (!kRms) {
+        /* the warp's sum of squares about its mean: from the one pass where that loses at most
+         * 2 bits (ln_one_pass_m2, norm_common.cuh; the same bits in every lane, so the branch is
+         * uniform over the warp), else a second, centred pass over the stage (past the row: the
+         * copy's zeros about a zero mean add exact zeros) */
+        float m2;
+        if (!ln_one_pass_m2(s[0], s[1], inv_nw, m2)) {
+          const float mw = s[0] * inv_nw;
+          float q[2] = {0.0f, 0.0f};
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+            const float m = in_row[i] ? mw : 0.0f;
+            float z[VEC];
+            lds_vec8<X>(sa + (uint32_t)i * step, z);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              const float dz = z[j] - m;
+              q[0] = fmaf(dz, dz, q[0]);
+            }
+          }
+          warp_sum_pair<false>(q);
+          m2 = q[0];
+        }
+        s[1] = m2;
       }
       /* sent by lane r to rank r (kSlots' comment: why the slot is free) */
       pair_xchg_send(xa, (int)(k % (uint32_t)kSlots), C, s[0], s[1]);

@@ -2,7 +2,8 @@
  * engine_cast_transpose (FP8 cast with fused amax, rowwise and / or transposed output) and
  * engine_fp8_transpose (bitwise tiled byte transpose), see engine/transpose.h.
  *
- * Both work on 64 x 128 tiles (rows x cols) with 256-thread CTAs in a persistent loop over tiles:
+ * Both work on 64 x 128 tiles (rows x cols) with 256-thread CTAs in a persistent loop over tiles
+ * (in groups of 8 tile rows, column by column within a group: tile_at):
  *   - loads: each thread loads (64 * 128 / VEC) / 256 vectors of 16 bytes (VEC = 16 / sizeof(x));
  *     a warp covers whole 128-element tile rows, coalesced; VEC = 1 is the fallback for unaligned
  *     pointers / strides or cols % VEC != 0;
@@ -31,6 +32,22 @@ constexpr int kPitch = kTileC + 16;
 constexpr int kThreads = 256;
 
 enum CastMode : int { kFull = 0, kStats = 1, kApply = 2 };
+
+/* Tile t's (row, column) tile indices, in groups of kTileGroup tile rows walked column by column:
+ * the CTAs of one wave then cover a few tile rows over many columns, so that the transposed copy
+ * of a short matrix (rows of 128K: 8 tile rows) is written as whole output rows by neighbouring
+ * CTAs, where row-major tile order spread each wave's 64-byte runs over 34 K output rows
+ * (NOTES P81). */
+constexpr int kTileGroup = 8;
+__device__ __forceinline__ void tile_at(int64_t t, int64_t tiles_r, int64_t tiles_c, int64_t& tr,
+                                        int64_t& tc) {
+  const int64_t g = t / (kTileGroup * tiles_c);
+  const int64_t r0 = g * kTileGroup;
+  const int64_t gr = min((int64_t)kTileGroup, tiles_r - r0);
+  const int64_t local = t - r0 * tiles_c;
+  tc = local / gr;
+  tr = r0 + (local - tc * gr);
+}
 
 struct CastArgs {
   int64_t rows;
@@ -79,11 +96,13 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs
   float amax = 0.0f;
 
   const int64_t tiles_c = (a.cols + kTileC - 1) / kTileC;
-  const int64_t ntiles = ((a.rows + kTileR - 1) / kTileR) * tiles_c;
+  const int64_t tiles_r = (a.rows + kTileR - 1) / kTileR;
+  const int64_t ntiles = tiles_r * tiles_c;
   for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-    const int64_t tr = t / tiles_c;
+    int64_t tr, tc;
+    tile_at(t, tiles_r, tiles_c, tr, tc);
     const int64_t r0 = tr * kTileR;
-    const int64_t c0 = (t - tr * tiles_c) * kTileC;
+    const int64_t c0 = tc * kTileC;
     /* Batches of LB vectors: all of a batch's loads are in flight before the first use. */
     constexpr int LB = NL < 8 ? NL : 8;
 #pragma unroll 1
@@ -151,11 +170,13 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int NL = kTileR * VPR / kThreads;
   __shared__ __align__(16) uint8_t tile[kTileR * kPitch];
   const int64_t tiles_c = (cols + kTileC - 1) / kTileC;
-  const int64_t ntiles = ((rows + kTileR - 1) / kTileR) * tiles_c;
+  const int64_t tiles_r = (rows + kTileR - 1) / kTileR;
+  const int64_t ntiles = tiles_r * tiles_c;
   for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
-    const int64_t tr = t / tiles_c;
+    int64_t tr, tc;
+    tile_at(t, tiles_r, tiles_c, tr, tc);
     const int64_t r0 = tr * kTileR;
-    const int64_t c0 = (t - tr * tiles_c) * kTileC;
+    const int64_t c0 = tc * kTileC;
     if constexpr (VEC == 16) {
       uint4 v[NL];
 #pragma unroll
