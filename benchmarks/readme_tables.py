@@ -72,7 +72,9 @@ def small_table(rows):
 _KERNEL_OPS = (("rmsnorm", "fwd", "rms fwd"), ("rmsnorm", "fwd+bwd", "rms f+b"),
                ("rmsnorm", "res-fwd", "rms +res fwd"), ("rmsnorm", "fp8-delayed", "rms >e4m3 dly"),
                ("layernorm", "fwd", "ln fwd"), ("layernorm", "fwd+bwd", "ln f+b"),
-               ("layernorm", "res-fwd", "ln +res fwd"), ("layernorm", "fp8-delayed", "ln >e4m3 dly"))
+               ("layernorm", "res-fwd", "ln +res fwd"), ("layernorm", "fp8-delayed", "ln >e4m3 dly"),
+               ("rmsnorm", "fp8-T", "rms >e4m3+T"), ("layernorm", "fp8-T", "ln >e4m3+T"),
+               ("rmsnorm", "cast-T", "castT e4m3"))
 
 
 def kernel_table(data):

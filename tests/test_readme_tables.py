@@ -39,7 +39,8 @@ def test_kernel_table(tmp_path, capsys):
     rows = [{"norm": "rmsnorm", "mode": "fwd", "impl": "cuda", "n": 1024, "kernels_pct": 91.6},
             {"norm": "rmsnorm", "mode": "fwd", "impl": "cuda", "n": 2048, "kernels_pct": 88.4},
             {"norm": "rmsnorm", "mode": "fwd", "impl": "triton", "n": 1024, "kernels_pct": 95.2},
-            {"norm": "layernorm", "mode": "fwd+bwd", "impl": "cuda", "n": 2048, "kernels_pct": 80.5}]
+            {"norm": "layernorm", "mode": "fwd+bwd", "impl": "cuda", "n": 2048, "kernels_pct": 80.5},
+            {"norm": "rmsnorm", "mode": "cast-T", "impl": "cuda", "n": 1024, "kernels_pct": 85.7}]
     p = tmp_path / "profk.json"
     p.write_text(json.dumps({"rows": rows}))
     assert readme_tables.main(["--kernels", str(p)]) == 0
@@ -47,4 +48,5 @@ def test_kernel_table(tmp_path, capsys):
     assert ["rms", "fwd", "cuda", "92", "88"] in lines
     assert ["rms", "fwd", "triton", "95", "-"] in lines
     assert ["ln", "f+b", "cuda", "-", "80"] in lines  # 80.5 rounds to even
+    assert ["castT", "e4m3", "cuda", "86", "-"] in lines
     assert not any(ln_[:2] == ["rms", "f+b"] for ln_ in lines)
