@@ -346,8 +346,8 @@ def norm_fwd_grid_per_sm(n: int):
     row blocks); where more are launched than fit an SM at once, the block scheduler starts each
     as another ends, and each loops over its share of the rows. ``n = 0``, the default, is the
     launcher's choice (``fwd_grid_per_sm`` in engine/csrc/normalization/norm_fwd_launch.cuh): 16
-    for RMSNorm to a non-FP8 output without a residual, the resident CTAs (a persistent grid) for
-    the rest, as measured on the H200 (benchmarks/NOTES.md, P46).
+    for a non-FP8 output without a residual (both norms), the resident CTAs (a persistent grid)
+    for the rest, as measured on the H200 (benchmarks/NOTES.md, P46, P82).
     The grid changes no row's arithmetic: every output bit is the same. For tests and A/B
     benchmarks on one GPU. Process-wide, not thread-safe; restores the previous value on exit. A
     bad ``n`` (not an int in 0..64) raises ValueError at the call."""

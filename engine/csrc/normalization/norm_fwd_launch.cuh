@@ -13,8 +13,8 @@ namespace engine {
 namespace norm {
 
 /* CTAs per SM of the register path's grid without a cluster: engine_set_norm_fwd_grid_per_sm's
- * value where it is set; else 16 for RMSNorm to a 16-bit or fp32 output without a residual, and 0
- * (the resident CTAs, 3-4 per SM: a persistent grid) for the rest. 16 CTAs per SM queue for the
+ * value where it is set; else 16 for a 16-bit or fp32 output without a residual (both norms), and
+ * 0 (the resident CTAs, 3-4 per SM: a persistent grid) for the rest. 16 CTAs per SM queue for the
  * block scheduler, which starts each as another ends. Measured on the H200 with bf16 in and out
  * (benchmarks/NOTES.md, P46; kernel time, % of copy, two runs each, resident -> 16 per SM; fp16
  * and fp32 outputs not measured, taken alike): RMSNorm bf16 fwd 1K-16K
@@ -22,11 +22,14 @@ namespace norm {
  * e4m3 8K 88 -> 82, LayerNorm e4m3 2K 80 -> 72), the fused residual add 0-6 (RMSNorm 8K 87 -> 81)
  * and LayerNorm all but 2K (4K 85 -> 82; 2K 83 -> 88), so they keep the persistent grid. ncu (Q2):
  * 16 CTAs per SM run each CTA's prologue and epilogue 5x as often, 10-17 % more instructions,
- * which the FP8 kernels (63-69 % issue active) pay for and the bf16 one (43 %) does not. */
+ * which the FP8 kernels (63-69 % issue active) pay for and the bf16 one (43 %) does not. After
+ * LayerNorm's one-pass statistics (P80) its 16-bit forward gained at every register width too
+ * (P82, two alternations: 1K-8K 89.2 / 84.9 / 84.4 / 81.7 -> 90.0 / 90.3 / 85.4 / 83.7), its FP8
+ * outputs and residual rows still lost (e4m3 2K 84.8 -> 75.6, + residual 4K 86.2 -> 82.3). */
 template <typename O>
 int fwd_grid_per_sm(const FwdArgs& a, const LaunchCtx& ctx) {
   if (ctx.fwd_grid_per_sm != 0) return ctx.fwd_grid_per_sm;
-  return !is_fp8_v<O> && a.is_rms && a.residual == nullptr ? 16 : 0;
+  return !is_fp8_v<O> && a.residual == nullptr ? 16 : 0;
 }
 
 /* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields):
