@@ -305,11 +305,17 @@ def _norm_fwd_kernel(
                     # The select keeps mean a rounded fp32 value: a bare product would be fused
                     # into z - mean as an FMA, and y would then differ in the last bit from the
                     # current-scaling apply pass, which reloads the stored mean.
-                    mean = tl.where(rmask, tl.sum(z, axis=1) * inv_n, 0.0)
-                    zc = z - mean[:, None]
-                    if not EVEN:
-                        zc = tl.where(mask, zc, 0.0)
-                    var = tl.sum(zc * zc, axis=1) * inv_n
+                    # One two-operand reduction of (z, z^2) (masked lanes hold 0); var = E[z^2] -
+                    # mean^2 where that loses at most 2 bits (_ln_one_pass), else, for a tile
+                    # with such a row, the centred sum over the registers (NOTES P83).
+                    s1, s2 = _row_sums(z, z * z, False, INTERPRETER)
+                    mean = tl.where(rmask, s1 * inv_n, 0.0)
+                    var, ok = _ln_one_pass(mean, s2 * inv_n)
+                    if tl.min(ok.to(tl.int32), axis=0) == 0:
+                        zc = z - mean[:, None]
+                        if not EVEN:
+                            zc = tl.where(mask, zc, 0.0)
+                        var = tl.where(ok, var, tl.sum(zc * zc, axis=1) * inv_n)
                     tl.store(MU + rows, mean, mask=rmask)
                 rstd = tl.math.rsqrt(var + eps)
                 tl.store(RSTD + rows, rstd, mask=rmask)
