@@ -44,6 +44,16 @@ def test_residual_forward_configs_are_runnable(n, rms):
     _check(nc.fwd_config(n, torch.bfloat16, False, False, rms, residual=True), n, nc.MAX_FUSED_N)
 
 
+def test_layernorm_residual_entry():
+    """LayerNorm's residual form at 4K keeps the register tile where the plain forward takes the
+    blocked one (P84: each measured faster on its own, h200_ab_s25_p84.log); at 32K they share."""
+    plain = nc.fwd_config(4096, torch.bfloat16, False, False, False)
+    res = nc.fwd_config(4096, torch.bfloat16, False, False, False, residual=True)
+    assert plain.blocked and not res.blocked
+    assert (nc.fwd_config(32768, torch.bfloat16, False, False, False)
+            == nc.fwd_config(32768, torch.bfloat16, False, False, False, residual=True))
+
+
 @pytest.mark.parametrize("n", WIDTHS)
 def test_transposed_forward_config(n):
     cfg = nc.fwd_config(n, torch.bfloat16, True, True, True)

@@ -129,18 +129,25 @@ _LN_FWD_OVERRIDES = {
     # 1.28x (h200_tune_ln_1k.log; tune.py had never tried 1- or 2-warp programs before)
     1024: NormConfig(4, 1024, False, 2, 32),
     2048: NormConfig(4, 2048, False, 4, 32),  # 1.27x; 32 programs/SM 1.06x more
-    4096: NormConfig(4, 4096, False, 8, 8),  # 1.55x
+    # session 25 (P84, h200_ab_s25_p84.log, kernel time, two alternations): 4K one row blocked
+    # over 2 warps 90.5 -> 93.6 % (its residual form lost: _LN_RES_FWD below), 32K 83.8 -> 87.0,
+    # 128K 71.2 -> 73.9, from Q9's sweep (h200_tune_ln_s25.log)
+    4096: NormConfig(1, 4096, True, 2, 32, 4),
     16384: NormConfig(2, 8192, True, 8, 8, 2),  # 1.28x
     # session 9 (h200_tune_ln_fwd_s9.log, blocked candidates from 4K and chunks of 16K), against
     # what each width got before: 8K 1.11x, 32K 1.17x, 64K 1.24x, 128K 1.18x
     8192: NormConfig(2, 8192, True, 8, 4, 2),
-    32768: NormConfig(1, 16384, True, 16, 32, 4),
+    32768: NormConfig(1, 16384, True, 8, 4, 3),
     # session 25 after the one-pass statistics (NOTES P80, Q9; h200_tune_ln_s25.log): 1.13x, the
     # session 9 entry (1, 16384, True, 16, 32, 2) lost 4 points with the new pass 1
     65536: NormConfig(2, 16384, True, 32, 2, 4),
     # session 11 (h200_tune_layernorm_s11.log): 1.15x, as RMSNorm (_FWD_BLOCKED_TABLE)
-    131072: NormConfig(1, 32768, True, 32, 2, 3),
+    131072: NormConfig(1, 32768, True, 16, 8, 1),
 }
+# LayerNorm with a residual where its entry differs from the plain forward's: at 4K the register
+# tile P84 replaced for the plain forward (the residual form lost 91.8 -> 88.2 % with the blocked
+# one, h200_ab_s25_p84.log)
+_LN_RES_FWD = {4096: NormConfig(4, 4096, False, 8, 8)}
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
 # before, the RMSNorm FP8 entries or the base table): few programs per SM; one row per 1-2 warps
 # at 1K-2K (session 6), 8-16 warps from 8K.
@@ -199,7 +206,8 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
     if fp8:  # LayerNorm: its own entries first, then the RMSNorm FP8 ones (4K: 2 % off its best)
         override = (None if rms else _LN_FWD_FP8_OVERRIDES.get(p2)) or _FWD_FP8_OVERRIDES.get(p2)
     else:
-        override = (None if rms else _LN_FWD_OVERRIDES.get(p2))
+        override = (None if rms else
+                    (residual and _LN_RES_FWD.get(p2)) or _LN_FWD_OVERRIDES.get(p2))
     if override is not None:
         return override
     if residual and rms and not fp8 and p2 in _RMS_RES_FWD_REGISTER:
