@@ -45,7 +45,8 @@
  * row in chunks of blockDim * NVB * VEC elements computing the statistics (RMSNorm: sum of squares;
  * LayerNorm: the sums of z and z^2, var = E[z^2] - mean^2 where that loses at most 2 bits, else
  * one more walk over the row for the centred mean square: ln_one_pass_var) and storing
- * residual_out; pass 2 re-reads z (residual_out or x, hot in L2) and writes y. VEC = 1 is the scalar fallback for unaligned operands or cols % VEC != 0.
+ * residual_out; pass 2 re-reads z (residual_out or x, hot in L2) and writes y. VEC = 1 is the
+ * scalar fallback for unaligned operands or cols % VEC != 0.
  *
  * Numerics shared by every path and mode (so kStats and kApply agree bit for bit):
  *   z = round_R(x + residual), rsigma = 1 / sqrtf(var + eps) (IEEE sqrt and division),
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
   }
 
   RowGroupSum<1> red(red_buf, tpr, group);   /* RMSNorm's sum z^2 */
-  RowGroupSum<2> red2(red_buf, tpr, group);  /* LayerNorm's (sum z, sum z^2), then sum (z - mean)^2 */
+  RowGroupSum<2> red2(red_buf, tpr, group);  /* LayerNorm's (E[z], E[z^2]), then sum (z - mean)^2 */
   ClusterXchg xchg(cl_smem, ncl); /* the row's statistics over a cluster (reduce.cuh) */
   const int G = a.rows_per_iter;
   const int rpb = a.tile_rows > 0 ? a.tile_rows : G; /* a multiple of G */

@@ -22,9 +22,10 @@
  * A row's sums are awaited one iteration after they are sent, so the exchange's round trip between
  * SMs sits behind phase A of the next row and a phase B (NOTES P67, P68). LayerNorm's statistics
  * are each warp's (n, sum, M2), M2 from one pass's sums of z and z^2 where that loses at most 2
- * bits and from a second, centred pass over the stage otherwise (ln_one_pass_m2, NOTES P80), merged
- * across warps and CTAs by Chan's formula (pair_xchg_gather_chan): no E[z^2] - E[z]^2
- * cancellation for large-mean rows. The sums over warps and CTAs are added in a fixed order (pair_xchg_gather):
+ * bits and from a second, centred pass over the stage otherwise (ln_one_pass_m2, NOTES P80),
+ * merged across warps and CTAs by Chan's formula (pair_xchg_gather_chan): no E[z^2] - E[z]^2
+ * cancellation for large-mean rows. The sums over warps and CTAs are added in a fixed order
+ * (pair_xchg_gather):
  * the same bits in every CTA and every run. Each thread copies and later reads only its
  * own 16-byte vectors (slot i of thread t at vector rank * T * NV + i * T + t of the row; in
  * shared memory at (i * T + t) * 16 of its stage), so cp.async's per-thread completion is the
