@@ -80,11 +80,6 @@ _FWD_BLOCKED_TABLE = {
     # P26); 32 values per thread per chunk keep the loads in flight.
     131072: NormConfig(1, 32768, True, 32, 1, 4),
 }
-# With a residual the blocked path's second pass re-reads x and the residual: at 16K-32K the
-# RMSNorm register tiles stay (timed table at 4748fbf: residual RMSNorm fwd 16K / 32K 93 / 84 % ->
-# 88 / 80 % with the blocked entries above; h200_ab_triton_res_blocked.log).
-_RMS_RES_FWD_REGISTER = {16384: NormConfig(2, 16384, False, 32, 8),
-                         32768: NormConfig(1, 32768, False, 32, 2)}
 _FWD_BLOCKED = NormConfig(1, BLOCKED_CHUNK_N, True, 32, 8)  # wider than the table
 _BWD_TABLE = {1024: (2, 4, 4), 2048: (2, 8, 2), 4096: (4, 16, 1), 8192: (2, 16, 1)}
 # 16K: blocked, one chunk. From 32K the split kernel (below) replaced the blocked tiles measured
@@ -130,7 +125,7 @@ _LN_FWD_OVERRIDES = {
     1024: NormConfig(4, 1024, False, 2, 32),
     2048: NormConfig(4, 2048, False, 4, 32),  # 1.27x; 32 programs/SM 1.06x more
     # session 25 (P84, h200_ab_s25_p84.log, kernel time, two alternations): 4K one row blocked
-    # over 2 warps 90.5 -> 93.6 % (its residual form lost: _LN_RES_FWD below), 32K 83.8 -> 87.0,
+    # over 2 warps 90.5 -> 93.6 % (its residual form lost: _RES_FWD_OVERRIDES), 32K 83.8 -> 87.0,
     # 128K 71.2 -> 73.9, from Q9's sweep (h200_tune_ln_s25.log)
     4096: NormConfig(1, 4096, True, 2, 32, 4),
     16384: NormConfig(2, 8192, True, 8, 8, 2),  # 1.28x
@@ -144,10 +139,16 @@ _LN_FWD_OVERRIDES = {
     # session 11 (h200_tune_layernorm_s11.log): 1.15x, as RMSNorm (_FWD_BLOCKED_TABLE)
     131072: NormConfig(1, 32768, True, 16, 8, 1),
 }
-# LayerNorm with a residual where its entry differs from the plain forward's: at 4K the register
-# tile P84 replaced for the plain forward (the residual form lost 91.8 -> 88.2 % with the blocked
-# one, h200_ab_s25_p84.log)
-_LN_RES_FWD = {4096: NormConfig(4, 4096, False, 8, 8)}
+# The fused residual add (16-bit or fp32 output) where its entry differs from the plain forward's,
+# by norm (True: RMSNorm): the blocked path's second pass re-reads x and the residual, so register
+# tiles stay there. RMSNorm 16K-32K (timed table at 4748fbf: residual RMSNorm fwd 16K / 32K 93 / 84
+# % -> 88 / 80 % with the blocked entries above; h200_ab_triton_res_blocked.log); LayerNorm 4K,
+# the tile P84 replaced for the plain forward (the residual form lost 91.8 -> 88.2 % with the
+# blocked one, h200_ab_s25_p84.log).
+_RES_FWD_OVERRIDES = {
+    True: {16384: NormConfig(2, 16384, False, 32, 8), 32768: NormConfig(1, 32768, False, 32, 2)},
+    False: {4096: NormConfig(4, 4096, False, 8, 8)},
+}
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
 # before, the RMSNorm FP8 entries or the base table): few programs per SM; one row per 1-2 warps
 # at 1K-2K (session 6), 8-16 warps from 8K.
@@ -206,12 +207,10 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
     if fp8:  # LayerNorm: its own entries first, then the RMSNorm FP8 ones (4K: 2 % off its best)
         override = (None if rms else _LN_FWD_FP8_OVERRIDES.get(p2)) or _FWD_FP8_OVERRIDES.get(p2)
     else:
-        override = (None if rms else
-                    (residual and _LN_RES_FWD.get(p2)) or _LN_FWD_OVERRIDES.get(p2))
+        override = ((_RES_FWD_OVERRIDES[rms].get(p2) if residual else None)
+                    or (None if rms else _LN_FWD_OVERRIDES.get(p2)))
     if override is not None:
         return override
-    if residual and rms and not fp8 and p2 in _RMS_RES_FWD_REGISTER:
-        return _RMS_RES_FWD_REGISTER[p2]
     if p2 in _FWD_BLOCKED_TABLE:
         return _FWD_BLOCKED_TABLE[p2]
     if p2 > MAX_FUSED_N:

@@ -198,10 +198,11 @@ struct StageRing {
  * E[(z - mean)^2]. Rows of N(0, 1) and any row with |mean| < ~1.7 standard deviations take the
  * one pass; rows of 1e4 + noise the centred one (tests/test_norm_contract.py: large_mean,
  * mean_against_spread). */
+constexpr float kLnOnePassMax = 0.75f; /* the largest mean^2 / E[z^2] taken in one pass */
 __device__ __forceinline__ bool ln_one_pass_var(float mean, float e2, float& var) {
   const float c = mean * mean;
   var = e2 - c;
-  return c <= 0.75f * e2;
+  return c <= kLnOnePassMax * e2;
 }
 
 /* The same test on sums over n values (s = sum z, q = sum z^2, inv_n = 1 / n): m2 = q - s^2 / n,
@@ -209,7 +210,7 @@ __device__ __forceinline__ bool ln_one_pass_var(float mean, float e2, float& var
 __device__ __forceinline__ bool ln_one_pass_m2(float s, float q, float inv_n, float& m2) {
   const float c = s * s * inv_n;
   m2 = q - c;
-  return c <= 0.75f * q;
+  return c <= kLnOnePassMax * q;
 }
 
 /* Register paths, gamma (and beta) as fp32 in shared memory: floats per operand (the slots of one
