@@ -14,7 +14,7 @@
 # carry B's as .carry/_C*.so.xz for ci/gpu_session.sh (with $OUT/_C.srchash).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-build/ab}; mkdir -p "$OUT"
+OUT=${OUT:-build/ab}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)  # absolute: build_side cd's
 export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 T0=$(date +%s)
@@ -27,31 +27,30 @@ fi
 A=/tmp/ab_base
 rm -rf "$A" && mkdir -p "$A" && tar xzf .carry/base.tgz -C "$A" || { log "no .carry/base.tgz"; exit 2; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/ab_session.log"
-case "${AB_BUILD:-1}" in carry|carryA)  # builds of an earlier call (.carry/{A,B}_C*.so.xz)
-  for f in .carry/A_*.so.xz; do xz -dc "$f" > "$A/engine/$(basename "$f" .xz | cut -c3-)"; done
-  if [ "${AB_BUILD}" = carryA ]; then
-    python3 setup.py -q build_ext --inplace > "$OUT/build_B.log" 2>&1; echo "B build rc $?" >> "$OUT/build_B.log"
-    log "B built"; tail -n 1 "$OUT/build_B.log"; grep -q "rc 0" "$OUT/build_B.log" || exit 1
-    for f in engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/B_$(basename "$f").xz"; done
-  else
-    for f in .carry/B_*.so.xz; do xz -dc "$f" > "engine/$(basename "$f" .xz | cut -c3-)"; done
-  fi
-  ls -l "$A"/engine/_C*.so engine/_C*.so ;;
+# build_side SIDE DIR JOBS: setup.py build_ext in DIR, logged to $OUT/build_SIDE.log (last line
+# "SIDE build rc N"), the extension handed back as $OUT/SIDE_<name>.xz.
+build_side() {
+  ( cd "$2" && MAX_JOBS=$3 python3 setup.py -q build_ext --inplace > "$OUT/build_$1.log" 2>&1
+    rc=$?; echo "$1 build rc $rc" >> "$OUT/build_$1.log"; [ $rc = 0 ] || exit 1
+    for f in engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/$1_$(basename "$f").xz"; done )
+}
+# unpack_side SIDE DIR: the extension carried from an earlier call (.carry/SIDE_<name>.xz) into DIR.
+unpack_side() {
+  for f in .carry/"$1"_*.so.xz; do xz -dc "$f" > "$2/engine/$(basename "$f" .xz | cut -c3-)"; done
+}
+case "${AB_BUILD:-1}" in
+  carry) unpack_side A "$A"; unpack_side B . ;;
+  carryA) unpack_side A "$A"; build_side B . "$(nproc)" || exit 1; log "B built" ;;
+  1) build_side A "$A" $(( $(nproc) / 2 )) & pa=$!
+     build_side B . $(( $(nproc) / 2 )) & pb=$!
+     wait $pa && wait $pb || { tail -q -n 1 "$OUT"/build_*.log; exit 1; }
+     log "builds done" ;;
+esac  # AB_BUILD=0: no CUDA builds (Triton-only A/B: --impls triton)
+case "${AB_BUILD:-1}" in carry|carryA|1)
+  tail -q -n 1 "$OUT"/build_*.log 2>/dev/null; ls -l "$A"/engine/_C*.so engine/_C*.so
+  find engine/csrc engine/_build.py -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp' \
+    -o -name '*.py' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16 > "$OUT/_C.srchash" ;;
 esac
-if [ "${AB_BUILD:-1}" = 1 ]; then  # AB_BUILD=0: no CUDA builds (Triton-only A/B: --impls triton)
-jobs_each=$(( $(nproc) / 2 ))
-( cd "$A" && MAX_JOBS=$jobs_each python3 setup.py -q build_ext --inplace > "$OUT/build_A.log" 2>&1
-  echo "A build rc $?" >> "$OUT/build_A.log" ) &
-( MAX_JOBS=$jobs_each python3 setup.py -q build_ext --inplace > "$OUT/build_B.log" 2>&1
-  echo "B build rc $?" >> "$OUT/build_B.log" ) &
-wait
-log "builds done"; tail -q -n 1 "$OUT/build_A.log" "$OUT/build_B.log"
-grep -q "rc 0" "$OUT/build_A.log" && grep -q "rc 0" "$OUT/build_B.log" || exit 1
-for f in "$A"/engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/A_$(basename "$f").xz"; done
-for f in engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/B_$(basename "$f").xz"; done
-find engine/csrc engine/_build.py -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp' \
-  -o -name '*.py' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16 > "$OUT/_C.srchash"
-fi
 if [ -n "${AB_TESTS:-}" ]; then
   # shellcheck disable=SC2086
   PYTHONPATH=$SITE$PWD timeout "${AB_TESTS_LIMIT:-200}" python3 -m pytest -q -p no:cacheprovider -n 8 -rfE \
