@@ -640,9 +640,10 @@ def test_layernorm_mean_against_spread(backend, n):
     """LayerNorm statistics of bf16 rows whose mean is 0 to ~50 standard deviations, within STATS
     of the float64 oracle at every ratio.
 
-    The CUDA kernels sum z and z^2 in one pass and take M2 = sum z^2 - (sum z)^2 / n only where
-    mean^2 <= 3 var (a row in the register kernel, a warp in the streamed one: ln_one_pass_m2,
-    NOTES P80); past that line the centred pass runs. The ratios sit on both sides of it (1.4, 1.6
+    The CUDA and Triton kernels sum z and z^2 in one pass and take var = E[z^2] - mean^2 only
+    where mean^2 <= 3 var (a row in the register and blocked kernels, a warp in the streamed one:
+    ln_one_pass_var / ln_one_pass_m2, _ln_one_pass; NOTES P80, P83); past that line the centred
+    pass runs. The ratios sit on both sides of it (1.4, 1.6
     under sqrt(3), 1.8 over) and far past it, where the one-pass formula alone misses rsigma (checked
     below). Rows are m + s * j with j uniform in -8..8: every value exact in bf16, std 4.9 s. n:
     the register kernel (1024, 4100) and the streamed one (16392, 32776: the last CTA's slice
