@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,7 +77,9 @@ def main() -> int:
     ap.add_argument("--norms", nargs="*", default=["rms", "ln"])
     ap.add_argument("--n", type=int, nargs="*", default=[1024, 2048, 4096, 8192, 16384])
     ap.add_argument("--quick", action="store_true", help="fewer variants")
+    ap.add_argument("--seconds", type=float, default=1e9, help="stop after this many seconds")
     args = ap.parse_args()
+    deadline = time.time() + args.seconds
     copy = H.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:.0f} GB/s", flush=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -115,18 +118,22 @@ def main() -> int:
         y = torch.empty(m, n, device="cuda", dtype=torch.float8_e4m3fn)
         yt = torch.empty(n, m, device="cuda", dtype=torch.float8_e4m3fn)
         amax = torch.zeros(1, device="cuda")
-        rbs = [1, 2, 4] if n <= 4096 else [1]
+        rbs = [1, 2, 4] if n <= 2048 else ([1, 2] if n <= 4096 else [1])
         warps = [4, 8] if n <= 4096 else ([8, 16] if n <= 16384 else [16, 32])
         variants = []
         for rb, nw, pps, band, tn, pol in itertools.product(rbs, warps, [1, 2, 4], [32, 64], [64, 128],
-                                                            ["hint", "none"]):
-            if rb * n > 16384 or (args.quick and (pol == "none" or tn == 64)):
+                                                            ["hint", "hint-ef", "none"]):
+            if rb * n > 16384 or (args.quick and (pol == "hint-ef" or tn == 64)):
                 continue
             variants.append((rb, nw, pps, band, tn, pol))
         best = None
         for rb, nw, pps, band, tn, pol in variants:
             grid = min(sms * pps, -(-m // band))
-            pols = ("evict_first", "evict_last", "evict_first", ".cg") if pol == "hint" else ("", "", "", "")
+            # x's loads evict_first, the rowwise stores evict_last; the read-back .cg (L2 only) or
+            # evict_first (ptxas refuses both on one load)
+            pols = {"hint": ("evict_first", "evict_last", "", ".cg"),
+                    "hint-ef": ("evict_first", "evict_last", "evict_first", ""),
+                    "none": ("", "", "", "")}[pol]
             y.view(torch.uint8).fill_(0xFF)
             yt.view(torch.uint8).fill_(0xFF)
 
@@ -153,6 +160,9 @@ def main() -> int:
             if best is None or pct > best[0]:
                 best = (pct, rb, nw, pps, band, tn, pol)
         print(f"  best {best}", flush=True)
+        if time.time() > deadline:
+            print("time limit reached", flush=True)
+            break
         del x, y, yt
         torch.cuda.empty_cache()
     return 0
