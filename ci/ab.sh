@@ -32,7 +32,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/ab_session
 build_side() {
   ( cd "$2" && MAX_JOBS=$3 python3 setup.py -q build_ext --inplace > "$OUT/build_$1.log" 2>&1
     rc=$?; echo "$1 build rc $rc" >> "$OUT/build_$1.log"; [ $rc = 0 ] || exit 1
-    for f in engine/_C*.so; do xz -T0 -6 -c "$f" > "$OUT/$1_$(basename "$f").xz"; done )
+    for f in engine/_C*.so; do xz -T0 -9e -c "$f" > "$OUT/$1_$(basename "$f").xz"; done )
 }
 # unpack_side SIDE DIR: the extension carried from an earlier call (.carry/SIDE_<name>.xz) into DIR.
 unpack_side() {

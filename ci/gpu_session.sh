@@ -57,7 +57,7 @@ for stage in "$@"; do
   log "== stage $stage =="
   case "$stage" in
     build) timeout "${BUILD_LIMIT:-300}" bash ci/build_ext.sh "$OUT" 2>&1 | tee -a "$OUT/session.log"
-          for f in engine/_C*.so; do [ -f "$f" ] && xz -T0 -6 -c "$f" > "$OUT/$(basename "$f").xz"; done
+          for f in engine/_C*.so; do [ -f "$f" ] && xz -T0 -9e -c "$f" > "$OUT/$(basename "$f").xz"; done
           src_hash > "$OUT/_C.srchash"; ls -l "$OUT" ;;
     L1) timeout "${L1_LIMIT:-330}" python3 -m pytest -q -p no:cacheprovider -m "not slow" -n 8 --maxfail=60 \
           -rfE tests > "$OUT/L1.log" 2>&1; log "L1 exit $?"; tail -40 "$OUT/L1.log" ;;

@@ -677,6 +677,40 @@ def test_layernorm_mean_against_spread(backend, n):
     assert not torch.allclose(naive[-3:], ref["rsigma"][-3:].cpu(), **STATS)
 
 
+@pytest.mark.parametrize("x_dtype, n", [(F32, 1024), (F32, 4098), (BF16, 1024), (BF16, 4096),
+                                        (BF16, 4100), (BF16, 16392)])
+def test_layernorm_y_of_own_stats(backend, x_dtype, n):
+    """y against the kernel's own mean and rsigma, (x - mu) * rsigma * w + b in float64, within
+    fp32 rounding, on rows whose |mu| * rsigma runs from 0 to ~3300.
+
+    LayerNorm's epilogue takes t = fma(x, rsigma, c), c = -mu * rsigma, where |c| <= 4 and
+    (x - mu) * rsigma elsewhere (ln_fma_row, _emit; NOTES P87). c's rounding adds up to 2^-24 |c|
+    to t, so the FMA form taken past that line would miss the bound below on the rows of a large
+    mean (fp32 x: |c| up to ~3300), which the exact form meets (x - mu exact, two roundings). Rows
+    are m + s * j with j uniform in -8..8 (exact in x's dtype, std 4.9 s), |c| ~ k / 4.9 on both
+    sides of 4 (k = 19 / 21). CUDA paths: the register kernel (1024; 4096, a row over two warps),
+    the blocked kernel (4098 fp32, 4100 bf16: no 16-byte vectors), the streamed one (16392)."""
+    rows = 8
+    s = 2.0 ** -4
+    ks = [0, 5, 19, 21, 3000, 9000, 16000, 16384] if x_dtype == F32 else [0, 5, 19, 21, 60, 120,
+                                                                           200, 245]
+    g = torch.Generator().manual_seed(n + 1)
+    j = torch.randint(-8, 9, (rows, n), generator=g).float()
+    exact = (torch.tensor(ks, dtype=torch.float32)[:, None] + j) * s
+    x = exact.to(x_dtype).to(DEVICE)
+    assert torch.equal(x.float().cpu(), exact)
+    w = torch.randn(n, device=DEVICE, dtype=x_dtype)
+    b = torch.randn(n, device=DEVICE, dtype=x_dtype)
+    out, _, mu, rsigma = run_fwd(False, x, w, b, None, 1e-5, False, F32)
+    t = (x.double() - mu.double()[:, None]) * rsigma.double()[:, None]
+    y = t * w.double() + b.double()
+    bound = w.double().abs() * (2.0 ** -23 * t.abs() + 2.0 ** -21) + 2.0 ** -23 * y.abs()
+    err = (out.double() - y).abs()
+    assert bool((err <= bound).all()), (
+        f"rows {sorted(set(torch.nonzero(err > bound)[:, 0].tolist()))} off their own statistics "
+        f"by up to {(err / bound).max().item():.3g} x the bound")
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a path of the CUDA forward")
 @pytest.mark.parametrize("n", [8200, 32776])
 def test_layernorm_stream_large_mean(n):

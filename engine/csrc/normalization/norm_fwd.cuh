@@ -50,7 +50,8 @@
  *
  * Numerics shared by every path and mode (so kStats and kApply agree bit for bit):
  *   z = round_R(x + residual), rsigma = 1 / sqrtf(var + eps) (IEEE sqrt and division),
- *   y = fma((z - mean) * rsigma, g, b) with a bias, (z - mean) * rsigma * g without one,
+ *   t = (z - mean) * rsigma, or fma(z, rsigma, -mean * rsigma) where |mean * rsigma| <= 4
+ *   (LayerNorm, ln_fma_row), y = fma(t, g, b) with a bias, t * g without one,
  *   q = cvt.rn.satfinite(y * scale).
  */
 #ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_CUH_
@@ -66,9 +67,31 @@
 namespace engine {
 namespace norm {
 
-__device__ __forceinline__ float norm_y(float z, float mean, float rs, float g, float b,
+/* LayerNorm's t = (z - mean) * rsigma as one FMA, t = fma(z, rsigma, c) with c = -mean * rsigma
+ * (RN), on the rows where |c| <= kLnFmaMax; the subtraction and the product on the others (and
+ * RMSNorm's t = z * rsigma, mean = 0, always). The FMA rounds once where the two operations round
+ * twice, and c's rounding adds at most 2^-24 |c| <= 2^-22 to t's absolute error: within 2^-22 of
+ * the exact form in units of sigma, under what any fp32 mean carries (its own rounding alone is
+ * 2^-24 |mean| / sigma), and no loss on the rare rows of a large mean against the spread (|c| > 4,
+ * the mean past 4 sigma), which keep the exact form. One instruction per value fewer in an
+ * issue-bound epilogue (NOTES P87). A pure function of (mean, rsigma): current scaling's kApply
+ * pass reads them back and takes the same form, so its bits are its kStats pass's. */
+constexpr float kLnFmaMax = 4.0f;
+/* Whether the row takes the FMA form; if so, mc (the mean on entry) becomes c = -mean * rs. One
+ * register serves both forms (the fast FP8 loop at NV = 4 spilled with a second one). */
+__device__ __forceinline__ bool ln_fma_row(float rs, float& mc) {
+  const float c = -mc * rs;
+  const bool fma = fabsf(c) <= kLnFmaMax; /* false for NaN and infinity (eps = 0 on a constant row) */
+  if (fma) mc = c;
+  return fma;
+}
+
+/* y of one value, mc from ln_fma_row: kFma takes t = fma(z, rs, mc) (mc = c), else
+ * t = (z - mc) * rs (mc = the mean; 0 for RMSNorm). */
+template <bool kFma>
+__device__ __forceinline__ float norm_y(float z, float mc, float rs, float g, float b,
                                         bool has_bias) {
-  const float t = (z - mean) * rs;
+  const float t = kFma ? fmaf(z, rs, mc) : (z - mc) * rs;
   return has_bias ? fmaf(t, g, b) : t * g;
 }
 
@@ -398,68 +421,80 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
         }
       }
 
-      /* Epilogue: kFast tests the row once (no barrier below), the general path each slot. */
+      /* Epilogue: kFast tests the row once (no barrier below), the general path each slot. One
+       * body per form of t (ln_fma_row: a uniform branch per row, not a select per value). */
       if (kFast && !ok) continue;
       O* const out_row = kFast ? static_cast<O*>(a.out) + r * a.out_stride : nullptr;
+      const bool fma_row = !kRms && ln_fma_row(rs, mean); /* mean = c on an FMA row */
+      auto epilogue = [&](auto fma_tag) {
+        constexpr bool kFma = decltype(fma_tag)::value;
 #pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const bool on = ok && valid[i];
-        /* kFast: the row's pointer, held; general: recomputed per slot (no spills at the cap) */
-        O* const orow = kFast ? out_row : static_cast<O*>(a.out) + row * a.out_stride;
-        if (kFast || on) {
-          float y[VEC];
-          /* kFast: a masked slot has z = 0, gamma = beta = 0 and is centred on 0: y = 0 */
-          const float zm = kRms ? 0.0f : (kFast && !valid[i] ? 0.0f : mean);
-          if (fwd_path_smem(kPath) || (!kFast && gsm != nullptr)) {
-            const float* p = gsm + (i * tpr + lr) * VEC;
+        for (int i = 0; i < NV; ++i) {
+          const bool on = ok && valid[i];
+          /* kFast: the row's pointer, held; general: recomputed per slot (no spills at the cap) */
+          O* const orow = kFast ? out_row : static_cast<O*>(a.out) + row * a.out_stride;
+          if (kFast || on) {
+            float y[VEC];
+            /* kFast: a masked slot has z = 0, gamma = beta = 0 and is centred on 0: y = 0 */
+            const float zm = kRms ? 0.0f : (kFast && !valid[i] ? 0.0f : mean);
+            if (fwd_path_smem(kPath) || (!kFast && gsm != nullptr)) {
+              const float* p = gsm + (i * tpr + lr) * VEC;
 #pragma unroll
-            for (int j = 0; j < VEC; j += 4) {
-              const float4 g = *reinterpret_cast<const float4*>(p + j);
-              float4 b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-              if constexpr (kBias) b = *reinterpret_cast<const float4*>(p + nb + j);
-              y[j] = norm_y(zv(i, j), zm, rs, g.x, b.x, kBias);
-              y[j + 1] = norm_y(zv(i, j + 1), zm, rs, g.y, b.y, kBias);
-              y[j + 2] = norm_y(zv(i, j + 2), zm, rs, g.z, b.z, kBias);
-              y[j + 3] = norm_y(zv(i, j + 3), zm, rs, g.w, b.w, kBias);
-            }
-          } else {
-            float g[VEC], b[VEC];
-            if (kFast && !valid[i]) { /* outside the row: no load (a predicated one in SASS) */
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) g[j] = b[j] = 0.0f;
+              for (int j = 0; j < VEC; j += 4) {
+                const float4 g = *reinterpret_cast<const float4*>(p + j);
+                float4 b = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if constexpr (kBias) b = *reinterpret_cast<const float4*>(p + nb + j);
+                y[j] = norm_y<kFma>(zv(i, j), zm, rs, g.x, b.x, kBias);
+                y[j + 1] = norm_y<kFma>(zv(i, j + 1), zm, rs, g.y, b.y, kBias);
+                y[j + 2] = norm_y<kFma>(zv(i, j + 2), zm, rs, g.z, b.z, kBias);
+                y[j + 3] = norm_y<kFma>(zv(i, j + 3), zm, rs, g.w, b.w, kBias);
+              }
             } else {
-              load_gamma_beta_t<W, kBias, VEC>(a, col[i], g, b);
+              float g[VEC], b[VEC];
+              if (kFast && !valid[i]) { /* outside the row: no load (a predicated one in SASS) */
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) g[j] += g_add;
-            }
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) y[j] = norm_y(zv(i, j), zm, rs, g[j], b[j], kBias);
-          }
-          if constexpr (kFp8) {
-            if (kFast || mode != kApply) {
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) amax = amax_update(amax, y[j]);
-            }
-            if (kFast || mode != kStats) {
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) y[j] *= scale;
-              uint32_t w[VEC / 4];
-              if constexpr (kFast && !fwd_path_e5m2(kPath)) {
-                pack_fp8_fmt<VEC, __NV_E4M3>(y, w);
-              } else if constexpr (kFast) {
-                pack_fp8_fmt<VEC, __NV_E5M2>(y, w);
+                for (int j = 0; j < VEC; ++j) g[j] = b[j] = 0.0f;
               } else {
-                pack_fp8<VEC>(y, e5m2, w);
+                load_gamma_beta_t<W, kBias, VEC>(a, col[i], g, b);
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) g[j] += g_add;
               }
-              if (on) {
-                store_words<VEC>(reinterpret_cast<uint8_t*>(orow) + col[i], w);
-                if (a.tile_rows > 0) store_words<VEC>(tile + sub * a.tile_pitch + col[i], w);
-              }
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) y[j] = norm_y<kFma>(zv(i, j), zm, rs, g[j], b[j], kBias);
             }
-          } else {
-            if (on) store_vec<O, VEC>(orow + col[i], y);
+            if constexpr (kFp8) {
+              if (kFast || mode != kApply) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) amax = amax_update(amax, y[j]);
+              }
+              if (kFast || mode != kStats) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) y[j] *= scale;
+                uint32_t w[VEC / 4];
+                if constexpr (kFast && !fwd_path_e5m2(kPath)) {
+                  pack_fp8_fmt<VEC, __NV_E4M3>(y, w);
+                } else if constexpr (kFast) {
+                  pack_fp8_fmt<VEC, __NV_E5M2>(y, w);
+                } else {
+                  pack_fp8<VEC>(y, e5m2, w);
+                }
+                if (on) {
+                  store_words<VEC>(reinterpret_cast<uint8_t*>(orow) + col[i], w);
+                  if (a.tile_rows > 0) store_words<VEC>(tile + sub * a.tile_pitch + col[i], w);
+                }
+              }
+            } else {
+              if (on) store_vec<O, VEC>(orow + col[i], y);
+            }
           }
         }
+      };
+      if constexpr (kRms) {
+        epilogue(std::false_type{});
+      } else if (fma_row) {
+        epilogue(std::true_type{});
+      } else {
+        epilogue(std::false_type{});
       }
     }
     if constexpr (kFp8) {
@@ -666,46 +701,57 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
       mean = is_rms ? 0.0f : a.mu[row];
     }
 
-    /* Pass 2: re-read z (L2-resident), write y. */
-    for (int c0 = 0; c0 < cols; c0 += chunk) {
-      bool valid[NVB];
-      int col[NVB];
-      load_chunk(row, c0, valid, col);
+    /* Pass 2: re-read z (L2-resident), write y; one body per form of t (ln_fma_row). */
+    const bool fma_row = !is_rms && ln_fma_row(rs, mean); /* mean = c on an FMA row */
+    auto pass2 = [&](auto fma_tag) {
+      constexpr bool kFma = decltype(fma_tag)::value;
+      for (int c0 = 0; c0 < cols; c0 += chunk) {
+        bool valid[NVB];
+        int col[NVB];
+        load_chunk(row, c0, valid, col);
 #pragma unroll
-      for (int i = 0; i < NVB; ++i) {
-        if (valid[i]) {
-          float gv[VEC], bv[VEC], y[OVEC];
-          if constexpr (kFixed) {
-            load_gamma_beta_t<W, kBias, VEC>(a, col[i], gv, bv);
-          } else {
-            load_gamma_beta<VEC>(a, col[i], has_bias, gv, bv);
-          }
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) y[j] = norm_y(zv(i, j), mean, rs, gv[j] + g_add, bv[j], has_bias);
-          if constexpr (kFp8) {
-            if (mode != kApply) {
-#pragma unroll
-              for (int j = 0; j < VEC; ++j) amax = amax_update(amax, y[j]);
+        for (int i = 0; i < NVB; ++i) {
+          if (valid[i]) {
+            float gv[VEC], bv[VEC], y[OVEC];
+            if constexpr (kFixed) {
+              load_gamma_beta_t<W, kBias, VEC>(a, col[i], gv, bv);
+            } else {
+              load_gamma_beta<VEC>(a, col[i], has_bias, gv, bv);
             }
-            if (mode != kStats) {
-              uint8_t* orow = static_cast<uint8_t*>(a.out) + row * a.out_stride + col[i];
-              if constexpr (VEC % 4 == 0) {
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) y[j] *= scale;
-                uint32_t w[VEC / 4];
-                pack_fp8<VEC>(y, e5m2, w);
-                store_words<VEC>(orow, w);
-              } else {
+            for (int j = 0; j < VEC; ++j) {
+              y[j] = norm_y<kFma>(zv(i, j), mean, rs, gv[j] + g_add, bv[j], has_bias);
+            }
+            if constexpr (kFp8) {
+              if (mode != kApply) {
 #pragma unroll
-                for (int j = 0; j < VEC; ++j) orow[j] = fp8_from_float(y[j] * scale, e5m2);
+                for (int j = 0; j < VEC; ++j) amax = amax_update(amax, y[j]);
               }
+              if (mode != kStats) {
+                uint8_t* orow = static_cast<uint8_t*>(a.out) + row * a.out_stride + col[i];
+                if constexpr (VEC % 4 == 0) {
+#pragma unroll
+                  for (int j = 0; j < VEC; ++j) y[j] *= scale;
+                  uint32_t w[VEC / 4];
+                  pack_fp8<VEC>(y, e5m2, w);
+                  store_words<VEC>(orow, w);
+                } else {
+#pragma unroll
+                  for (int j = 0; j < VEC; ++j) orow[j] = fp8_from_float(y[j] * scale, e5m2);
+                }
+              }
+            } else {
+              O* orow = static_cast<O*>(a.out) + row * a.out_stride;
+              store_vec<O, VEC>(orow + col[i], y);
             }
-          } else {
-            O* orow = static_cast<O*>(a.out) + row * a.out_stride;
-            store_vec<O, VEC>(orow + col[i], y);
           }
         }
       }
+    };
+    if (fma_row) {
+      pass2(std::true_type{});
+    } else {
+      pass2(std::false_type{});
     }
   }
   if constexpr (kFp8) {

@@ -143,8 +143,10 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   }
   const float scale = fwd_fp8_scale<kFp8>(a);
   float amax = 0.0f;
-  /* mean (LayerNorm) and rsigma of phase B's row (k - LB), set by the previous iteration's wait */
+  /* mean (LayerNorm) and rsigma of phase B's row (k - LB), set by the previous iteration's wait,
+   * and LayerNorm's form of t for it (ln_fma_row: fma_b, where mean_b holds c = -mean * rsigma) */
   float mean_b = 0.0f, rs_b = 0.0f;
+  bool fma_b = false;
   if constexpr (!kRms) { /* the tables, read after pair_xchg_init's barrier */
     const int nw = T >> 5;
     for (int e = t; e < C * kPairXchgMaxWarps; e += T) {
@@ -186,10 +188,12 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
     cp_async_commit();
   };
   /* Phase B of row k - LB (its stage st_b, its output o_next): y, its stores (kOut 1: e4m3, 2:
-   * e5m2, 3: O itself; 0: none, kStats) and amax. The store kind is a template argument so that the per-vector code has no branch
-   * on the mode or the FP8 format (one uniform branch per row picks the instance). */
-  auto phase_b = [&](auto out_kind) {
+   * e5m2, 3: O itself; 0: none, kStats) and amax. The store kind and the form of t (kFma:
+   * ln_fma_row) are template arguments so that the per-vector code has no branch on the mode, the
+   * FP8 format or the form (one uniform branch per row picks the instance). */
+  auto phase_b = [&](auto out_kind, auto fma_tag) {
     constexpr int kOut = decltype(out_kind)::value;
+    constexpr bool kFma = decltype(fma_tag)::value;
     const uint32_t sb = st_b;
     const float mb = kRms ? 0.0f : mean_b;
     uint8_t* orow = o_next;
@@ -203,7 +207,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       const float m = kRms ? 0.0f : (in_row[i] ? mb : 0.0f);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        y[j] = norm_y(z[j], m, rs_b, g[i][j], kBias ? be[kBias ? i : 0][j] : 0.0f, kBias);
+        y[j] = norm_y<kFma>(z[j], m, rs_b, g[i][j], kBias ? be[kBias ? i : 0][j] : 0.0f, kBias);
       }
       uint8_t* op = orow + (int64_t)i * ostep;
       if constexpr (kOut == 3) {
@@ -281,14 +285,21 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       pair_xchg_send(xa, (int)(k % (uint32_t)kSlots), C, s[0], s[1]);
     }
     if (k >= (uint32_t)LB) { /* phase B of row k - LB */
+      auto run_b = [&](auto out_kind) {
+        if (fma_b) {
+          phase_b(out_kind, std::true_type{});
+        } else {
+          phase_b(out_kind, std::false_type{});
+        }
+      };
       if constexpr (!kFp8) {
-        phase_b(std::integral_constant<int, 3>{});
+        run_b(std::integral_constant<int, 3>{});
       } else if (!store_y) {
-        phase_b(std::integral_constant<int, 0>{});
+        run_b(std::integral_constant<int, 0>{});
       } else if (a.e5m2 != 0) {
-        phase_b(std::integral_constant<int, 2>{});
+        run_b(std::integral_constant<int, 2>{});
       } else {
-        phase_b(std::integral_constant<int, 1>{});
+        run_b(std::integral_constant<int, 1>{});
       }
       st_b = stages.next(st_b);
       o_next += o_step;
@@ -309,6 +320,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
         pair_xchg_gather_chan(recv, xa, q, parity, C, n_ent, inv_ent, a.inv_n, mean_b, m2);
         rs_b = 1.0f / sqrtf(m2 * a.inv_n + a.eps);
         if (writer) a.mu[cid + (int64_t)kw * stride] = mean_b;
+        fma_b = ln_fma_row(rs_b, mean_b); /* mean_b = c on an FMA row */
       }
       if (writer) a.rsigma[cid + (int64_t)kw * stride] = rs_b;
     }
