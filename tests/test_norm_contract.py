@@ -683,10 +683,11 @@ def test_layernorm_y_of_own_stats(backend, x_dtype, n):
     """y against the kernel's own mean and rsigma, (x - mu) * rsigma * w + b in float64, within
     fp32 rounding, on rows whose |mu| * rsigma runs from 0 to ~3300.
 
-    LayerNorm's epilogue takes t = fma(x, rsigma, c), c = -mu * rsigma, where |c| <= 4 and
-    (x - mu) * rsigma elsewhere (ln_fma_row, _emit; NOTES P87). c's rounding adds up to 2^-24 |c|
-    to t, so the FMA form taken past that line would miss the bound below on the rows of a large
-    mean (fp32 x: |c| up to ~3300), which the exact form meets (x - mu exact, two roundings). Rows
+    CUDA's LayerNorm epilogue takes t = fma(x, rsigma, c), c = -mu * rsigma, where |c| <= 4 and
+    (x - mu) * rsigma elsewhere (ln_fma_row; NOTES P87; Triton the latter). c's rounding adds up to
+    2^-24 |c| to t, so the FMA form taken past that line would miss the bound below on the rows of
+    a large mean (fp32 x: |c| up to ~3300; by 2-218x, checked with the guard removed), which the
+    exact form meets (x - mu exact, two roundings). Rows
     are m + s * j with j uniform in -8..8 (exact in x's dtype, std 4.9 s), |c| ~ k / 4.9 on both
     sides of 4 (k = 19 / 21). CUDA paths: the register kernel (1024; 4096, a row over two warps),
     the blocked kernel (4098 fp32, 4100 bf16: no 16-byte vectors), the streamed one (16392)."""

@@ -208,16 +208,10 @@ def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N,
     if IS_RMS_NORM:
         xhat = z * rstd[:, None]
     else:
-        # t = fma(z, rstd, c) with c = -mean * rstd where every row of the tile has |c| <= 4 (the
-        # CUDA kernels' ln_fma_row: c's rounding adds at most 2^-22 to t, under the mean's own),
-        # one instruction per value fewer; the exact form on tiles with a large mean against the
-        # spread. A function of (mean, rstd) alone: the current-scaling apply pass, which reloads
-        # them, takes the same form (NOTES P87).
-        c = -mean * rstd
-        if tl.max(tl.abs(c), axis=0) <= 4.0:
-            xhat = tl.fma(z, rstd[:, None], c[:, None])
-        else:
-            xhat = (z - mean[:, None]) * rstd[:, None]
+        # (z - mean) * rstd: the CUDA kernels' FMA form (ln_fma_row, NOTES P87) lost 4-23 points
+        # here on the blocked tiles (the test per chunk of pass 2) and gained under 1 on the
+        # register tiles
+        xhat = (z - mean[:, None]) * rstd[:, None]
     y = xhat * g
     if HAS_BIAS:
         y += b
