@@ -51,7 +51,8 @@
  * Numerics shared by every path and mode (so kStats and kApply agree bit for bit):
  *   z = round_R(x + residual), rsigma = 1 / sqrtf(var + eps) (IEEE sqrt and division),
  *   t = (z - mean) * rsigma, or fma(z, rsigma, -mean * rsigma) where |mean * rsigma| <= 4
- *   (LayerNorm, ln_fma_row), y = fma(t, g, b) with a bias, t * g without one,
+ *   (LayerNorm, ln_fma_row; not for the streamed kernel's 16-bit outputs),
+ *   y = fma(t, g, b) with a bias, t * g without one,
  *   q = cvt.rn.satfinite(y * scale).
  */
 #ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_CUH_

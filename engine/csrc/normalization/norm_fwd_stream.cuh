@@ -147,6 +147,11 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
    * and LayerNorm's form of t for it (ln_fma_row: fma_b, where mean_b holds c = -mean * rsigma) */
   float mean_b = 0.0f, rs_b = 0.0f;
   bool fma_b = false;
+  /* The FMA form for FP8 and fp32 outputs only: those must be the statistics pass's bits (current
+   * scaling's apply pass, on the register path) and each other's (tests/test_fp8.py:
+   * same_row_sums); the 16-bit outputs, bound to neither, lost 1.4 points with it at 16K-64K
+   * (NOTES P87) and keep (z - mean) * rsigma. */
+  constexpr bool kFmaOut = !kRms && (kFp8 || sizeof(O) == 4);
   if constexpr (!kRms) { /* the tables, read after pair_xchg_init's barrier */
     const int nw = T >> 5;
     for (int e = t; e < C * kPairXchgMaxWarps; e += T) {
@@ -286,7 +291,9 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
     }
     if (k >= (uint32_t)LB) { /* phase B of row k - LB */
       auto run_b = [&](auto out_kind) {
-        if (fma_b) {
+        if constexpr (!kFmaOut) {
+          phase_b(out_kind, std::false_type{});
+        } else if (fma_b) {
           phase_b(out_kind, std::true_type{});
         } else {
           phase_b(out_kind, std::false_type{});
@@ -320,7 +327,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
         pair_xchg_gather_chan(recv, xa, q, parity, C, n_ent, inv_ent, a.inv_n, mean_b, m2);
         rs_b = 1.0f / sqrtf(m2 * a.inv_n + a.eps);
         if (writer) a.mu[cid + (int64_t)kw * stride] = mean_b;
-        fma_b = ln_fma_row(rs_b, mean_b); /* mean_b = c on an FMA row */
+        if constexpr (kFmaOut) fma_b = ln_fma_row(rs_b, mean_b); /* mean_b = c on an FMA row */
       }
       if (writer) a.rsigma[cid + (int64_t)kw * stride] = rs_b;
     }
