@@ -183,9 +183,12 @@ def layernorm(
 ):
     """LayerNorm over the trailing dims of ``x`` given by ``weight.shape``.
 
-    ``y = (x - mean(x)) / sqrt(var(x) + eps) * g + bias`` (biased variance, computed in fp32 from
-    centred values). Same dtypes, options and returns as :func:`rmsnorm`; ``bias`` is optional and
-    has weight's shape and dtype.
+    ``y = (x - mean(x)) / sqrt(var(x) + eps) * g + bias`` (biased variance in fp32: from one pass's
+    sums of x and x^2 where mean^2 <= 3 var, from centred values otherwise). The CUDA backend
+    forms ``(x - mean) * rsigma`` as one FMA, ``fma(x, rsigma, -mean * rsigma)``, on rows whose
+    mean is within 4 standard deviations (at most 2^-22 more error, in units of the standard
+    deviation, than the subtraction; the other rows subtract). Same dtypes, options and returns as
+    :func:`rmsnorm`; ``bias`` is optional and has weight's shape and dtype.
     """
     return _norm(x, weight, bias, eps, False, zero_centered_gamma, residual, quantizer, out_dtype, sm_margin)
 
