@@ -187,8 +187,9 @@ def layernorm(
     sums of x and x^2 where mean^2 <= 3 var, from centred values otherwise). The CUDA backend
     forms ``(x - mean) * rsigma`` as one FMA, ``fma(x, rsigma, -mean * rsigma)``, on rows whose
     mean is within 4 standard deviations (at most 2^-22 more error, in units of the standard
-    deviation, than the subtraction; the other rows subtract). Same dtypes, options and returns as
-    :func:`rmsnorm`; ``bias`` is optional and has weight's shape and dtype.
+    deviation, than the subtraction; the other rows subtract, as do the 16-bit outputs of its
+    streamed path: 16-bit x without a residual, rows of 16K columns or more). Same dtypes, options
+    and returns as :func:`rmsnorm`; ``bias`` is optional and has weight's shape and dtype.
     """
     return _norm(x, weight, bias, eps, False, zero_centered_gamma, residual, quantizer, out_dtype, sm_margin)
 
