@@ -1,11 +1,12 @@
-"""P85 experiment: the FP8 + transposed norm output from one Triton kernel whose programs own bands of
-BAND rows: each band's rows are normalised and written rowwise (FP8), then, after a barrier, the same
-program reads the band's rowwise bytes back (from L2, where they were just written) in BAND x TN tiles
-and writes them transposed (BAND-byte runs per column). DRAM sees the minimum 4 bytes per value if the
-read-back hits L2, against the external path's 5. Timed against engine's external path (both
-backends) in the same call; kernel time (summed device time per call), % of copy at 4 bytes per value,
-M * N = 64M, bf16 in, e4m3 out, delayed scaling. Checks: transposed == rowwise.T bit for bit, and
-the rowwise bytes against engine's (the share of equal bytes, the largest step apart).
+"""P85 experiment: the FP8 + transposed norm output from one Triton kernel whose programs own bands
+of BAND rows: each band's rows are normalised and written rowwise (FP8), then, after a barrier,
+the same program reads the band's rowwise bytes back (from L2, where they were just written) in
+BAND x TN tiles and writes them transposed (BAND-byte runs per column). DRAM sees the minimum 4
+bytes per value if the read-back hits L2, against the external path's 5. Timed against engine's
+external path (both backends) in the same call; kernel time (summed device time per call), % of
+copy at 4 bytes per value, M * N = 64M, bf16 in, e4m3 out, delayed scaling. Checks: transposed ==
+rowwise.T bit for bit, and the rowwise bytes against engine's (the share of equal bytes, the
+largest step apart).
 
     PYTHONPATH=$PWD python3 ci/band_exp.py [--n 1024 2048 ...] [--norms rms ln]
 """

@@ -1,9 +1,9 @@
-"""P86 experiment: Triton's forward of a wide row held whole in registers by one program spread over a
-thread-block cluster (``num_ctas``), so that the row is read once (the blocked kernel re-reads each
-chunk in pass 2 from L2, or DRAM where the rows in flight overflow it). Whether the GPU's Triton
-lowers a row reduction across the CTAs of a cluster at all, then its kernel time against engine's
-Triton forward in the same call (RMSNorm, bf16 in / out, M * N = 64M, % of copy at 4 bytes per
-value), with a float64 check.
+"""P86 experiment: Triton's forward of a wide row held whole in registers by one program spread over
+a thread-block cluster (``num_ctas``), so that the row is read once (the blocked kernel re-reads
+each chunk in pass 2 from L2, or DRAM where the rows in flight overflow it). Whether the GPU's
+Triton lowers a row reduction across the CTAs of a cluster at all, then its kernel time against
+engine's Triton forward in the same call (RMSNorm, bf16 in / out, M * N = 64M, % of copy at 4
+bytes per value), with a float64 check.
 
     PYTHONPATH=$PWD python3 ci/cta_exp.py [--n 32768 65536 131072]
 """

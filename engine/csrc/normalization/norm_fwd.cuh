@@ -82,7 +82,8 @@ constexpr float kLnFmaMax = 4.0f;
  * register serves both forms (the fast FP8 loop at NV = 4 spilled with a second one). */
 __device__ __forceinline__ bool ln_fma_row(float rs, float& mc) {
   const float c = -mc * rs;
-  const bool fma = fabsf(c) <= kLnFmaMax; /* false for NaN and infinity (eps = 0 on a constant row) */
+  /* false for NaN and infinity (eps = 0 on a constant row) */
+  const bool fma = fabsf(c) <= kLnFmaMax;
   if (fma) mc = c;
   return fma;
 }
@@ -461,7 +462,9 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
                 for (int j = 0; j < VEC; ++j) g[j] += g_add;
               }
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) y[j] = norm_y<kFma>(zv(i, j), zm, rs, g[j], b[j], kBias);
+              for (int j = 0; j < VEC; ++j) {
+                y[j] = norm_y<kFma>(zv(i, j), zm, rs, g[j], b[j], kBias);
+              }
             }
             if constexpr (kFp8) {
               if (kFast || mode != kApply) {
