@@ -8,10 +8,11 @@
 #   AB_TESTS="tests/test_norm_contract.py" AB_K="stream or cluster" AB_SANITIZE="memcheck racecheck" bash ci/ab.sh
 #
 # AB_BUILD=0 skips both builds (an A/B of Triton code: AB_ARGS="--impls triton ...");
-# AB_BUILD=carry takes both from an earlier call's output carried as .carry/{A,B}_C*.so.xz;
+# AB_BUILD=carry takes both from an earlier call's output carried as .carry/{A,B}_C*.so.xz.NN;
 # AB_BUILD=carryA takes A's from there and builds B.
-# The built extensions come back xz-compressed ($OUT/{A,B}_C*.so.xz), so that a later call can
-# carry B's as .carry/_C*.so.xz for ci/gpu_session.sh (with $OUT/_C.srchash).
+# The built extensions come back in xz-compressed pieces ($OUT/{A,B}_C*.so.xz.NN, ci/_carry.sh),
+# so that a later call can carry B's as .carry/_C*.so.xz.NN for ci/gpu_session.sh (with
+# $OUT/_C.srchash).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/ab}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)  # absolute: build_side cd's
@@ -19,6 +20,7 @@ export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 T0=$(date +%s)
 log() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+. ci/_carry.sh
 SITE=""
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -28,15 +30,18 @@ A=/tmp/ab_base
 rm -rf "$A" && mkdir -p "$A" && tar xzf .carry/base.tgz -C "$A" || { log "no .carry/base.tgz"; exit 2; }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/ab_session.log"
 # build_side SIDE DIR JOBS: setup.py build_ext in DIR, logged to $OUT/build_SIDE.log (last line
-# "SIDE build rc N"), the extension handed back as $OUT/SIDE_<name>.xz.
+# "SIDE build rc N"), the extension handed back as $OUT/SIDE_<name>.xz.NN.
 build_side() {
   ( cd "$2" && MAX_JOBS=$3 python3 setup.py -q build_ext --inplace > "$OUT/build_$1.log" 2>&1
     rc=$?; echo "$1 build rc $rc" >> "$OUT/build_$1.log"; [ $rc = 0 ] || exit 1
-    for f in engine/_C*.so; do xz -T0 -9e -c "$f" > "$OUT/$1_$(basename "$f").xz"; done )
+    for f in engine/_C*.so; do pack_so "$f" "$OUT/$1_$(basename "$f")"; done )
 }
-# unpack_side SIDE DIR: the extension carried from an earlier call (.carry/SIDE_<name>.xz) into DIR.
+# unpack_side SIDE DIR: the extension carried from an earlier call (.carry/SIDE_<name>.xz.NN)
+# into DIR.
 unpack_side() {
-  for f in .carry/"$1"_*.so.xz; do xz -dc "$f" > "$2/engine/$(basename "$f" .xz | cut -c3-)"; done
+  for p in $(carried_prefixes .carry/"$1"_*.so.xz*); do
+    unpack_so "$p" "$2/engine/$(basename "$p" | cut -c3-)"
+  done
 }
 case "${AB_BUILD:-1}" in
   carry) unpack_side A "$A"; unpack_side B . ;;
@@ -48,8 +53,7 @@ case "${AB_BUILD:-1}" in
 esac  # AB_BUILD=0: no CUDA builds (Triton-only A/B: --impls triton)
 case "${AB_BUILD:-1}" in carry|carryA|1)
   tail -q -n 1 "$OUT"/build_*.log 2>/dev/null; ls -l "$A"/engine/_C*.so engine/_C*.so
-  find engine/csrc engine/_build.py -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' -o -name '*.cpp' \
-    -o -name '*.py' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16 > "$OUT/_C.srchash" ;;
+  src_hash > "$OUT/_C.srchash" ;;
 esac
 if [ -n "${AB_TESTS:-}" ]; then
   # shellcheck disable=SC2086

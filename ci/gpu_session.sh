@@ -18,8 +18,9 @@
 # executed SASS instructions per opcode), ncusrc (the same cases: per SASS instruction, CSV), ncustall (the same cases: warp
 # stall reasons per issued instruction, occupancy, DRAM throughput; NCU_KERNEL: the kernel-name
 # regex, norm_fwd by default). Optional inputs carried from an
-# earlier call: .carry/_C*.so.xz with .carry/_C.srchash (the built extension, used where the hash
-# matches) and .carry/triton_cache.tgz; wheels in .whl/ are installed to /tmp/site.
+# earlier call: .carry/_C*.so.xz.NN with .carry/_C.srchash (the built extension in pieces, used
+# where the hash matches; ci/_carry.sh) and .carry/triton_cache.tgz; wheels in .whl/ are
+# installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/gpu}; mkdir -p "$OUT"
@@ -35,14 +36,14 @@ else
   export PYTHONPATH=$PWD
 fi
 python3 -c "import setuptools" 2>/dev/null || python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fallback/*.whl
-# The extension of an earlier call, xz-compressed (the .so itself is over the 16 MiB a returned file
-# may hold), is used only where its source hash matches this tree's engine/csrc and engine/_build.py.
-src_hash() { find engine/csrc engine/_build.py -type f \( -name '*.cu' -o -name '*.cuh' -o -name '*.h' \
-  -o -name '*.cpp' -o -name '*.py' \) | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16; }
-if ls .carry/_C*.so.xz >/dev/null 2>&1 && [ "$(cat .carry/_C.srchash 2>/dev/null)" = "$(src_hash)" ]; then
-  for f in .carry/_C*.so.xz; do b=$(basename "$f" .xz); xz -dc "$f" > "engine/$b"; done
+# The extension of an earlier call, in xz-compressed pieces (ci/_carry.sh), is used only where its
+# source hash matches this tree's engine/csrc and engine/_build.py.
+. ci/_carry.sh
+so_carried=$(carried_prefixes .carry/_C*.so.xz*)
+if [ -n "$so_carried" ] && [ "$(cat .carry/_C.srchash 2>/dev/null)" = "$(src_hash)" ]; then
+  for p in $so_carried; do unpack_so "$p" "engine/$(basename "$p")"; done
   touch engine/_C*.so; echo "using the carried extension (source hash $(src_hash))"
-elif ls .carry/_C*.so.xz >/dev/null 2>&1; then
+elif [ -n "$so_carried" ]; then
   echo "the carried extension was built from other sources: rebuilding"
 fi
 if [ -f .carry/triton_cache.tgz ]; then tar xzf .carry/triton_cache.tgz; fi
@@ -57,7 +58,7 @@ for stage in "$@"; do
   log "== stage $stage =="
   case "$stage" in
     build) timeout "${BUILD_LIMIT:-300}" bash ci/build_ext.sh "$OUT" 2>&1 | tee -a "$OUT/session.log"
-          for f in engine/_C*.so; do [ -f "$f" ] && xz -T0 -9e -c "$f" > "$OUT/$(basename "$f").xz"; done
+          for f in engine/_C*.so; do [ -f "$f" ] && pack_so "$f" "$OUT/$(basename "$f")"; done
           src_hash > "$OUT/_C.srchash"; ls -l "$OUT" ;;
     L1) timeout "${L1_LIMIT:-330}" python3 -m pytest -q -p no:cacheprovider -m "not slow" -n 8 --maxfail=60 \
           -rfE tests > "$OUT/L1.log" 2>&1; log "L1 exit $?"; tail -40 "$OUT/L1.log" ;;
