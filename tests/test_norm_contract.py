@@ -687,10 +687,10 @@ def test_layernorm_y_of_own_stats(backend, x_dtype, n):
     (x - mu) * rsigma elsewhere (ln_fma_row; NOTES P87; Triton the latter). c's rounding adds up to
     2^-24 |c| to t, so the FMA form taken past that line would miss the bound below on the rows of
     a large mean (fp32 x: |c| up to ~3300; by 2-218x, checked with the guard removed), which the
-    exact form meets (x - mu exact, two roundings). Rows
-    are m + s * j with j uniform in -8..8 (exact in x's dtype, std 4.9 s), |c| ~ k / 4.9 on both
-    sides of 4 (k = 19 / 21). CUDA paths: the register kernel (1024; 4096, a row over two warps),
-    the blocked kernel (4098 fp32, 4100 bf16: no 16-byte vectors), the streamed one (16392)."""
+    exact form meets (x - mu exact, two roundings). Rows are m + s * j with j uniform in -8..8
+    (exact in x's dtype, std 4.9 s), |c| ~ k / 4.9 on both sides of 4 (k = 19 / 21). CUDA paths:
+    the register kernel (1024; 4096, a row over two warps), the blocked kernel (4098 fp32, 4100
+    bf16: no 16-byte vectors), the streamed one (16392, its fp32 output)."""
     rows = 8
     s = 2.0 ** -4
     ks = [0, 5, 19, 21, 3000, 9000, 16000, 16384] if x_dtype == F32 else [0, 5, 19, 21, 60, 120,
