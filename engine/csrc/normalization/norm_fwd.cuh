@@ -88,6 +88,17 @@ __device__ __forceinline__ bool ln_fma_row(float rs, float& mc) {
   return fma;
 }
 
+/* f(std::true_type{}) for a row of the FMA form (ln_fma_row), else f(std::false_type{}): the
+ * kernels' one body per form, picked by one uniform branch per row. */
+template <typename F>
+__device__ __forceinline__ void with_ln_form(bool fma, F&& f) {
+  if (fma) {
+    f(std::true_type{});
+  } else {
+    f(std::false_type{});
+  }
+}
+
 /* y of one value, mc from ln_fma_row: kFma takes t = fma(z, rs, mc) (mc = c), else
  * t = (z - mc) * rs (mc = the mean; 0 for RMSNorm). */
 template <bool kFma>
@@ -495,10 +506,8 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
       };
       if constexpr (kRms) {
         epilogue(std::false_type{});
-      } else if (fma_row) {
-        epilogue(std::true_type{});
       } else {
-        epilogue(std::false_type{});
+        with_ln_form(fma_row, epilogue);
       }
     }
     if constexpr (kFp8) {
@@ -752,11 +761,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
         }
       }
     };
-    if (fma_row) {
-      pass2(std::true_type{});
-    } else {
-      pass2(std::false_type{});
-    }
+    with_ln_form(fma_row, pass2);
   }
   if constexpr (kFp8) {
     if (mode != kApply) block_amax_atomic(amax, a.amax, amax_buf);

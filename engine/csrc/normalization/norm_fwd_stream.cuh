@@ -293,10 +293,8 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       auto run_b = [&](auto out_kind) {
         if constexpr (!kFmaOut) {
           phase_b(out_kind, std::false_type{});
-        } else if (fma_b) {
-          phase_b(out_kind, std::true_type{});
         } else {
-          phase_b(out_kind, std::false_type{});
+          with_ln_form(fma_b, [&](auto form) { phase_b(out_kind, form); });
         }
       };
       if constexpr (!kFp8) {
