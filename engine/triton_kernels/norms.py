@@ -127,6 +127,16 @@ def _ln_one_pass(mean, e2):
 
 
 @triton.jit
+def _centred_sq_sum(z, mean, mask, EVEN: tl.constexpr):
+    """sum over a tile's columns of (z - mean)^2, 0 outside ``mask`` (no select when EVEN): the
+    centred pass LayerNorm's statistics fall back to where _ln_one_pass says no."""
+    zc = z - mean[:, None]
+    if not EVEN:
+        zc = tl.where(mask, zc, 0.0)
+    return tl.sum(zc * zc, axis=1)
+
+
+@triton.jit
 def _xhat(z, mean, rstd, mask, EVEN: tl.constexpr):
     """(z - mean) * rstd of a backward tile, 0 outside ``mask`` (no select when EVEN)."""
     xhat = (z - mean[:, None]) * rstd[:, None]
@@ -315,10 +325,7 @@ def _norm_fwd_kernel(
                     mean = tl.where(rmask, s1 * inv_n, 0.0)
                     var, ok = _ln_one_pass(mean, s2 * inv_n)
                     if tl.min(ok.to(tl.int32), axis=0) == 0:
-                        zc = z - mean[:, None]
-                        if not EVEN:
-                            zc = tl.where(mask, zc, 0.0)
-                        var = tl.where(ok, var, tl.sum(zc * zc, axis=1) * inv_n)
+                        var = tl.where(ok, var, _centred_sq_sum(z, mean, mask, EVEN) * inv_n)
                     tl.store(MU + rows, mean, mask=rmask)
                 rstd = tl.math.rsqrt(var + eps)
                 tl.store(RSTD + rows, rstd, mask=rmask)
@@ -361,10 +368,7 @@ def _norm_fwd_kernel(
                             z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res,
                                         stride_ro, HAS_RES, False, INTERPRETER, "evict_last", EVEN,
                                         BITS)
-                            zc = z - mean[:, None]
-                            if not EVEN:
-                                zc = tl.where(mask, zc, 0.0)
-                            m2c += tl.sum(zc * zc, axis=1)
+                            m2c += _centred_sq_sum(z, mean, mask, EVEN)
                         var = tl.where(ok, var, m2c * inv_n)
                 rstd = tl.math.rsqrt(var + eps)
                 tl.store(RSTD + rows, rstd, mask=rmask)
