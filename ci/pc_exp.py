@@ -18,7 +18,7 @@ Timed against engine's external path (both backends) in the same call; kernel ti
 device time per call), % of copy at 4 bytes per value, M * N = 64M, bf16 in, e4m3 out, delayed
 scaling. Checks: transposed == rowwise.T bit for bit, rowwise bytes against engine's CUDA output.
 
-    PYTHONPATH=$PWD python3 ci/pc_exp.py [--n 1024 2048 ...] [--norms rms ln] [--quick]
+    PYTHONPATH=$PWD python3 ci/pc_exp.py [--n 1024 2048 ...] [--norms rms ln] [--rbs ..] [--pps ..] [--cps ..]
     TRITON_INTERPRET=1 PYTHONPATH=$PWD python3 ci/pc_exp.py --cpu-check   # correctness on CPU
 """
 
@@ -45,7 +45,7 @@ from engine.triton_kernels.utils import _fp8_saturate_cast, interpreter_rounding
 def _pc_kernel(X, W, B, Y, Y8, YT, CNT, SCALE, AMAX, M, N, stride_x, eps, NPROD,
                IS_RMS: tl.constexpr, BLOCK_N: tl.constexpr, RB: tl.constexpr, BAND: tl.constexpr,
                TN: tl.constexpr, LAG: tl.constexpr, X_POLICY: tl.constexpr, Y_POLICY: tl.constexpr,
-               INTERPRETER: tl.constexpr):
+               INTERPRETER: tl.constexpr, SIGNAL: tl.constexpr = True):
     pid = tl.program_id(0)
     if pid < NPROD:
         cols = tl.arange(0, BLOCK_N)
@@ -77,7 +77,9 @@ def _pc_kernel(X, W, B, Y, Y8, YT, CNT, SCALE, AMAX, M, N, stride_x, eps, NPROD,
             amax = tl.maximum(amax, tl.max(tl.max(tl.where(mask, tl.abs(y), 0.0), 1), 0))
             q = _fp8_saturate_cast(y * scale, 448.0, Y.dtype.element_ty, INTERPRETER, 3, -6)
             count = tl.minimum(RB, M - r0)
-            if LAG:
+            if not SIGNAL:
+                tl.store(Y + rows64[:, None] * N + cols[None, :], q, mask=mask, eviction_policy=Y_POLICY)
+            elif LAG:
                 # signal the previous tile's band: its stores were issued a tile ago
                 tl.debug_barrier()
                 if pband >= 0:
@@ -89,7 +91,7 @@ def _pc_kernel(X, W, B, Y, Y8, YT, CNT, SCALE, AMAX, M, N, stride_x, eps, NPROD,
                 tl.store(Y + rows64[:, None] * N + cols[None, :], q, mask=mask, eviction_policy=Y_POLICY)
                 tl.debug_barrier()
                 tl.atomic_add(CNT + r0 // BAND, count, sem="release", scope="gpu")
-        if LAG:
+        if LAG and SIGNAL:
             tl.debug_barrier()
             if pband >= 0:
                 tl.atomic_add(CNT + pband, pcount, sem="release", scope="gpu")
@@ -116,14 +118,15 @@ def _pc_kernel(X, W, B, Y, Y8, YT, CNT, SCALE, AMAX, M, N, stride_x, eps, NPROD,
             tl.atomic_xchg(CNT + band, 0, sem="relaxed", scope="gpu")
 
 
-def launch(x, w, b, y, yt, cnt, scale, amax, *, is_rms, eps, nprod, ncons, rb, band, tn, lag, pol, pw, cw):
+def launch(x, w, b, y, yt, cnt, scale, amax, *, is_rms, eps, nprod, ncons, rb, band, tn, lag, pol, pw, cw,
+           signal=True):
     m, n = x.shape
     # one kernel, one num_warps: producers and consumers share it (pw is used; cw kept for the label)
     x_pol, y_pol = {"hint": ("evict_first", "evict_last"), "none": ("", "")}[pol]
     _pc_kernel[(nprod + ncons,)](
         x, w, b, y, y.view(torch.uint8), yt.view(torch.uint8), cnt, scale, amax, m, n, x.stride(0), eps, nprod,
         IS_RMS=is_rms, BLOCK_N=triton.next_power_of_2(n), RB=rb, BAND=band, TN=tn, LAG=lag,
-        X_POLICY=x_pol, Y_POLICY=y_pol, INTERPRETER=interpreter_rounding(), num_warps=pw)
+        X_POLICY=x_pol, Y_POLICY=y_pol, INTERPRETER=interpreter_rounding(), SIGNAL=signal, num_warps=pw)
 
 
 def cpu_check() -> int:
@@ -167,7 +170,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--norms", nargs="*", default=["rms", "ln"])
     ap.add_argument("--n", type=int, nargs="*", default=[1024, 2048, 4096, 8192, 16384])
-    ap.add_argument("--quick", action="store_true", help="fewer variants")
+    ap.add_argument("--rbs", type=int, nargs="*", default=[1, 2, 4, 8, 16], help="rows per producer tile")
+    ap.add_argument("--pps", type=int, nargs="*", default=[2, 4], help="producers per SM")
+    ap.add_argument("--cps", type=float, nargs="*", default=[1, 2, 4], help="consumers per SM")
+    ap.add_argument("--tns", type=int, nargs="*", default=[256, 512], help="consumer tile columns")
+    ap.add_argument("--lags", type=int, nargs="*", default=[0], help="0: signal each tile, 1: a tile later")
+    ap.add_argument("--warps", type=int, nargs="*", default=[0], help="num_warps (0: by the tile's size)")
     ap.add_argument("--seconds", type=float, default=1e9, help="stop after this many seconds")
     ap.add_argument("--cpu-check", action="store_true")
     args = ap.parse_args()
@@ -217,37 +225,43 @@ def main() -> int:
         y = torch.empty(m, n, device="cuda", dtype=torch.float8_e4m3fn)
         yt = torch.empty(n, m, device="cuda", dtype=torch.float8_e4m3fn)
         amax = torch.zeros(1, device="cuda")
-        rbs = [1, 2, 4] if n <= 2048 else ([1, 2] if n <= 4096 else [1])
-        warps = [4, 8] if n <= 4096 else [8, 16]
+        # the row tile (RB rows, RB * N <= 16K values), one num_warps for both kinds of program
+        rbs = [r for r in args.rbs if r * n <= 16384 and 32 % r == 0] or [1]
         variants = []
-        for rb, pw, pps, cps, tn, lag in itertools.product(rbs, warps, [1, 2, 4], [0.5, 1, 2], [128, 256],
-                                                          [False, True]):
-            if rb * n > 16384 or (args.quick and (tn == 256 or cps == 2)):
-                continue
-            variants.append((rb, pw, pps, cps, tn, lag))
+        for rb, pps, cps, tn, lag, nw in itertools.product(rbs, args.pps, args.cps, args.tns, args.lags, args.warps):
+            pw = nw or (4 if rb * n <= 4096 else (8 if rb * n <= 8192 else 16))
+            for sig in ([0, 1] if cps == 0 else [1]):
+                variants.append((rb, pw, pps, cps, tn, bool(lag), bool(sig)))
         best = None
-        for rb, pw, pps, cps, tn, lag in variants:
+        for rb, pw, pps, cps, tn, lag, sig in variants:
             nprod = sms * pps
-            ncons = max(1, int(sms * cps))
+            ncons = int(sms * cps)  # 0: producers only (the rowwise rate; no transposed copy)
             cnt = torch.zeros(triton.cdiv(m, 32), device="cuda", dtype=torch.int32)
             y.view(torch.uint8).fill_(0xFF)
             yt.view(torch.uint8).fill_(0xFF)
-            label = f"rb{rb} w{pw} prod/SM {pps} cons/SM {cps} tn{tn} lag{int(lag)}"
+            label = f"rb{rb} w{pw} prod/SM {pps} cons/SM {cps} tn{tn} lag{int(lag)} signal{int(sig)}"
 
             def f():
                 launch(x, w, b, y, yt, cnt, scale, amax, is_rms=norm == "rms", eps=1e-5 if norm == "ln" else 1e-6,
-                       nprod=nprod, ncons=ncons, rb=rb, band=32, tn=tn, lag=lag, pol="hint", pw=pw, cw=pw)
+                       nprod=nprod, ncons=ncons, rb=rb, band=32, tn=tn, lag=lag, pol="hint", pw=pw, cw=pw,
+                       signal=sig)
             try:
                 f()
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001
-                print(f"  {label}: ERROR {str(e)[:160]}", flush=True)
+                print(f"  {label}: ERROR {type(e).__name__} {str(e)[-500:]}", flush=True)
                 continue
             yu = y.view(torch.uint8)
             t_ok = torch.equal(yt.view(torch.uint8), yu.t())
             eq = (yu == ref).float().mean().item()
             c_ok = int(cnt.abs().sum()) == 0
             us = device_us_per_call(f)
+            if ncons == 0:  # the rowwise rate alone, at its 3 bytes per value
+                cnt.zero_()
+                pct = 100 * gb * 3 / 4 / (us * 1e-6) / copy
+                print(f"  {label}: {pct:5.1f} % (rowwise only, 3 bytes per value)  "
+                      f"bytes equal to cuda {100 * eq:.3f} %", flush=True)
+                continue
             pct = 100 * gb / (us * 1e-6) / copy
             print(f"  {label}: {pct:5.1f} %  T==rowwise.T {t_ok}  counters reset {c_ok}  "
                   f"bytes equal to cuda {100 * eq:.3f} %", flush=True)
