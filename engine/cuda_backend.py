@@ -331,8 +331,9 @@ def norm_fwd_blocked_from(n: int):
     for rows of ``n`` columns and more where x and the residual stream share a dtype and allow
     16-byte vectors, instead of the register path or a thread-block cluster (a width past every
     row, e.g. ``1 << 30``: never, the paths before session 15); ``n = 0``, the default, the
-    launcher's choice: the fused residual add from 32K, where it measured faster on the H200,
-    whatever the output dtype (benchmarks/NOTES.md, P44, P45 and P53). For tests and A/B benchmarks of the paths on one
+    launcher's choice: the fused residual add from 32K where the streamed kernel does not take it
+    (``norm_fwd_stream_from``), whatever the output dtype (benchmarks/NOTES.md, P44, P45, P53
+    and P89); an ``n > 0`` takes precedence over the streamed kernel. For tests and A/B benchmarks of the paths on one
     GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` (not an
     int, or negative) raises ValueError at the call."""
     if type(n) is not int or n < 0:
@@ -374,16 +375,18 @@ def norm_bwd_stream_from(n: int):
 
 def norm_fwd_stream_from(n: int):
     """Context manager: inside the ``with`` block the CUDA norm forward runs its streamed cluster
-    kernel for rows of ``n`` columns and more where x is 16-bit without a residual and allows
-    16-byte vectors (on a GPU with thread-block clusters), for high-precision outputs, delayed
-    scaling and current scaling's statistics pass: the row is split over a cluster and each CTA
-    copies its slice of the next two rows into shared memory (cp.async) while it reduces one row
-    and writes an earlier one (engine/csrc/normalization/norm_fwd_stream.cuh). A width past every
-    row (e.g. ``1 << 30``) never takes it: the paths before session 18; an ``n > 0`` applies to
-    every output dtype. ``n = 0``, the default, is the launcher's choice (``fwd_take_stream``:
-    RMSNorm from 32768 columns, LayerNorm from 16384; FP8 outputs, delayed and current scaling,
-    from 16384 and 8192; benchmarks/NOTES.md P56, and NOTES P59/P67/P68 measurements (RMSNorm
-    16K e4m3 75.0 -> 81.7, LayerNorm 8K e4m3 60.5 -> 68.3)). At RMSNorm 16K-32K and
+    kernel for rows of ``n`` columns and more where x is 16-bit, without a residual or with a
+    residual of x's dtype, and allows 16-byte vectors (on a GPU with thread-block clusters), for
+    high-precision outputs, delayed scaling and current scaling's statistics pass: the row is
+    split over a cluster and each CTA copies its slice of the next two rows (and of their
+    residual) into shared memory (cp.async) while it reduces one row and writes an earlier one
+    (engine/csrc/normalization/norm_fwd_stream.cuh). A width past every row (e.g. ``1 << 30``)
+    never takes it: the paths before session 18; an ``n > 0`` applies to every output dtype,
+    with a residual or without. ``n = 0``, the default, is the launcher's choice
+    (``fwd_take_stream``: RMSNorm from 32768 columns, LayerNorm from 16384; FP8 outputs, delayed
+    and current scaling, from 16384 and 8192; a residual of x's dtype from 32768, both norms,
+    before the blocked kernel; benchmarks/NOTES.md P56, P89, and NOTES P59/P67/P68 measurements
+    (RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm 8K e4m3 60.5 -> 68.3)). At RMSNorm 16K-32K and
     LayerNorm 8K-16K an FP8 output is then within one FP8 step of the cast of the same call's
     fp32 output (which takes the register path), not its exact cast. For tests and A/B
     benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous

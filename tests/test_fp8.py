@@ -161,29 +161,42 @@ def test_norm_fp8_current_scaling(backend, is_rms, fp8_dtype):
     assert t.data.float().abs().max().item() == torch.finfo(fp8_dtype).max
 
 
-def check_fp8_path(is_rms, fp8_dtype, n, knob):
+def check_fp8_path(is_rms, fp8_dtype, n, knob, residual=False):
     """CUDA, 67 rows of n under a path knob (a context manager of engine.cuda_backend) that puts
     the fp32 and FP8 outputs on one path: delayed scaling with the transposed copy and current
     scaling, each the exact cast of the same path's fp32 output with its exact amax, current
     scaling's bytes delayed scaling's at its scale, and the delayed bytes within one step of the
-    float64 oracle's (rarely)."""
+    float64 oracle's (rarely). With ``residual`` the norm's input is x + r (bf16), whose stored
+    sum (residual_out, equal to the oracle's rounding bit for bit in every call) is normalised."""
     use_backend("cuda")
     try:
         with knob:
             x, w, b = inputs(67, n, is_rms)
-            y32 = call(is_rms, x, w, b, out_dtype=F32)
+            fwd = call
+            if residual:
+                r = torch.randn_like(x)
+                z = (x.float() + r.float()).to(x.dtype)
+                x0 = x
+
+                def fwd(is_rms, x, w, b=None, **kw):  # the residual form; x is the oracle's z
+                    out, res_out = call(is_rms, x0, w, b, residual=r, **kw)
+                    assert torch.equal(res_out, z)
+                    return out
+
+                x = z
+            y32 = fwd(is_rms, x, w, b, out_dtype=F32)
             q = delayed(fp8_dtype, scale=3.0, amax=0.25, columnwise=True)
-            t = call(is_rms, x, w, b, quantizer=q)
+            t = fwd(is_rms, x, w, b, quantizer=q)
             assert_cast_of(t.data, y32, 3.0, b, exact=True)
             assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
             assert q.amax.item() == max(0.25, y32.abs().max().item())
             qc = Float8CurrentScalingQuantizer(fp8_dtype)
-            tc = call(is_rms, x, w, b, quantizer=qc)
+            tc = fwd(is_rms, x, w, b, quantizer=qc)
             amax = y32.abs().max()
             assert qc.amax.item() == amax.item()
             scale = torch.tensor(torch.finfo(fp8_dtype).max, device=DEVICE) / amax
             assert_cast_of(tc.data, y32, scale.item(), b, exact=True)
-            td = call(is_rms, x, w, b, quantizer=delayed(fp8_dtype, scale=qc.scale.item(), amax=0.0))
+            td = fwd(is_rms, x, w, b, quantizer=delayed(fp8_dtype, scale=qc.scale.item(), amax=0.0))
             assert torch.equal(td.data.view(torch.uint8), tc.data.view(torch.uint8))
             oracle = fp8_quantize(ref_fwd(x, w, b, 1e-5, is_rms)["y"], 3.0, fp8_dtype)
             steps = fp8_steps(t.data, oracle)
@@ -220,6 +233,20 @@ def test_norm_fp8_stream_kernel(is_rms, fp8_dtype, n):
     from engine import cuda_backend
 
     check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1 if n < 131072 else 0))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("n", [8192, 32776, 131072])
+def test_norm_fp8_stream_residual(is_rms, fp8_dtype, n):
+    """The streamed kernel's fused residual add (norm_fwd_stream_from(1), a bf16 residual) to FP8:
+    delayed scaling with the transposed copy and current scaling (its statistics pass on the
+    streamed kernel writes residual_out, its output pass normalises that on the register path),
+    each the exact cast of the same path's fp32 output with its exact amax."""
+    from engine import cuda_backend
+
+    check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1), residual=True)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")

@@ -458,9 +458,11 @@ def test_fwd_blocked_from_taken(is_rms, n):
     (32768, False, False, False), (65536, False, False, False)])
 def test_fwd_blocked_default(is_rms, n, res, rms_taken, ln_taken):
     """By default (fwd_take_blocked, 16-bit outputs) the fused residual add takes the blocked
-    kernel from 32K and no row without it does (RMSNorm 32K moved to its 2-CTA cluster when the
-    cluster's exchange became st.async: NOTES P53): the same bits as the knob at 32K where taken,
-    the bits of the knob off elsewhere (which differ from the blocked kernel's)."""
+    kernel from 32K where the streamed kernel does not take it (here: the stream's knob off; a
+    residual of x's dtype streams from 32K by default, test_fwd_stream_residual_taken) and no row
+    without it does (RMSNorm 32K moved to its 2-CTA cluster when the cluster's exchange became
+    st.async: NOTES P53): the same bits as the knob at 32K where taken, the bits of the knob off
+    elsewhere (which differ from the blocked kernel's)."""
     taken = rms_taken if is_rms else ln_taken
     from engine import cuda_backend
 
@@ -472,7 +474,7 @@ def test_fwd_blocked_default(is_rms, n, res, rms_taken, ln_taken):
         b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
         outs = {}
         for v in (0, 32768, 1 << 30):
-            with cuda_backend.norm_fwd_blocked_from(v):
+            with cuda_backend.norm_fwd_blocked_from(v), cuda_backend.norm_fwd_stream_from(1 << 30):
                 out, _, mu, rsigma = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
             outs[v] = rsigma if is_rms else torch.cat([mu, rsigma])
         assert torch.equal(outs[0], outs[32768 if taken else 1 << 30])
@@ -527,12 +529,14 @@ def test_fwd_stream(is_rms, threads, n):
     of up to 512 (the default), 128 and 256 threads (norm_fwd_stream_threads) against
     float64 with poisoned outputs (y, mean, rsigma): bf16 with a bias over 301 rows (clusters loop
     over many rows, the ring of stages wraps), fp16 x with a zero-centred fp32 gamma to fp32,
-    rows strided, one row (M=1); with an fp32 residual stream the launcher keeps the other paths,
+    rows strided, one row (M=1); the fused residual add of x's dtype (the kRes build, CTAs of at
+    most 256 threads: residual_out bit for bit, y and the statistics of the stored z), bf16 over
+    301 rows and fp16 strided; with an fp32 residual stream the launcher keeps the other paths,
     which must be right too. 32776 and 98312 leave the last CTA's slice partly past the row
     (zero-filled copies, masked stores and centred sums); 1024 runs 2-CTA clusters of 32 threads;
     262144 needs 16-CTA clusters (a non-portable size, the default limit on the H100 / H200);
-    where no cluster holds the row at the thread cap (131072 at 128 threads) the launcher takes the
-    other paths."""
+    where no cluster holds the row at the thread cap (131072 at 128 threads; 262144 with a
+    residual) the launcher takes the other paths."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -541,7 +545,42 @@ def test_fwd_stream(is_rms, threads, n):
             check_fwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms)
             check_fwd(is_rms, 37, n, F16, F32, F32, zcg=True, bias=not is_rms, row_extra=8)
             check_fwd(is_rms, 1, n, BF16, F32, BF16, bias=not is_rms)
+            check_fwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
+            check_fwd(is_rms, 37, n, F16, F32, F32, zcg=True, bias=not is_rms, res_dtype=F16, row_extra=8)
             check_fwd(is_rms, 5, n, BF16, BF16, BF16, res_dtype=F32)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [8192, 16384, 32768, 131072])
+def test_fwd_stream_residual_taken(is_rms, n):
+    """A row with a residual of x's dtype takes the streamed kernel under its knob
+    (norm_fwd_stream_from(n)), before the blocked kernel of the residual rows from 32K: over 301
+    rows the statistics agree within rounding with the default path's (the register kernel below
+    32K, the blocked one from it) but not bit for bit (another order of the row sums), while
+    residual_out, the same rounded sum on every path, is equal bit for bit. The default takes the
+    stream for these rows from 32K, both norms (fwd_stream_from_default; NOTES P89), instead of
+    the blocked kernel."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        x = torch.randn(301, n, device=DEVICE, dtype=BF16)
+        r = torch.randn(301, n, device=DEVICE, dtype=BF16)
+        w = torch.randn(n, device=DEVICE, dtype=BF16)
+        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
+        runs = []
+        for knob in (n, 1 << 30, 0):
+            with cuda_backend.norm_fwd_stream_from(knob):
+                _, res_out, mu, rsigma = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
+            runs.append((res_out, rsigma if is_rms else torch.cat([mu, rsigma])))
+        (ro_s, st_s), (ro_o, st_o), (ro_d, st_d) = runs
+        assert torch.equal(ro_s, residual_sum(x, r)) and torch.equal(ro_o, ro_s) and torch.equal(ro_d, ro_s)
+        torch.testing.assert_close(st_s, st_o, rtol=1e-5, atol=1e-6)
+        assert not torch.equal(st_s, st_o)
+        assert torch.equal(st_d, st_s if n >= 32768 else st_o)
     finally:
         engine.backend.reset_for_tests()
 

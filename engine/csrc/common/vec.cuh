@@ -269,6 +269,19 @@ __device__ __forceinline__ void lds_vec8(uint32_t addr, float (&f)[8]) {
 #endif
 }
 
+/* Store four words (16 bytes) to shared-memory address `addr` (as lds_vec8's, 16-byte aligned).
+ * Volatile with a memory clobber, so that it stays ordered with lds_vec8's reads of the same
+ * bytes and with the cp.async waits. */
+__device__ __forceinline__ void sts_words16(uint32_t addr, const uint32_t (&w)[4]) {
+#if defined(__CUDA_ARCH__)
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(w[0]), "r"(w[1]), "r"(w[2]),
+               "r"(w[3])
+               : "memory");
+#else
+  (void)addr, (void)w;
+#endif
+}
+
 }  // namespace engine
 
 #endif  // ENGINE_CSRC_COMMON_VEC_CUH_

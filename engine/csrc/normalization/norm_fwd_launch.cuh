@@ -227,7 +227,8 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
  * applies (a 16-bit x without a residual, from 32K, LayerNorm from 16K; FP8 outputs from 16K,
  * LayerNorm from 8K, where they are within one FP8 step of the fp32 output's cast instead:
  * fwd_take_stream, NOTES P59/P67/P68 measurements (RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm 8K
- * e4m3 60.5 -> 68.3)) it runs instead of both, unless this says blocked (the knob). */
+ * e4m3 60.5 -> 68.3); a residual of x's dtype from 32K, NOTES P89) it runs instead of both,
+ * unless this says blocked (the knob). */
 inline bool fwd_take_blocked(int cols, bool has_res, int knob) {
   if (knob != 0) return cols >= knob;
   return has_res && cols >= 32768;
@@ -260,7 +261,9 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   const bool wide_blocked =
       vec && fwd_blocked_packed<X, R, VEC>() &&
       fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from);
-  if (vec && !wide_blocked) { /* the streamed cluster kernel where it applies (fwd_take_stream) */
+  /* the streamed cluster kernel where it applies (fwd_take_stream), before the blocked kernel that
+   * a residual row takes by default from 32K (not before the blocked knob) */
+  if (vec && (!wide_blocked || (a.residual != nullptr && ctx.fwd_blocked_from == 0))) {
     engine_status st = ENGINE_SUCCESS;
     if (launch_fwd_stream<X, R, O>(a, ctx, &st)) return st;
   }

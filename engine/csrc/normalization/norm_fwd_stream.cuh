@@ -1,6 +1,6 @@
 /*
- * Streamed cluster forward (sm_90): rows of a 16-bit x (no residual) split over a thread-block
- * cluster, each CTA owning a contiguous slice of tpr * NV 16-byte vectors of the row, the rows
+ * Streamed cluster forward (sm_90): rows of a 16-bit x (and, in kRes builds, a residual and
+ * residual_out of x's dtype) split over a thread-block cluster, each CTA owning a contiguous slice of tpr * NV 16-byte vectors of the row, the rows
  * streamed through a ring of shared-memory stages by cp.async, kFwdStreamDepth rows ahead of the
  * one reduced. The backward's recipe (norm_bwd_stream.cuh) for the forward.
  *
@@ -32,6 +32,12 @@
  * only synchronisation the data needs; a vector past the row is zero-filled by the copy (it adds
  * zeros to the sums of z and z^2 and, about a zero mean, to the centred sum; its stores are
  * predicated off).
+ * kRes (the fused residual add, NOTES P89): a stage holds the slice's x vectors and then its
+ * residual vectors (twice the bytes: CTAs of at most kFwdStreamResMaxThreads); phase A adds them,
+ * rounds z = x + r to x's dtype (the register kernel's arithmetic: the same residual_out bits),
+ * stores residual_out, writes z back over x's vectors in the stage (each thread only its own, as
+ * the copies) and sums the rounded z, so phase B and LayerNorm's centred pass read z where they
+ * read x. Vectors past the row are zero-filled for both (z = 0) and their stores predicated off.
  * gamma (+ the zero-centred 1) and beta are held as floats in registers for the whole kernel.
  * Modes kFull (any output dtype; FP8 with a given scale, fused amax) and kStats (current scaling's
  * first pass: statistics and amax, no output). Current scaling's second pass (kApply) reads the
@@ -59,6 +65,8 @@ constexpr int kFwdStreamMaxThreads = 512; /* CTA threads (launch bound: up to 12
 /* The largest CTA the launcher picks (engine_set_norm_fwd_stream_threads: another) */
 constexpr int kFwdStreamThreadsDefault = 512;
 constexpr int kFwdStreamMaxCluster = 16;
+/* The largest CTA of a kRes build: its stages hold x and the residual (5 x 2 x 16 KB at 256) */
+constexpr int kFwdStreamResMaxThreads = 256;
 /* Rows between a row's phase A and its phase B: 2. Both norms wait for a row's sums one
  * iteration after sending them (WL below), so the exchange's round trip between SMs hides behind
  * phase A of the next row and one phase B, where waiting in the sending iteration left it behind
@@ -71,7 +79,7 @@ __host__ __device__ constexpr int fwd_stream_stages(bool rms) {
 
 /* y = norm_y(z, mean, rsigma, gamma, beta) of one row's 16-bit x in clusters; the formula and
  * the FP8 cast are the register kernel's (norm_fwd.cuh). */
-template <typename X, typename O, bool kRms, bool kBias>
+template <typename X, typename O, bool kRms, bool kBias, bool kRes>
 __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kernel(const FwdArgs a) {
   static_assert(sizeof(X) == 2, "the streamed forward takes a 16-bit x");
   constexpr int VEC = 8;
@@ -112,7 +120,9 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   const uint32_t count = cid < a.rows ? (uint32_t)((a.rows - 1 - cid) / stride + 1) : 0u;
   const uint32_t ring_s = smem_u32(ring) + (uint32_t)(t * 16); /* this thread's slot 0 */
   const uint32_t step = (uint32_t)T * 16;                       /* between its slots */
-  const int stage_bytes = NV * T * 16;
+  /* x's vectors, then (kRes) the residual's at r_part */
+  const uint32_t r_part = (uint32_t)(NV * T * 16);
+  const int stage_bytes = (kRes ? 2 : 1) * NV * T * 16;
   const bool store_y = a.mode != kStats;
   /* Which of this thread's vectors lie inside the row. Those past it were zero-filled by the
    * copy: phase A adds their zeros, phase B computes them with gamma = beta = 0 and a zero mean
@@ -180,6 +190,11 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   for (int i = 0; i < NV; ++i) x_off[i] = in_row[i] ? i * T * VEC : 0;
   uint8_t* o_next = static_cast<uint8_t*>(a.out) + (cid * a.out_stride + (int64_t)v0 * VEC) * (int64_t)sizeof(O);
   const int64_t o_step = stride * a.out_stride * (int64_t)sizeof(O);
+  /* kRes: the next copy's residual source and phase A's residual_out destination (x's offsets) */
+  const X* r_next = kRes ? static_cast<const X*>(a.residual) + cid * a.res_stride + (int64_t)v0 * VEC : nullptr;
+  const int64_t r_step = stride * a.res_stride;
+  X* ro_next = kRes ? static_cast<X*>(a.residual_out) + cid * a.res_out_stride + (int64_t)v0 * VEC : nullptr;
+  const int64_t ro_step = stride * a.res_out_stride;
   /* The copies of the next row (k) into its stage, whose last row (k - kStages) had its phase B
    * in an earlier iteration (an empty group past the last row, so that every thread commits one
    * group per iteration and wait<D> means "row k has landed"). */
@@ -188,6 +203,13 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
 #pragma unroll
       for (int i = 0; i < NV; ++i) cp_async16(st_copy + (uint32_t)i * step, x_next + x_off[i], in_row[i]);
       x_next += x_step;
+      if constexpr (kRes) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          cp_async16(st_copy + r_part + (uint32_t)i * step, r_next + x_off[i], in_row[i]);
+        }
+        r_next += r_step;
+      }
       st_copy = stages.next(st_copy);
     }
     cp_async_commit();
@@ -250,6 +272,18 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       for (int i = 0; i < NV; ++i) {
         float z[VEC];
         lds_vec8<X>(sa + (uint32_t)i * step, z);
+        if constexpr (kRes) { /* z = round_X(x + r): stored, put back in the stage, summed */
+          float rv[VEC];
+          lds_vec8<X>(sa + r_part + (uint32_t)i * step, rv);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) z[j] += rv[j];
+          uint32_t w[4];
+          pack_to<X, VEC>(z, w);
+          sts_words16(sa + (uint32_t)i * step, w);
+          store_words_if<16>(ro_next + i * T * VEC, w, in_row[i]);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) z[j] = unpack_at<X, VEC>(w, j);
+        }
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           if constexpr (kRms) {
@@ -286,6 +320,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
         }
         s[1] = m2;
       }
+      if constexpr (kRes) ro_next += ro_step;
       /* sent by lane r to rank r (kSlots' comment: why the slot is free) */
       pair_xchg_send(xa, (int)(k % (uint32_t)kSlots), C, s[0], s[1]);
     }
@@ -348,43 +383,52 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
  * sums: at RMSNorm 16K-32K and LayerNorm 8K-16K an FP8 output is no longer the exact cast of the
  * same call's fp32 output (the register path's) but within one FP8 step of it, at rounding
  * boundaries only (tests/test_fp8.py::same_row_sums). */
-inline int fwd_stream_from_default(bool rms, bool fp8) {
+inline int fwd_stream_from_default(bool rms, bool fp8, bool res) {
+  if (res) return 32768; /* the fused residual add, before the blocked kernel (NOTES P89) */
   if (fp8) return rms ? 16384 : 8192;
   return rms ? 32768 : 16384;
 }
-inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8) {
-  return cols >= (stream_from != 0 ? stream_from : fwd_stream_from_default(rms, fp8));
+inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res) {
+  return cols >= (stream_from != 0 ? stream_from : fwd_stream_from_default(rms, fp8, res));
 }
 
+template <typename X, typename O, bool kRes>
+auto fwd_stream_kernel_r(bool rms, bool bias) -> void (*)(FwdArgs) {
+  return rms ? (bias ? &norm_fwd_stream_kernel<X, O, true, true, kRes>
+                     : &norm_fwd_stream_kernel<X, O, true, false, kRes>)
+             : (bias ? &norm_fwd_stream_kernel<X, O, false, true, kRes>
+                     : &norm_fwd_stream_kernel<X, O, false, false, kRes>);
+}
 template <typename X, typename O>
-auto fwd_stream_kernel(bool rms, bool bias) -> void (*)(FwdArgs) {
-  return rms ? (bias ? &norm_fwd_stream_kernel<X, O, true, true> : &norm_fwd_stream_kernel<X, O, true, false>)
-             : (bias ? &norm_fwd_stream_kernel<X, O, false, true>
-                     : &norm_fwd_stream_kernel<X, O, false, false>);
+auto fwd_stream_kernel(bool rms, bool bias, bool res) -> void (*)(FwdArgs) {
+  return res ? fwd_stream_kernel_r<X, O, true>(rms, bias) : fwd_stream_kernel_r<X, O, false>(rms, bias);
 }
 
-/* Launch the streamed kernel for a 16-bit x without a residual (z = x), modes kFull and kStats,
- * where fwd_take_stream says so: the smallest cluster (a power of two up to ctx.max_cluster, at
- * least 2: the kernel's sends and barriers are cluster instructions) whose CTAs of at most
- * ctx.fwd_stream_threads threads (0: kFwdStreamThreadsDefault) hold the row at kFwdStreamNV vectors per thread, with a ring of
- * fwd_stream_stages stages that fits the opt-in shared memory. Returns false (nothing launched)
+/* Launch the streamed kernel for a 16-bit x, without a residual (z = x) or with one of x's dtype
+ * (kRes), modes kFull and kStats, where fwd_take_stream says so: the smallest cluster (a power of
+ * two up to ctx.max_cluster, at least 2: the kernel's sends and barriers are cluster
+ * instructions) whose CTAs of at most ctx.fwd_stream_threads threads (0: kFwdStreamThreadsDefault;
+ * kRes: at most kFwdStreamResMaxThreads) hold the row at kFwdStreamNV vectors per thread, with a
+ * ring of fwd_stream_stages stages that fits the opt-in shared memory. Returns false (nothing launched)
  * where it does not apply or fit; the caller's x / out allow 16-byte vector access. */
 template <typename X, typename R, typename O>
 bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
   if constexpr (sizeof(X) == 2 && std::is_same<X, R>::value) {
     constexpr int NV = kFwdStreamNV;
-    if (a.residual != nullptr || a.mode == kApply) return false;
-    if (!fwd_take_stream(a.cols, ctx.fwd_stream_from, a.is_rms != 0, is_fp8_v<O>)) return false;
-    const int tmax = ctx.fwd_stream_threads != 0 ? ctx.fwd_stream_threads : kFwdStreamThreadsDefault;
+    const bool res = a.residual != nullptr;
+    if (a.mode == kApply) return false;
+    if (!fwd_take_stream(a.cols, ctx.fwd_stream_from, a.is_rms != 0, is_fp8_v<O>, res)) return false;
+    int tmax = ctx.fwd_stream_threads != 0 ? ctx.fwd_stream_threads : kFwdStreamThreadsDefault;
+    if (res && tmax > kFwdStreamResMaxThreads) tmax = kFwdStreamResMaxThreads;
     int tpr = 0;
     const int c = stream_cluster((int)ceil_div(a.cols / 8, NV), ctx.max_cluster, kFwdStreamMaxCluster,
                                  tmax, &tpr);
     if (c == 0) return false;
     const bool rms = a.is_rms != 0;
-    const size_t smem = (size_t)fwd_stream_stages(rms) * NV * tpr * 16;
+    const size_t smem = (size_t)fwd_stream_stages(rms) * NV * tpr * 16 * (res ? 2 : 1);
     const size_t room = (size_t)ctx.max_smem_optin - 16384; /* its static shared memory: up to 10.4 KB */
     if (smem > room) return false;
-    void (*kernel)(FwdArgs) = fwd_stream_kernel<X, O>(rms, a.bias != nullptr);
+    void (*kernel)(FwdArgs) = fwd_stream_kernel<X, O>(rms, a.bias != nullptr, res);
     int active = 0;
     *st = active_clusters(reinterpret_cast<const void*>(kernel), tpr, smem, c, &active);
     if (*st != ENGINE_SUCCESS) return true;

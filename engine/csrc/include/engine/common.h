@@ -109,12 +109,13 @@ int engine_set_norm_bwd_stream_from(int n);
 int engine_set_norm_bwd_stream_threads(int n);
 
 /* Row width from which the norm forward takes its streamed cluster kernel (a 16-bit x without a
- * residual, with 16-byte vectors, on a device with thread-block clusters; delayed scaling, high
- * precision outputs and current scaling's statistics pass): the row split over a cluster, each
- * CTA copying its slice of the next two rows into shared memory (cp.async) while it reduces one
- * and writes an earlier one (norm_fwd_stream.cuh). n > 0 from n columns for every output dtype
- * (e.g. 1 << 30: never, the paths before session 18), 0 (the default) the launcher's choice
- * (fwd_take_stream: RMSNorm from 32K, LayerNorm from 16K; FP8 outputs, both scalings, from 16K
+ * residual or with one of x's dtype, with 16-byte vectors, on a device with thread-block
+ * clusters; delayed scaling, high precision outputs and current scaling's statistics pass): the
+ * row split over a cluster, each CTA copying its slice of the next two rows into shared memory
+ * (cp.async) while it reduces one and writes an earlier one (norm_fwd_stream.cuh). n > 0 from n
+ * columns for every output dtype (e.g. 1 << 30: never, the paths before session 18), 0 (the
+ * default) the launcher's choice (fwd_take_stream: RMSNorm from 32K, LayerNorm from 16K; a
+ * residual of x's dtype from 32K, NOTES P89; FP8 outputs, both scalings, from 16K
  * and 8K, NOTES P59/P67/P68 measurements (RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm 8K e4m3 60.5
  * -> 68.3), where an FP8 output is then within one FP8 step of the fp32 output's cast instead of
  * its exact cast). For A/B runs of the paths on one device. Process-wide; returns the previous
