@@ -4,6 +4,7 @@ Each op's result is also checked against the reference backend on the CPU, so a 
 sanitizer passes is also a correct one.
 """
 
+import itertools
 import sys
 
 import torch
@@ -85,24 +86,27 @@ def run(external: str) -> int:
                        for g, gc, (r, a) in zip(grads, grads_c, tols)):
                 print(f"backward mismatch {m}x{n} rms={is_rms} bias={with_bias}")
                 bad += 1
-    # a bf16 residual stream: the forward's blocked kernel (two 512-thread CTAs per SM, z packed)
-    # takes these rows by default (fwd_take_blocked), its chunk of 16K partly past the row at 40008
-    for m, n in ((3, 32768), (3, 40008)):
-        for is_rms in (True, False):
-            x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-            r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-            w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            b = None if is_rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            with torch.no_grad():
-                y, res_out = (engine.rmsnorm(x, w, 1e-5, residual=r) if is_rms
-                              else engine.layernorm(x, w, b, 1e-5, residual=r))
-            z = (x.float() + r.float()).to(torch.bfloat16)
-            ref = (engine.rmsnorm(z.cpu(), w.cpu(), 1e-5) if is_rms
-                   else engine.layernorm(z.cpu(), w.cpu(), b.cpu(), 1e-5))
-            if not (torch.equal(res_out, z) and
-                    torch.allclose(y.float().cpu(), ref.float(), rtol=2e-2, atol=2e-2)):
-                print(f"residual mismatch {m}x{n} rms={is_rms}")
-                bad += 1
+    # a bf16 residual stream: by default the streamed kernel's kRes build takes these rows (x and
+    # the residual copied into its stages, z written back over x's vectors; fwd_take_stream, NOTES
+    # P89), with the stream off the blocked kernel (two 512-thread CTAs per SM, z packed;
+    # fwd_take_blocked), its chunk of 16K partly past the row at 40008
+    for (m, n), knob in itertools.product(((3, 32768), (3, 40008), (300, 32776)), (0, 1 << 30)):
+        with cuda_backend.norm_fwd_stream_from(knob):
+            for is_rms in (True, False):
+                x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+                r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+                w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+                b = None if is_rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
+                with torch.no_grad():
+                    y, res_out = (engine.rmsnorm(x, w, 1e-5, residual=r) if is_rms
+                                  else engine.layernorm(x, w, b, 1e-5, residual=r))
+                z = (x.float() + r.float()).to(torch.bfloat16)
+                ref = (engine.rmsnorm(z.cpu(), w.cpu(), 1e-5) if is_rms
+                       else engine.layernorm(z.cpu(), w.cpu(), b.cpu(), 1e-5))
+                if not (torch.equal(res_out, z) and
+                        torch.allclose(y.float().cpu(), ref.float(), rtol=2e-2, atol=2e-2)):
+                    print(f"residual mismatch {m}x{n} rms={is_rms} stream knob={knob}")
+                    bad += 1
     # the streamed forward over many rows per cluster, so that its ring of shared-memory stages
     # and its exchange slots wrap many times (a row's sums are awaited one iteration after they
     # are sent: four slots), bf16 and e4m3 outputs
