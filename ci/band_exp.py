@@ -73,6 +73,42 @@ def _band_kernel(X, W, B, Y, Y8, YT, SCALE, AMAX, M, N, stride_x, eps,
     tl.atomic_max(AMAX.to(tl.pointer_type(tl.int32)), bits)
 
 
+def external_baseline(norm: str, n: int, copy: float):
+    """The inputs of one width (M * N = 64M, bf16, a delayed scale of 8) and engine's external
+    FP8 + transposed path on both backends, printed as % of ``copy`` at 4 bytes per value (kernel
+    time); returns (m, x, w, b, scale, gb, the CUDA backend's rowwise bytes). Shared by the
+    in-kernel experiments (this file, ci/pc_exp.py)."""
+    m = (64 << 20) // n
+    torch.manual_seed(0)
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if norm == "ln" else w
+    gb = m * n * 4 / 1e9
+    scale = torch.full((1,), 8.0, device="cuda")
+    line = f"{norm:3s} N={n:6d}:"
+    ref = None
+    for impl in ("cuda", "triton"):
+        flag = "1" if impl == "triton" else "0"
+        engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag,
+                                        "ENGINE_USE_LAYERNORM_TRITON": flag,
+                                        "ENGINE_USE_CAST_TRANSPOSE_TRITON": flag,
+                                        "ENGINE_NORM_EXTERNAL_TRANSPOSE": "1"})
+        qz = Float8Quantizer(scale, torch.zeros(1, device="cuda"), torch.float8_e4m3fn, columnwise=True)
+
+        def call():
+            with torch.no_grad():
+                if norm == "rms":
+                    return engine.rmsnorm(x, w, quantizer=qz)
+                return engine.layernorm(x, w, b, quantizer=qz)
+
+        us = device_us_per_call(call)
+        line += f" {impl}-ext {100 * gb / (us * 1e-6) / copy:5.1f}"
+        if impl == "cuda":
+            ref = call().data.view(torch.uint8).clone()
+    print(line, flush=True)
+    return m, x, w, b, scale, gb, ref
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--norms", nargs="*", default=["rms", "ln"])
@@ -88,34 +124,7 @@ def main() -> int:
         if n > 16384 or n & (n - 1):
             print(f"N={n}: skipped (powers of two up to 16K only)")
             continue
-        m = (64 << 20) // n
-        torch.manual_seed(0)
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-        w = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
-        b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if norm == "ln" else w
-        gb = m * n * 4 / 1e9
-        scale = torch.full((1,), 8.0, device="cuda")
-        line = f"{norm:3s} N={n:6d}:"
-        ref = None
-        for impl in ("cuda", "triton"):
-            flag = "1" if impl == "triton" else "0"
-            engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag,
-                                            "ENGINE_USE_LAYERNORM_TRITON": flag,
-                                            "ENGINE_USE_CAST_TRANSPOSE_TRITON": flag,
-                                            "ENGINE_NORM_EXTERNAL_TRANSPOSE": "1"})
-            qz = Float8Quantizer(scale, torch.zeros(1, device="cuda"), torch.float8_e4m3fn, columnwise=True)
-
-            def call():
-                with torch.no_grad():
-                    if norm == "rms":
-                        return engine.rmsnorm(x, w, quantizer=qz)
-                    return engine.layernorm(x, w, b, quantizer=qz)
-
-            us = device_us_per_call(call)
-            line += f" {impl}-ext {100 * gb / (us * 1e-6) / copy:5.1f}"
-            if impl == "cuda":
-                ref = call().data.view(torch.uint8).clone()
-        print(line, flush=True)
+        m, x, w, b, scale, gb, ref = external_baseline(norm, n, copy)
         y = torch.empty(m, n, device="cuda", dtype=torch.float8_e4m3fn)
         yt = torch.empty(n, m, device="cuda", dtype=torch.float8_e4m3fn)
         amax = torch.zeros(1, device="cuda")

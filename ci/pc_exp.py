@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 import time
 from pathlib import Path
@@ -181,10 +180,9 @@ def main() -> int:
     args = ap.parse_args()
     if args.cpu_check:
         return cpu_check()
-    import engine
-    from engine.fp8 import Float8Quantizer
     from benchmarks import harness as H
     from benchmarks.profile_kernels import device_us_per_call
+    from ci.band_exp import external_baseline
 
     deadline = time.time() + args.seconds
     copy = H.copy_bandwidth()["gbps"]
@@ -194,34 +192,7 @@ def main() -> int:
         if n > 16384:
             print(f"N={n}: skipped (register tiles up to 16K only)")
             continue
-        m = (64 << 20) // n
-        torch.manual_seed(0)
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-        w = torch.rand(n, device="cuda", dtype=torch.bfloat16) + 0.5
-        b = torch.randn(n, device="cuda", dtype=torch.bfloat16) if norm == "ln" else w
-        gb = m * n * 4 / 1e9
-        scale = torch.full((1,), 8.0, device="cuda")
-        line = f"{norm:3s} N={n:6d}:"
-        ref = None
-        for impl in ("cuda", "triton"):
-            flag = "1" if impl == "triton" else "0"
-            engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag,
-                                            "ENGINE_USE_LAYERNORM_TRITON": flag,
-                                            "ENGINE_USE_CAST_TRANSPOSE_TRITON": flag,
-                                            "ENGINE_NORM_EXTERNAL_TRANSPOSE": "1"})
-            qz = Float8Quantizer(scale, torch.zeros(1, device="cuda"), torch.float8_e4m3fn, columnwise=True)
-
-            def call():
-                with torch.no_grad():
-                    if norm == "rms":
-                        return engine.rmsnorm(x, w, quantizer=qz)
-                    return engine.layernorm(x, w, b, quantizer=qz)
-
-            us = device_us_per_call(call)
-            line += f" {impl}-ext {100 * gb / (us * 1e-6) / copy:5.1f}"
-            if impl == "cuda":
-                ref = call().data.view(torch.uint8).clone()
-        print(line, flush=True)
+        m, x, w, b, scale, gb, ref = external_baseline(norm, n, copy)
         y = torch.empty(m, n, device="cuda", dtype=torch.float8_e4m3fn)
         yt = torch.empty(n, m, device="cuda", dtype=torch.float8_e4m3fn)
         amax = torch.zeros(1, device="cuda")

@@ -172,7 +172,6 @@ def check_fp8_path(is_rms, fp8_dtype, n, knob, residual=False):
     try:
         with knob:
             x, w, b = inputs(67, n, is_rms)
-            fwd = call
             if residual:
                 r = torch.randn_like(x)
                 z = (x.float() + r.float()).to(x.dtype)
@@ -184,6 +183,8 @@ def check_fp8_path(is_rms, fp8_dtype, n, knob, residual=False):
                     return out
 
                 x = z
+            else:
+                fwd = call
             y32 = fwd(is_rms, x, w, b, out_dtype=F32)
             q = delayed(fp8_dtype, scale=3.0, amax=0.25, columnwise=True)
             t = fwd(is_rms, x, w, b, quantizer=q)
