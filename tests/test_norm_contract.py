@@ -558,8 +558,9 @@ def test_fwd_stream(is_rms, threads, n):
 def test_fwd_stream_residual_taken(is_rms, n):
     """A row with a residual of x's dtype takes the streamed kernel under its knob
     (norm_fwd_stream_from(n)), before the blocked kernel of the residual rows from 32K: over 301
-    rows the statistics agree within rounding with the default path's (the register kernel below
-    32K, the blocked one from it) but not bit for bit (another order of the row sums), while
+    rows the statistics agree within rounding with the other paths' (the stream's knob off: the
+    register kernel below 32K, the blocked one from it) but not bit for bit (another order of the
+    row sums), while
     residual_out, the same rounded sum on every path, is equal bit for bit. The default takes the
     stream for these rows from 32K, both norms (fwd_stream_from_default; NOTES P89), instead of
     the blocked kernel."""

@@ -1,8 +1,8 @@
 /*
  * Streamed cluster forward (sm_90): rows of a 16-bit x (and, in kRes builds, a residual and
- * residual_out of x's dtype) split over a thread-block cluster, each CTA owning a contiguous slice of tpr * NV 16-byte vectors of the row, the rows
- * streamed through a ring of shared-memory stages by cp.async, kFwdStreamDepth rows ahead of the
- * one reduced. The backward's recipe (norm_bwd_stream.cuh) for the forward.
+ * residual_out of x's dtype) split over a thread-block cluster, each CTA owning a contiguous
+ * slice of tpr * NV 16-byte vectors of the row, the rows streamed through a ring of
+ * shared-memory stages by cp.async, kFwdStreamDepth rows ahead of the one reduced. The backward's recipe (norm_bwd_stream.cuh) for the forward.
  *
  * Why: the register kernel's cluster rows (norm_fwd.cuh) load a row only after they stored the
  * previous one; at 2-3 CTAs of 8 warps per SM they wait on their own loads (ncu, RMSNorm 64K:
@@ -409,8 +409,9 @@ auto fwd_stream_kernel(bool rms, bool bias, bool res) -> void (*)(FwdArgs) {
  * two up to ctx.max_cluster, at least 2: the kernel's sends and barriers are cluster
  * instructions) whose CTAs of at most ctx.fwd_stream_threads threads (0: kFwdStreamThreadsDefault;
  * kRes: at most kFwdStreamResMaxThreads) hold the row at kFwdStreamNV vectors per thread, with a
- * ring of fwd_stream_stages stages that fits the opt-in shared memory. Returns false (nothing launched)
- * where it does not apply or fit; the caller's x / out allow 16-byte vector access. */
+ * ring of fwd_stream_stages stages that fits the opt-in shared memory. Returns false (nothing
+ * launched) where it does not apply or fit; the caller's x / out (and residual / residual_out)
+ * allow 16-byte vector access. */
 template <typename X, typename R, typename O>
 bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
   if constexpr (sizeof(X) == 2 && std::is_same<X, R>::value) {
