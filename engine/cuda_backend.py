@@ -401,7 +401,8 @@ def norm_fwd_stream_threads(n: int):
     CTAs of at most ``n`` threads (128, 256 or 512): its cluster is the smallest power of two
     whose CTAs of at most ``n`` threads hold the row at 32 values per thread, so a smaller ``n``
     means a larger cluster of smaller CTAs, more of them per SM. ``n = 0``, the default, is the
-    launcher's choice (benchmarks/NOTES.md P56). For tests and A/B benchmarks. Process-wide, not
+    launcher's choice (benchmarks/NOTES.md P56). With a residual the CTAs hold at most 256 threads
+    whatever ``n`` (their stages hold x and the residual; NOTES P89). For tests and A/B benchmarks. Process-wide, not
     thread-safe; restores the previous value on exit. A bad ``n`` raises ValueError at the call."""
     if type(n) is not int or n not in (0, 128, 256, 512):
         raise ValueError(f"norm_fwd_stream_threads: n must be 0, 128, 256 or 512, got {n!r}")
