@@ -109,6 +109,16 @@ def external_baseline(norm: str, n: int, copy: float):
     return m, x, w, b, scale, gb, ref
 
 
+def check_bytes(y, yt, ref):
+    """(transposed == rowwise.T bit for bit, the share of rowwise bytes equal to ``ref``, the
+    largest byte distance from it) of an FP8 + transposed output. Shared with ci/pc_exp.py."""
+    yu = y.view(torch.uint8)
+    t_ok = torch.equal(yt.view(torch.uint8), yu.t())
+    eq = (yu == ref).float().mean().item()
+    step = (yu.to(torch.int16) - ref.to(torch.int16)).abs().max().item()
+    return t_ok, eq, step
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--norms", nargs="*", default=["rms", "ln"])
@@ -159,10 +169,7 @@ def main() -> int:
             except Exception as e:  # noqa: BLE001
                 print(f"  rb{rb} w{nw} p{pps} band{band} tn{tn} {pol}: ERROR {str(e)[:160]}", flush=True)
                 continue
-            yu = y.view(torch.uint8)
-            t_ok = torch.equal(yt.view(torch.uint8), yu.t())
-            eq = (yu == ref).float().mean().item()
-            step = (yu.to(torch.int16) - ref.to(torch.int16)).abs().max().item()
+            t_ok, eq, step = check_bytes(y, yt, ref)
             us = device_us_per_call(f)
             pct = 100 * gb / (us * 1e-6) / copy
             print(f"  rb{rb} w{nw} p{pps} band{band} tn{tn} {pol}: {pct:5.1f} %  T==rowwise.T {t_ok}  "

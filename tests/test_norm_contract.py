@@ -200,6 +200,16 @@ def test_cluster_rows(is_rms, n, max_cluster):
         engine.backend.reset_for_tests()
 
 
+def bf16_rows(m, n, is_rms, residual=False):
+    """x, a residual (or None), gamma and (LayerNorm) beta: standard normal bf16 on DEVICE, drawn
+    in that order."""
+    x = torch.randn(m, n, device=DEVICE, dtype=BF16)
+    r = torch.randn(m, n, device=DEVICE, dtype=BF16) if residual else None
+    w = torch.randn(n, device=DEVICE, dtype=BF16)
+    b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
+    return x, r, w, b
+
+
 def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False):
     """CUDA: the forward's row statistics of 301 random rows of n to ``out_dtype`` (an FP8 dtype:
     delayed scaling, or with ``current`` current scaling, whose statistics pass writes them) under
@@ -211,9 +221,7 @@ def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False):
 
     use_backend("cuda")
     try:
-        x = torch.randn(301, n, device=DEVICE, dtype=BF16)
-        w = torch.randn(n, device=DEVICE, dtype=BF16)
-        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
+        x, _, w, b = bf16_rows(301, n, is_rms)
         stats = []
         for v in values:
             with contextlib.ExitStack() as stack:
@@ -468,10 +476,7 @@ def test_fwd_blocked_default(is_rms, n, res, rms_taken, ln_taken):
 
     use_backend("cuda")
     try:
-        x = torch.randn(64, n, device=DEVICE, dtype=BF16)
-        r = torch.randn(64, n, device=DEVICE, dtype=BF16) if res else None
-        w = torch.randn(n, device=DEVICE, dtype=BF16)
-        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
+        x, r, w, b = bf16_rows(64, n, is_rms, residual=res)
         outs = {}
         for v in (0, 32768, 1 << 30):
             with cuda_backend.norm_fwd_blocked_from(v), cuda_backend.norm_fwd_stream_from(1 << 30):
@@ -568,10 +573,7 @@ def test_fwd_stream_residual_taken(is_rms, n):
 
     use_backend("cuda")
     try:
-        x = torch.randn(301, n, device=DEVICE, dtype=BF16)
-        r = torch.randn(301, n, device=DEVICE, dtype=BF16)
-        w = torch.randn(n, device=DEVICE, dtype=BF16)
-        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
+        x, r, w, b = bf16_rows(301, n, is_rms, residual=True)
         runs = []
         for knob in (n, 1 << 30, 0):
             with cuda_backend.norm_fwd_stream_from(knob):
@@ -636,10 +638,7 @@ def test_fwd_grid_per_sm(is_rms, n):
 
     use_backend("cuda")
     try:
-        x = torch.randn(3001, n, device=DEVICE, dtype=BF16)
-        r = torch.randn(3001, n, device=DEVICE, dtype=BF16)
-        w = torch.randn(n, device=DEVICE, dtype=BF16)
-        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
+        x, r, w, b = bf16_rows(3001, n, is_rms, residual=True)
         ref = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
         for v in (1, 3, 16, 64):
             with cuda_backend.norm_fwd_grid_per_sm(v):
