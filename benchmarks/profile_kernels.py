@@ -2,7 +2,7 @@
 
 For each (norm, mode, impl, N) at M*N = 64M this prints the benchmark's own time (``harness.bench``:
 do_bench median, L2 flushed) beside the summed device time of every kernel one call launches (torch
-profiler, averaged over several calls), both as % of the copy bandwidth measured in the same run.
+profiler, the median over 15 calls), both as % of the copy bandwidth measured in the same run.
 Where the two differ the row is host-bound: the GPU waits for Python between kernels. With
 ``--graph`` also the time of one replay of the call captured as a CUDA graph (``harness.bench_graph``:
 the host's launch cost removed, the kernels' gaps on the GPU kept), as a user who captures the step
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import statistics
 import sys
 from pathlib import Path
 
@@ -30,15 +31,24 @@ from benchmarks import cases as C  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
 
 
-def device_us_per_call(fn, calls: int = 5) -> float:
-    """Summed device time of all kernels launched by one call (profiler; averaged over ``calls``)."""
+def device_us_per_call(fn, calls: int = 15) -> float:
+    """Summed device time of all kernels one call launches (profiler): the median over ``calls``
+    back-to-back calls. The kernels are split into calls by their order on the stream, so every
+    call must launch the same number of them; a call that does not raises RuntimeError. The
+    median, not the mean of 5 as before session 28: cells of unchanged kernels moved by up to 5
+    points between runs with the mean (benchmarks/NOTES.md, P89's outcome)."""
     H.sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         H.sync()
-    total = sum(e.device_time_total for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA)
-    return total / calls
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    per_call, rem = divmod(len(kernels), calls)
+    if rem or not per_call:
+        raise RuntimeError(f"device_us_per_call: {len(kernels)} device events over {calls} calls")
+    return statistics.median(sum(e.time_range.elapsed_us() for e in kernels[i:i + per_call])
+                             for i in range(0, len(kernels), per_call))
 
 
 def main(argv=None) -> int:
