@@ -89,8 +89,11 @@ def run(external: str) -> int:
     # a bf16 residual stream: by default the streamed kernel's kRes build takes these rows (x and
     # the residual copied into its stages, z written back over x's vectors; fwd_take_stream, NOTES
     # P89), with the stream off the blocked kernel (two 512-thread CTAs per SM, z packed;
-    # fwd_take_blocked), its chunk of 16K partly past the row at 40008
-    for (m, n), knob in itertools.product(((3, 32768), (3, 40008), (300, 32776)), (0, 1 << 30)):
+    # fwd_take_blocked), its chunk of 16K partly past the row at 40008; at 2K-8K the blocked
+    # kernel by default, in CTAs sized to the row (NOTES P91: 288 threads at 8200, the last warp
+    # partly past the row)
+    for (m, n), knob in itertools.product(((3, 32768), (3, 40008), (300, 32776), (300, 8200), (5, 2048)),
+                                          (0, 1 << 30)):
         with cuda_backend.norm_fwd_stream_from(knob):
             for is_rms in (True, False):
                 x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)

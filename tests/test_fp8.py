@@ -4,7 +4,8 @@ Exactness: a backend's FP8 bytes must equal torch's saturating round-to-nearest-
 *same backend's* fp32 output times the scale (run with out_dtype=fp32), bit for bit, where both
 outputs add a row's sums in one order (same_row_sums); amax must equal max|y| of that output and
 scale_inv = 1/scale exactly. Where they do not (Triton; CUDA's streamed forward at the widths it
-takes for FP8 outputs only) the bytes may differ from that cast by one step at rounding boundaries.
+takes for FP8 outputs only, and its blocked forward at the widths it takes for the fused residual
+add to other outputs only) the bytes may differ from that cast by one step at rounding boundaries.
 Against the float64 oracle the bytes may differ by one FP8 step where the fp32 value sits within
 rounding error of a tie between two FP8 values (the fp32 and float64 results round differently
 there), so that check allows one step.
@@ -55,16 +56,20 @@ def fp8_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordinal(a) - ordinal(b)).abs()
 
 
-def cuda_stream_fp8_only(is_rms, n, x_dtype=BF16, residual=False):
-    """Whether CUDA's forward, by default, takes its streamed cluster kernel for an FP8 output of
-    contiguous rows of n and not for an fp32 one (fwd_take_stream, engine/csrc/normalization/
-    norm_fwd_stream.cuh): FP8 outputs from 16K (RMSNorm) / 8K (LayerNorm), the others from 32K /
-    16K, where the kernel applies at all: a 16-bit x without a residual, rows of 16-byte vectors
-    (n a multiple of 8), a device with thread-block clusters (sm_90)."""
+def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False):
+    """Whether CUDA's forward, by default, takes another kernel for an FP8 output of contiguous
+    rows of n than for an fp32 one. Without a residual: its streamed cluster kernel for FP8
+    outputs from 16K (RMSNorm) / 8K (LayerNorm), for the others from 32K / 16K (fwd_take_stream,
+    engine/csrc/normalization/norm_fwd_stream.cuh), on a device with thread-block clusters
+    (sm_90). With a residual of x's dtype (``residual``): at 2K-8K the blocked kernel for the
+    fp32 output and the register kernel for an FP8 one (fwd_take_blocked, norm_fwd_launch.cuh;
+    NOTES P91). Both only for a 16-bit x and rows of 16-byte vectors (n a multiple of 8)."""
+    if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
+        return False
+    if residual:
+        return 2048 <= n < 16384
     fp8_from, other_from = (16384, 32768) if is_rms else (8192, 16384)
-    return (ON_GPU and torch.cuda.get_device_capability()[0] >= 9
-            and x_dtype in (BF16, torch.float16) and not residual and n % 8 == 0
-            and fp8_from <= n < other_from)
+    return torch.cuda.get_device_capability()[0] >= 9 and fp8_from <= n < other_from
 
 
 def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
@@ -72,9 +77,10 @@ def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
     rows of n of ``x_dtype`` with or without a residual, at the default launch knobs.
 
     The reference does by construction. CUDA does (one thread layout per row width, whatever the
-    output) except where its streamed kernel takes the FP8 output and not the fp32 one
-    (cuda_stream_fp8_only: RMSNorm 16K-32K, LayerNorm 8K-16K; NOTES P59/P67/P68), whose sums
-    over warps and CTAs add in another order than the register path's. Triton does not: its tiles
+    output) except where the FP8 output takes another kernel than the fp32 one
+    (cuda_fp8_own_path: without a residual its streamed kernel for FP8 only at RMSNorm 16K-32K,
+    LayerNorm 8K-16K, NOTES P59/P67/P68; with a residual of x's dtype its blocked kernel for the
+    fp32 output only at 2K-8K, NOTES P91), whose sums add in another order. Triton does not: its tiles
     are tuned per output kind (engine.triton_kernels.norms_common), and even where the FP8 tile's
     shape equals the high-precision one, Triton lays the FP8 tile out with 16 values per thread
     (its store's 16-byte vectors) against 8 for a bf16 input with a 16- or 32-bit output, so
@@ -84,7 +90,7 @@ def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
     """
     if backend == "triton":
         return False
-    return not (backend == "cuda" and cuda_stream_fp8_only(is_rms, n, x_dtype, residual))
+    return not (backend == "cuda" and cuda_fp8_own_path(is_rms, n, x_dtype, residual))
 
 
 def assert_cast_of(data, y32, scale, bias, *, exact):
@@ -284,6 +290,43 @@ def test_fp8_stream_fp8_widths(is_rms, n, fp8_dtype):
         td = call(is_rms, x, w, b, quantizer=qd)
         assert torch.equal(td.data.view(torch.uint8), tc.data.view(torch.uint8))
         assert qd.amax.item() == qc.amax.item()
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [2048, 4096, 8200])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
+    """By default the CUDA forward takes its blocked kernel for the fused residual add of a 16-bit x
+    at 2K-8K to a non-FP8 output, and its register kernel for an FP8 one (fwd_take_blocked; NOTES
+    P91; 8200 leaves the last chunk partly past the row). Over 67 rows with a bf16 residual: the
+    fp32 output is the blocked kernel's (the knob at n) bit for bit and not the register kernel's
+    (the knob at 1 << 30); the FP8 bytes, delayed scaling, are the exact cast of the register
+    kernel's fp32 output with its exact amax, and within one step of the default fp32 output's
+    cast at rounding boundaries only; residual_out is the same rounded sum on every path."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        assert not same_row_sums("cuda", is_rms, n, residual=True)  # the case this test is for
+        x, w, b = inputs(67, n, is_rms)
+        r = torch.randn_like(x)
+        z = (x.float() + r.float()).to(x.dtype)
+        y32, ro = call(is_rms, x, w, b, residual=r, out_dtype=F32)
+        with cuda_backend.norm_fwd_blocked_from(n):
+            y32b, rob = call(is_rms, x, w, b, residual=r, out_dtype=F32)
+        with cuda_backend.norm_fwd_blocked_from(1 << 30):
+            y32r, ror = call(is_rms, x, w, b, residual=r, out_dtype=F32)
+        assert torch.equal(ro, z) and torch.equal(rob, z) and torch.equal(ror, z)
+        assert torch.equal(y32, y32b) and not torch.equal(y32, y32r)
+        q = delayed(fp8_dtype, scale=3.0, amax=0.25)
+        t, rot = call(is_rms, x, w, b, residual=r, quantizer=q)
+        assert torch.equal(rot, z)
+        assert_cast_of(t.data, y32r, 3.0, b, exact=True)
+        assert q.amax.item() == max(0.25, y32r.abs().max().item())
+        assert_cast_of(t.data, y32, 3.0, b, exact=False)
     finally:
         engine.backend.reset_for_tests()
 

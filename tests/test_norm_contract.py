@@ -406,12 +406,15 @@ def test_fwd_vector_layouts(is_rms, vectors, n):
     thread) against float64 with poisoned outputs: bf16 with a bias and a bf16 residual, fp16 with
     zero-centred gamma; 0 is the default (4 at 1024 and 1032 for bf16, 8 otherwise). 1032 and 2056
     leave a row group's last lanes partly idle; 16384 at 4 vectors would need 512 threads and keeps
-    8. 301 rows: CTAs loop over several row blocks."""
+    8. 301 rows: CTAs loop over several row blocks. The blocked and streamed kernels are off (by
+    default the residual rows take the blocked kernel at 2K-8K and the stream from 16K, LayerNorm
+    the stream from 16K without one), so that every row here runs the register path."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
-        with cuda_backend.norm_fwd_vectors(vectors):
+        with cuda_backend.norm_fwd_vectors(vectors), cuda_backend.norm_fwd_blocked_from(1 << 30), \
+                cuda_backend.norm_fwd_stream_from(1 << 30):
             check_fwd(is_rms, 301, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
             check_fwd(is_rms, 301, n, F16, F16, F32, zcg=True)
     finally:
@@ -435,8 +438,9 @@ def test_fwd_blocked_from(is_rms, blocked_from, n):
     bf16 residual (z packed, two CTAs per SM), fp16 with zero-centred gamma to fp32, fp32 x (z
     as packed floats); an fp32 residual stream under bf16 x keeps the other paths (z is not x's
     dtype) and must still be right. 24584: two chunks, the second partly past the row; 301
-    rows: CTAs loop over rows. 1 << 30 gives no row the blocked kernel, so 1024-32768 then run
-    the register path and clusters."""
+    rows: CTAs loop over rows; 1024 and 4104 run CTAs sized to the row (32 and 160 threads: one
+    warp, and warps not a power of two). 1 << 30 gives no row the blocked kernel, so 1024-32768
+    then run the register path and clusters."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -454,37 +458,40 @@ def test_fwd_blocked_from(is_rms, blocked_from, n):
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [8192, 65536])
 def test_fwd_blocked_from_taken(is_rms, n):
-    """The knob changes the path (the blocked kernel adds a row's values in chunks of 16K over
-    512 threads; the register path and the clusters in their own orders), over 301 rows."""
+    """The knob changes the path (the blocked kernel adds a row's values in chunks of up to 16K
+    over CTAs sized to the row, at most 512 threads; the register path and the clusters in their
+    own orders), over 301 rows."""
     check_knob_changes_path(is_rms, n, "norm_fwd_blocked_from", (n, 1 << 30))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n,res,rms_taken,ln_taken", [
-    (32768, True, True, True), (131072, True, True, True), (16384, True, False, False),
-    (32768, False, False, False), (65536, False, False, False)])
-def test_fwd_blocked_default(is_rms, n, res, rms_taken, ln_taken):
-    """By default (fwd_take_blocked, 16-bit outputs) the fused residual add takes the blocked
-    kernel from 32K where the streamed kernel does not take it (here: the stream's knob off; a
-    residual of x's dtype streams from 32K by default, test_fwd_stream_residual_taken) and no row
-    without it does (RMSNorm 32K moved to its 2-CTA cluster when the cluster's exchange became
-    st.async: NOTES P53): the same bits as the knob at 32K where taken, the bits of the knob off
-    elsewhere (which differ from the blocked kernel's)."""
-    taken = rms_taken if is_rms else ln_taken
+@pytest.mark.parametrize("n,res,taken", [
+    (1536, True, False), (2048, True, True), (4096, True, True), (8200, True, True),
+    (16384, True, False), (32768, True, True), (131072, True, True),
+    (4096, False, False), (32768, False, False), (65536, False, False)])
+def test_fwd_blocked_default(is_rms, n, res, taken):
+    """By default (fwd_take_blocked, 16-bit outputs) the fused residual add of a 16-bit x takes the
+    blocked kernel at 2K-8K (NOTES P91) and from 32K where the streamed kernel does not take it
+    (here: the stream's knob off; a residual of x's dtype streams from 16K by default,
+    test_fwd_stream_residual_taken), not at 1536 or 16K (the register kernel there with the stream
+    off), and no row without a residual does (RMSNorm 32K moved to its 2-CTA cluster when the
+    cluster's exchange became st.async: NOTES P53): the same bits as the knob at n where taken,
+    the bits of the knob off elsewhere, which differ from the blocked kernel's at these widths.
+    An FP8 output with a residual keeps the register kernel at 2K-8K
+    (test_fp8.py::test_fp8_residual_blocked_widths)."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
         x, r, w, b = bf16_rows(64, n, is_rms, residual=res)
         outs = {}
-        for v in (0, 32768, 1 << 30):
+        for v in (0, n, 1 << 30):
             with cuda_backend.norm_fwd_blocked_from(v), cuda_backend.norm_fwd_stream_from(1 << 30):
                 out, _, mu, rsigma = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
             outs[v] = rsigma if is_rms else torch.cat([mu, rsigma])
-        assert torch.equal(outs[0], outs[32768 if taken else 1 << 30])
-        if n >= 32768:  # the knob at 32K takes these rows to the blocked kernel, res or not
-            assert not torch.equal(outs[32768], outs[1 << 30])
+        assert not torch.equal(outs[n], outs[1 << 30])
+        assert torch.equal(outs[0], outs[n if taken else 1 << 30])
     finally:
         engine.backend.reset_for_tests()
 
@@ -562,13 +569,13 @@ def test_fwd_stream(is_rms, threads, n):
 @pytest.mark.parametrize("n", [8192, 16384, 32768, 131072])
 def test_fwd_stream_residual_taken(is_rms, n):
     """A row with a residual of x's dtype takes the streamed kernel under its knob
-    (norm_fwd_stream_from(n)), before the blocked kernel of the residual rows from 32K: over 301
-    rows the statistics agree within rounding with the other paths' (the stream's knob off: the
-    register kernel below 32K, the blocked one from it) but not bit for bit (another order of the
-    row sums), while
+    (norm_fwd_stream_from(n)), before the blocked kernel of the residual rows: over 301 rows the
+    statistics agree within rounding with the other paths' (the stream's knob off: the blocked
+    kernel at 8K and from 32K, the register kernel at 16K) but not bit for bit (another order of
+    the row sums), while
     residual_out, the same rounded sum on every path, is equal bit for bit. The default takes the
-    stream for these rows from 32K, both norms (fwd_stream_from_default; NOTES P89), instead of
-    the blocked kernel."""
+    stream for these rows from 16K, both norms (fwd_stream_from_default; NOTES P89, P90), instead of
+    the register kernel at 16K and the blocked kernel from 32K."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -583,7 +590,7 @@ def test_fwd_stream_residual_taken(is_rms, n):
         assert torch.equal(ro_s, residual_sum(x, r)) and torch.equal(ro_o, ro_s) and torch.equal(ro_d, ro_s)
         torch.testing.assert_close(st_s, st_o, rtol=1e-5, atol=1e-6)
         assert not torch.equal(st_s, st_o)
-        assert torch.equal(st_d, st_s if n >= 32768 else st_o)
+        assert torch.equal(st_d, st_s if n >= 16384 else st_o)
     finally:
         engine.backend.reset_for_tests()
 
@@ -633,20 +640,23 @@ def test_fwd_grid_per_sm(is_rms, n):
     more than fit an SM queue for the block scheduler) against float64 with poisoned outputs over
     3001 rows, so that CTAs loop over many row blocks and the grid's last CTAs get fewer; and bit
     for bit against the default grid: the grid must change no row's arithmetic (y, statistics,
-    residual_out; the FP8 output and amax: test_fp8.py::test_fp8_grid_per_sm)."""
+    residual_out; the FP8 output and amax: test_fp8.py::test_fp8_grid_per_sm). The blocked and
+    streamed kernels are off: by default a bf16 residual takes the blocked kernel at 2K-8K (NOTES
+    P91) and the stream from 16K (P90), so that every width here runs the register path."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
-        x, r, w, b = bf16_rows(3001, n, is_rms, residual=True)
-        ref = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
-        for v in (1, 3, 16, 64):
-            with cuda_backend.norm_fwd_grid_per_sm(v):
-                check_fwd(is_rms, 3001, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
-                got = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
-            for a, e in zip(got, ref):
-                if e is not None:
-                    assert torch.equal(a, e), v
+        with cuda_backend.norm_fwd_blocked_from(1 << 30), cuda_backend.norm_fwd_stream_from(1 << 30):
+            x, r, w, b = bf16_rows(3001, n, is_rms, residual=True)
+            ref = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
+            for v in (1, 3, 16, 64):
+                with cuda_backend.norm_fwd_grid_per_sm(v):
+                    check_fwd(is_rms, 3001, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
+                    got = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
+                for a, e in zip(got, ref):
+                    if e is not None:
+                        assert torch.equal(a, e), v
     finally:
         engine.backend.reset_for_tests()
 

@@ -178,10 +178,17 @@ engine_status launch_fwd_blocked(const FwdArgs& a, const LaunchCtx& ctx, int blo
   return ENGINE_SUCCESS;
 }
 
-/* The vector blocked kernel: 4 vectors of 16 bytes per thread and chunk, 512 threads. */
+/* The vector blocked kernel: 4 vectors of 16 bytes per thread and chunk; CTAs sized to the row
+ * (whole warps, one chunk per row) up to 512 threads, so that a row narrower than 512 x 4 vectors
+ * (16K of a 16-bit x) leaves no thread idle and more CTAs share an SM (NOTES P91: the knob's rows
+ * of 2K-8K, where 512-thread CTAs ran 3/4 of their threads masked). Rows of 16K and more: 512. */
 template <typename X, typename R, typename O, typename W, int kNorm>
 engine_status launch_fwd_blocked_vec(const FwdArgs& a, const LaunchCtx& ctx) {
-  return launch_fwd_blocked<X, R, O, 16 / sizeof(X), 4, W, kNorm>(a, ctx, kMaxRowThreads);
+  constexpr int VEC = 16 / sizeof(X);
+  constexpr int NVB = 4;
+  const int want = (int)round_up(ceil_div(a.cols, VEC * NVB), 32);
+  const int block = want < kMaxRowThreads ? want : kMaxRowThreads;
+  return launch_fwd_blocked<X, R, O, VEC, NVB, W, kNorm>(a, ctx, block);
 }
 
 template <typename X, typename R, typename O, typename W>
@@ -211,27 +218,36 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
 /* Whether the forward takes the blocked kernel over the register path or a cluster (where x and z
  * share a dtype and allow 16-byte vectors): from engine_set_norm_fwd_blocked_from's width where
  * it is set, else by the widths where it measured faster on the H200 (benchmarks/NOTES.md, P44,
- * P45 and P53; kernel time, % of copy, register path / clusters -> blocked):
+ * P45, P53 and P91; kernel time, % of copy, register path / clusters -> blocked):
+ *   - the fused residual add of a 16-bit x to a 16-bit or fp32 output at 2K-8K (P91, CTAs sized
+ *     to the row, means of two alternations): RMSNorm 2K / 4K / 8K 89.5 / 88.7 / 86.5 -> 91.2 /
+ *     89.4 / 90.0, LayerNorm 88.5 / 86.2 / 83.5 -> 90.8 / 90.0 / 86.8 (at 16K a tie with the
+ *     streamed kernel, which runs there). Not to an FP8 output: the blocked kernel's general FP8
+ *     epilogue lost 14-23 points there to the register kernel's fast FP8 loop (P91: RMSNorm e4m3
+ *     89.6 -> 75.8 at 2K), so at 2K-8K an FP8 output with a residual is within one FP8 step of
+ *     the cast of the same call's fp32 output (another order of the row's sums), not its exact
+ *     cast (tests/test_fp8.py::same_row_sums);
  *   - the fused residual add from 32K (pass 1 writes residual_out, pass 2 re-reads it from L2):
  *     RMSNorm 32K / 64K / 128K 70 / 68 / 65 -> 82 / 75 / 75, LayerNorm 65 / 61 / 57 -> 73 / 69
  *     / 71 with the clusters' old barrier per row; with their st.async exchange (P53) the
  *     clusters read 80 / 74 / 72 and 75 / 67 / 60 (not measured in the same call as the blocked
- *     rows: kept);
+ *     rows: kept); the streamed kernel takes these rows first (from 16K, P89 / P90) on sm_90;
  *   - never RMSNorm or LayerNorm without it: RMSNorm 32K took the blocked kernel while the
  *     cluster's barrier per row cost it (bf16 out 75 -> 78), and the st.async exchange turned
  *     that round (P53, one call: clusters 81.3 / 82.3 against blocked 77.8 / 76.8); LayerNorm's
- *     per-chunk Chan merge never won (57 M instructions against RMSNorm's 37 M at 32K, ncu).
- * Not the output dtype: the path fixes the order of a row's sums, and one path for every output
- * keeps an FP8 output the exact cast of the same call's fp32 output (tests/test_fp8.py). Rows of
- * 16K stay on the register path (one CTA per row; by 0 to 20 points). Where the streamed forward
- * applies (a 16-bit x without a residual, from 32K, LayerNorm from 16K; FP8 outputs from 16K,
- * LayerNorm from 8K, where they are within one FP8 step of the fp32 output's cast instead:
- * fwd_take_stream, NOTES P59/P67/P68 measurements (RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm 8K
- * e4m3 60.5 -> 68.3); a residual of x's dtype from 32K, NOTES P89) it runs instead of both,
- * unless this says blocked (the knob). */
-inline bool fwd_take_blocked(int cols, bool has_res, int knob) {
+ *     per-chunk Chan merge never won (57 M instructions against RMSNorm's 37 M at 32K, ncu); with
+ *     CTAs sized to the row the plain forward lost 3-10 points at 2K-8K (P91).
+ * From 32K not the output dtype: there the path fixes the order of a row's sums for every output,
+ * and an FP8 output stays the exact cast of the same call's fp32 output (tests/test_fp8.py). Where
+ * the streamed forward applies (a 16-bit x without a residual, from 32K, LayerNorm from 16K; FP8
+ * outputs from 16K, LayerNorm from 8K, where they are within one FP8 step of the fp32 output's
+ * cast instead: fwd_take_stream, NOTES P59/P67/P68 measurements (RMSNorm 16K e4m3 75.0 -> 81.7,
+ * LayerNorm 8K e4m3 60.5 -> 68.3); a residual of x's dtype from 16K, NOTES P89 / P90) it runs
+ * instead of both, unless this says blocked (the knob). */
+inline bool fwd_take_blocked(int cols, bool has_res, int knob, bool fp8_out, bool x16) {
   if (knob != 0) return cols >= knob;
-  return has_res && cols >= 32768;
+  if (!has_res) return false;
+  return cols >= 32768 || (x16 && !fp8_out && cols >= 2048 && cols < 16384);
 }
 
 /*
@@ -260,9 +276,9 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   a.gb_off = -1; /* launch_fwd_reg decides */
   const bool wide_blocked =
       vec && fwd_blocked_packed<X, R, VEC>() &&
-      fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from);
+      fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from, is_fp8_v<O>, sizeof(X) == 2);
   /* the streamed cluster kernel where it applies (fwd_take_stream), before the blocked kernel that
-   * a residual row takes by default from 32K (not before the blocked knob) */
+   * a residual row takes by default (not before the blocked knob) */
   if (vec && (!wide_blocked || (a.residual != nullptr && ctx.fwd_blocked_from == 0))) {
     engine_status st = ENGINE_SUCCESS;
     if (launch_fwd_stream<X, R, O>(a, ctx, &st)) return st;

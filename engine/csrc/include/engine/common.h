@@ -75,11 +75,12 @@ int engine_set_norm_bwd_cta_threads(int n);
 int engine_set_norm_fwd_general_loop(int n);
 
 /* Row width from which the norm forward takes its blocked kernel (two passes over the row, the
- * second re-reading it from L2; 512-thread CTAs, two per SM) where x and the residual stream share
- * a dtype and allow 16-byte vectors, instead of the register path or a thread-block cluster:
- * n > 0 from n columns (a width past every row, e.g. 1 << 30: never, the paths before session
- * 15), 0 (the default) the launcher's choice (norm_fwd_launch.cuh: fwd_take_blocked: the fused
- * residual add from 32K). For A/B runs
+ * second re-reading it from L2; CTAs sized to the row, at most 512 threads) where x and the
+ * residual stream share a dtype and allow 16-byte vectors, instead of the register path or a
+ * thread-block cluster: n > 0 from n columns (a width past every row, e.g. 1 << 30: never, the
+ * paths before session 15), 0 (the default) the launcher's choice (norm_fwd_launch.cuh:
+ * fwd_take_blocked: the fused residual add of a 16-bit x to a non-FP8 output at 2K-8K, and
+ * from 32K where the streamed kernel does not take it). For A/B runs
  * of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
  * nothing) for n < 0. */
 int engine_set_norm_fwd_blocked_from(int n);
@@ -115,7 +116,7 @@ int engine_set_norm_bwd_stream_threads(int n);
  * (cp.async) while it reduces one and writes an earlier one (norm_fwd_stream.cuh). n > 0 from n
  * columns for every output dtype (e.g. 1 << 30: never, the paths before session 18), 0 (the
  * default) the launcher's choice (fwd_take_stream: RMSNorm from 32K, LayerNorm from 16K; a
- * residual of x's dtype from 32K, NOTES P89; FP8 outputs, both scalings, from 16K
+ * residual of x's dtype from 16K, NOTES P89 / P90; FP8 outputs, both scalings, from 16K
  * and 8K, NOTES P59/P67/P68 measurements (RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm 8K e4m3 60.5
  * -> 68.3), where an FP8 output is then within one FP8 step of the fp32 output's cast instead of
  * its exact cast). For A/B runs of the paths on one device. Process-wide; returns the previous
