@@ -835,6 +835,78 @@ def test_gpu_large(backend, is_rms):
     assert not torch.isnan(out).any()
 
 
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("x_dtype,res_dtype", [(BF16, BF16), (F32, F32), (BF16, F32)])
+@pytest.mark.parametrize("block_m", [1, 2])
+@pytest.mark.parametrize("block_n", [128, 512])
+def test_triton_blocked_residual(is_rms, x_dtype, res_dtype, block_m, block_n):
+    """Triton's blocked forward with a residual under an explicit config: 5 rows of 300 in chunks of
+    128 (two whole chunks and a masked tail) or one chunk of 512; with 2-row tiles the last tile
+    half past M. Pass 1 stores residual_out; over several chunks pass 2, LayerNorm's centred pass
+    (rows of mean 3 against a spread of about 1.4: past _ln_one_pass's line) and current scaling's
+    amax pass read it back instead of x and the residual (norms._reload_z, NOTES P92), over one
+    chunk they re-read x and the residual. Against float64 with poisoned outputs: residual_out bit
+    for bit, y and the statistics; current scaling's amax, scale and bytes (at most one FP8 step
+    from the oracle's cast, the output pass normalising residual_out)."""
+    from engine.triton_kernels import norms
+    from engine.triton_kernels import norms_common as nc
+
+    use_backend("triton")
+    try:
+        m, n = 5, 300
+        cfg = nc.NormConfig(block_m, block_n, True, 4, 1)
+        assert norms._reload_res(cfg, n, True) == (block_n < n)
+        x = rows_with_stride(m, n, x_dtype, offset=0.0 if is_rms else 3.0)
+        r = rows_with_stride(m, n, res_dtype)
+        w = (torch.randn(n, device=DEVICE) * 0.5 + 1.0).to(x_dtype)
+        b = None if is_rms else torch.randn(n, device=DEVICE).to(x_dtype)
+        z = residual_sum(x, r)
+        ref = ref_fwd(z, w, b, 1e-5, is_rms)
+        for out_dtype in (F32, torch.float8_e4m3fn):
+            fp8 = out_dtype != F32
+            out = poisoned((m, n), out_dtype)
+            res_out = poisoned((m, n), res_dtype)
+            mu = poisoned((m,), F32) if not is_rms else None
+            rsigma = poisoned((m,), F32)
+            scale = torch.ones(1, device=DEVICE) if fp8 else None
+            amax = torch.zeros(1, device=DEVICE) if fp8 else None
+            scale_inv = poisoned((1,), F32) if fp8 else None
+            norms.launch_fwd(x, w, b, r, 1e-5, out, res_out, mu, rsigma, scale, amax, scale_inv, None,
+                             is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=fp8,
+                             amax_epsilon=0.0, sm_margin=0, config=cfg)
+            assert torch.equal(res_out, z)
+            torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+            if not is_rms:
+                torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+            if not fp8:
+                torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
+                continue
+            ref_amax = ref["y"].abs().max().item()
+            assert amax.item() == pytest.approx(ref_amax, rel=1e-4)
+            fmax = torch.finfo(out_dtype).max
+            assert scale.item() == pytest.approx(fmax / ref_amax, rel=1e-4)
+            oracle = (ref["y"] * scale.item()).clamp(-fmax, fmax).float().to(out_dtype)
+
+            def ordinal(t):
+                u = t.view(torch.uint8).to(torch.int32)
+                return torch.where(u & 0x80 != 0, -(u & 0x7F), u & 0x7F)
+            assert (ordinal(out) - ordinal(oracle)).abs().max().item() <= 1
+        if x_dtype == res_dtype and norms._reload_res(cfg, n, True):
+            # residual_out over x itself: what pass 2 reads is then only in residual_out (x + r
+            # re-read there would add r twice); a white-box check of the read, not an API use
+            xz = x.clone()
+            out = poisoned((m, n), F32)
+            mu = poisoned((m,), F32) if not is_rms else None
+            rsigma = poisoned((m,), F32)
+            norms.launch_fwd(xz, w, b, r, 1e-5, out, xz, mu, rsigma, None, None, None, None,
+                             is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
+                             amax_epsilon=0.0, sm_margin=0, config=cfg)
+            assert torch.equal(xz, z)
+            torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
+    finally:
+        engine.backend.reset_for_tests()
+
+
 def test_unmasked_tiles_only_where_every_tile_is_inside():
     """Triton's forward drops its masks (EVEN) only for one-row tiles over whole column tiles, and
     only for LayerNorm without a residual (norms._lean): a wrong EVEN reads and writes outside

@@ -142,13 +142,15 @@ _LN_FWD_OVERRIDES = {
     131072: NormConfig(1, 32768, True, 16, 8, 1),
 }
 # The fused residual add (16-bit or fp32 output) where its entry differs from the plain forward's,
-# by norm (True: RMSNorm): the blocked path's second pass re-reads x and the residual, so register
-# tiles stay there. RMSNorm 16K-32K (timed table at 4748fbf: residual RMSNorm fwd 16K / 32K 93 / 84
-# % -> 88 / 80 % with the blocked entries above; h200_ab_triton_res_blocked.log); LayerNorm 4K,
-# the tile P84 replaced for the plain forward (the residual form lost 91.8 -> 88.2 % with the
-# blocked one, h200_ab_s25_p84.log).
+# by norm (True: RMSNorm): register tiles where the blocked path measured slower. RMSNorm 16K
+# (timed table at 4748fbf: residual RMSNorm fwd 16K / 32K 93 / 84 % -> 88 / 80 % with the blocked
+# entries above, when pass 2 re-read x and the residual; h200_ab_triton_res_blocked.log); at 32K,
+# since pass 2 reads residual_out (NOTES P92), the blocked entry wins instead (kernel time, two
+# calls of two alternations: 87.0 / 87.5 -> 88.6 / 89.0 %; h200_ab_s28_p92*.log), at 16K not
+# (95.7 -> 95.8, 95.9 -> 93.8). LayerNorm 4K, the tile P84 replaced for the plain forward (the
+# residual form lost 91.8 -> 88.2 % with the blocked one, h200_ab_s25_p84.log).
 _RES_FWD_OVERRIDES = {
-    True: {16384: NormConfig(2, 16384, False, 32, 8), 32768: NormConfig(1, 32768, False, 32, 2)},
+    True: {16384: NormConfig(2, 16384, False, 32, 8)},
     False: {4096: NormConfig(4, 4096, False, 8, 8)},
 }
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
