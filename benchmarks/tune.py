@@ -6,8 +6,9 @@ Usage (repository root)::
     python benchmarks/tune.py --dry-run                            # CPU, Triton interpreter, tiny shapes
 
 Ops: ``fwd`` (bf16 -> bf16), ``bwd`` (dx, dweight; the partial-dW reduce included), ``fwd-fp8``
-(bf16 -> e4m3 rowwise, delayed scaling) and ``fwd-fp8T`` (bf16 -> e4m3 rowwise + transposed, the
-in-kernel transpose path, delayed scaling). Each candidate is
+(bf16 -> e4m3 rowwise, delayed scaling), ``fwd-fp8T`` (bf16 -> e4m3 rowwise + transposed, the
+in-kernel transpose path, delayed scaling) and ``fwd-res`` (bf16 x + a bf16 residual -> bf16 y and
+residual_out, the candidates of ``fwd``). Each candidate is
 launched through ``engine.triton_kernels.norms.launch_fwd`` / ``launch_bwd`` with ``config=``, its
 output poisoned beforehand and checked against ``engine.reference`` (fp32) afterwards, then timed
 with do_bench (median). Search: stage 1 over (block_m, block_n, blocked, num_warps) at two programs
@@ -55,7 +56,7 @@ from engine.triton_kernels import norms  # noqa: E402
 from engine.triton_kernels import norms_common as nc  # noqa: E402
 from engine.triton_kernels.norms_common import NormConfig  # noqa: E402
 
-OPS = ("fwd", "bwd", "fwd-fp8", "fwd-fp8T")
+OPS = ("fwd", "bwd", "fwd-fp8", "fwd-fp8T", "fwd-res")
 FP8 = torch.float8_e4m3fn
 TOL = {"y": 1e-2, "dx": 1e-2, "dw": 1e-2, "db": 1e-2, "q": 0.1, "qt": 0.0}
 
@@ -122,7 +123,8 @@ def candidates(op: str, n: int, dry: bool, kinds: str = "all") -> list:
                 for w in (4, 8):
                     out.append(NormConfig(bm, min(bn, p2), n > min(bn, p2), w, 2))
     else:
-        max_tile, (lo, hi) = {"fwd": (32768, (8, 64)), "fwd-fp8": (32768, (4, 32))}.get(op, (16384, (4, 32)))
+        max_tile, (lo, hi) = {"fwd": (32768, (8, 64)), "fwd-res": (32768, (8, 64)),
+                              "fwd-fp8": (32768, (4, 32))}.get(op, (16384, (4, 32)))
         if p2 <= max_tile:
             for bm in (1, 2, 4, 8, 16):
                 if bm * p2 <= max_tile:
@@ -145,7 +147,8 @@ def candidates(op: str, n: int, dry: bool, kinds: str = "all") -> list:
 def heuristic(op: str, n: int, rms: bool) -> NormConfig:
     if op == "bwd":
         return nc.bwd_config(n, torch.bfloat16, rms)
-    return nc.fwd_config(n, torch.bfloat16, op == "fwd-fp8T", fp8=op.startswith("fwd-fp8"), rms=rms)
+    return nc.fwd_config(n, torch.bfloat16, op == "fwd-fp8T", fp8=op.startswith("fwd-fp8"), rms=rms,
+                         residual=op == "fwd-res")
 
 
 class Problem:
@@ -155,15 +158,18 @@ class Problem:
         self.op, self.m, self.n, self.rms = op, m, n, rms
         inp = C.make_inputs("rmsnorm" if rms else "layernorm", "fwd+bwd", m, n, dev)
         self.x, self.w, self.b, self.dy = inp["x"], inp["w"], inp.get("b"), inp["dy"]
+        # fwd-res: a bf16 residual; the norm's input is z = x + r rounded (residual_out)
+        self.r = torch.randn_like(self.x) if op == "fwd-res" else None
+        self.res_out = torch.empty_like(self.x) if op == "fwd-res" else None
         self.eps = C.RMS_EPS if rms else C.LN_EPS
         f32 = dict(dtype=torch.float32, device=dev)
         self.mu = None if rms else torch.empty(m, **f32)
         self.rsigma = torch.empty(m, **f32)
         self.y_ref = torch.empty(m, n, **f32)
         self._ref_fwd(self.y_ref)
-        if op == "fwd":
+        if op in ("fwd", "fwd-res"):
             self.out = torch.empty(m, n, dtype=torch.bfloat16, device=dev)
-            self.nbytes = H.bytes_norm_fwd(m, n, bias=not rms)
+            self.nbytes = H.bytes_norm_fwd(m, n, bias=not rms, residual=2 if op == "fwd-res" else None)
         elif op in ("fwd-fp8", "fwd-fp8T"):
             self.scale = torch.full((1,), C.DELAYED_SCALE, **f32)
             self.amax = torch.zeros(1, **f32)
@@ -184,8 +190,9 @@ class Problem:
             self.nbytes = H.bytes_norm_bwd(m, n, bias=not rms)
 
     def _ref_fwd(self, out: torch.Tensor) -> None:
-        reference.norm_fwd(self.x, self.w, self.b, None, self.eps, out, None, self.mu, self.rsigma, None,
-                           None, None, None, is_rms_norm=self.rms, zero_centered_gamma=False,
+        res_out = None if self.r is None else torch.empty_like(self.x)
+        reference.norm_fwd(self.x, self.w, self.b, self.r, self.eps, out, res_out, self.mu, self.rsigma,
+                           None, None, None, None, is_rms_norm=self.rms, zero_centered_gamma=False,
                            current_scaling=False, amax_epsilon=0.0, sm_margin=0)
 
     def run(self, cfg: NormConfig) -> None:
@@ -196,13 +203,16 @@ class Problem:
             return
         fp8 = self.op.startswith("fwd-fp8")
         norms.launch_fwd(
-            self.x, self.w, self.b, None, self.eps, self.q if fp8 else self.out, None, self.mu, self.rsigma,
+            self.x, self.w, self.b, self.r, self.eps, self.q if fp8 else self.out, self.res_out, self.mu,
+            self.rsigma,
             self.scale if fp8 else None, self.amax if fp8 else None, self.scale_inv if fp8 else None,
             self.qt if self.op == "fwd-fp8T" else None, current_scaling=False, amax_epsilon=0.0, **kw)
 
     def poison(self) -> None:
-        if self.op == "fwd":
+        if self.op in ("fwd", "fwd-res"):
             self.out.fill_(float("nan"))
+            if self.res_out is not None:
+                self.res_out.fill_(float("nan"))
         elif self.op == "bwd":
             for t in (self.dx, self.dw, self.db):
                 if t is not None:
@@ -213,7 +223,7 @@ class Problem:
                 self.qt.view(torch.uint8).fill_(0x7F)
 
     def errors(self) -> dict:
-        if self.op == "fwd":
+        if self.op in ("fwd", "fwd-res"):
             return {"y": C._rel(self.out, self.y_ref)}
         if self.op == "bwd":
             errs = {"dx": C._rel(self.dx, self.dx_ref), "dw": C._rel(self.dw, self.dw_ref)}
