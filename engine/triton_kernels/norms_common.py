@@ -149,9 +149,17 @@ _LN_FWD_OVERRIDES = {
 # calls of two alternations: 87.0 / 87.5 -> 88.6 / 89.0 %; h200_ab_s28_p92*.log), at 16K not
 # (95.7 -> 95.8, 95.9 -> 93.8). LayerNorm 4K, the tile P84 replaced for the plain forward (the
 # residual form lost 91.8 -> 88.2 % with the blocked one, h200_ab_s25_p84.log).
+# Re-tuned after P92 (tune.py --ops fwd-res, h200_tune_res_*_s28.log; entries over 5 % better
+# than the heuristic's, timed): RMSNorm 32K / 64K 1.08x / 1.05x, LayerNorm 16K / 32K 1.10x /
+# 1.11x, each a blocked tile of one or two rows over one chunk of 16K-32K (pass 2 then re-reads x
+# and the residual: norms._reload_res); an A/B in kernel time, two alternations (NOTES P93,
+# h200_ab_s28_p93.log): RMSNorm 32K / 64K 89.3 / 87.0 -> 95.7 / 90.0 %, LayerNorm 16K / 32K 86.7 /
+# 85.9 -> 93.8 / 93.8.
 _RES_FWD_OVERRIDES = {
-    True: {16384: NormConfig(2, 16384, False, 32, 8)},
-    False: {4096: NormConfig(4, 4096, False, 8, 8)},
+    True: {16384: NormConfig(2, 16384, False, 32, 8),
+           32768: NormConfig(1, 32768, True, 16, 8, 1), 65536: NormConfig(1, 32768, True, 16, 8, 2)},
+    False: {4096: NormConfig(4, 4096, False, 8, 8),
+            16384: NormConfig(2, 16384, True, 32, 8, 2), 32768: NormConfig(1, 32768, True, 32, 8, 2)},
 }
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
 # before, the RMSNorm FP8 entries or the base table): few programs per SM; one row per 1-2 warps
