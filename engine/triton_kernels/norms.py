@@ -787,8 +787,8 @@ def _reload_res(cfg: nc.NormConfig, n: int, has_res: bool) -> bool:
     128K 69.5 / 69.4 -> 86.6 / 82.5, LayerNorm 16K-128K 83.2 / 79.8 / 69.9 / 69.0 -> 86.1 / 85.5 /
     83.6 / 83.8 (the prediction's reason, not measured with ncu: x, the residual and residual_out
     in the L2 at once push pass 2's re-read past it); LayerNorm 8K, one chunk, 88.8 -> 87.1, and
-    with the re-read kept for
-    one-chunk rows 89.2 -> 88.7 (within the spread of its alternations, 88.4-89.7)."""
+    with the re-read kept for one-chunk rows 89.2 -> 88.7 (within the spread of its alternations,
+    88.4-89.7)."""
     return has_res and cfg.blocked and n > cfg.block_n
 
 
