@@ -4,8 +4,8 @@
     ncu --kernel-name regex:norm_bwd -c 1 python3 ci/ncu_case.py triton 16384 bwd ln
     ncu ... python3 ci/ncu_case.py cuda 8192 fp8 norm_fwd_grid_per_sm=16
     args: backend (cuda | triton), N, output (bf16 | fp8 | fp8T: e4m3 with the transposed copy
-    written by the norm kernel, ENGINE_NORM_EXTERNAL_TRANSPOSE=0; bwd: a bf16 forward, then
-    its backward), optionally the norm (rms, the default, or ln: LayerNorm with a bias);
+    written by the norm kernel, ENGINE_NORM_EXTERNAL_TRANSPOSE=0; res: bf16 with the fused add of
+    a bf16 residual; bwd: a bf16 forward, then its backward), optionally the norm (rms, the default, or ln: LayerNorm with a bias);
     M * N = 64M, bf16 input. Any argument NAME=VALUE sets the engine.cuda_backend knob NAME to
     the int VALUE for the run (e.g. norm_fwd_grid_per_sm=16).
 """
@@ -21,7 +21,7 @@ from engine.fp8 import Float8Quantizer
 pos = [a for a in sys.argv[1:] if "=" not in a]
 knobs = [a.split("=", 1) for a in sys.argv[1:] if "=" in a]
 backend, n, out = pos[0], int(pos[1]), pos[2]
-if backend not in ("cuda", "triton") or out not in ("bf16", "fp8", "fp8T", "bwd") \
+if backend not in ("cuda", "triton") or out not in ("bf16", "fp8", "fp8T", "res", "bwd") \
         or (len(pos) > 3 and pos[3] not in ("rms", "ln")):
     sys.exit(f"ncu_case.py: bad arguments {pos} (see the docstring)")  # e.g. "e4m3" is "fp8" here
 ln = len(pos) > 3 and pos[3] == "ln"
@@ -38,6 +38,7 @@ m = (64 << 20) // n
 x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16) if out == "res" else None
 q = None
 if out in ("fp8", "fp8T"):
     q = Float8Quantizer(torch.full((1,), 32.0, device="cuda"), torch.zeros(1, device="cuda"),
@@ -53,7 +54,7 @@ else:
     with torch.no_grad():
         for _ in range(3):
             if ln:
-                engine.layernorm(x, w, b, quantizer=q)
+                engine.layernorm(x, w, b, quantizer=q, residual=r)
             else:
-                engine.rmsnorm(x, w, quantizer=q)
+                engine.rmsnorm(x, w, quantizer=q, residual=r)
 torch.cuda.synchronize()
