@@ -31,24 +31,31 @@ from benchmarks import cases as C  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
 
 
+def median_per_call(kernels, calls: int) -> float:
+    """The median over ``calls`` calls of the summed device time (µs) of each call's kernels:
+    ``kernels`` are profiler device events (``time_range.start``, ``time_range.elapsed_us()``) of
+    ``calls`` back-to-back calls, split into calls by their order on the stream, so every call
+    must have launched the same number of them; otherwise RuntimeError."""
+    kernels = sorted(kernels, key=lambda e: e.time_range.start)
+    per_call, rem = divmod(len(kernels), calls)
+    if rem or not per_call:
+        raise RuntimeError(f"median_per_call: {len(kernels)} device events over {calls} calls")
+    return statistics.median(sum(e.time_range.elapsed_us() for e in kernels[i:i + per_call])
+                             for i in range(0, len(kernels), per_call))
+
+
 def device_us_per_call(fn, calls: int = 15) -> float:
     """Summed device time of all kernels one call launches (profiler): the median over ``calls``
-    back-to-back calls. The kernels are split into calls by their order on the stream, so every
-    call must launch the same number of them; a call that does not raises RuntimeError. The
-    median, not the mean of 5 as before session 28: cells of unchanged kernels moved by up to 5
-    points between runs with the mean (benchmarks/NOTES.md, P89's outcome)."""
+    back-to-back calls (:func:`median_per_call`). The median, not the mean of 5 as before session
+    28: cells of unchanged kernels moved by up to 5 points between runs with the mean
+    (benchmarks/NOTES.md, P89's outcome and M1)."""
     H.sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         H.sync()
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
-                     key=lambda e: e.time_range.start)
-    per_call, rem = divmod(len(kernels), calls)
-    if rem or not per_call:
-        raise RuntimeError(f"device_us_per_call: {len(kernels)} device events over {calls} calls")
-    return statistics.median(sum(e.time_range.elapsed_us() for e in kernels[i:i + per_call])
-                             for i in range(0, len(kernels), per_call))
+    return median_per_call([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA],
+                           calls)
 
 
 def main(argv=None) -> int:

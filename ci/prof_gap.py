@@ -27,7 +27,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from benchmarks import cases as C  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
-from benchmarks.profile_kernels import device_us_per_call  # noqa: E402
+from benchmarks.profile_kernels import device_us_per_call, median_per_call  # noqa: E402
 
 NORMS = {"rms": "rmsnorm", "ln": "layernorm"}
 
@@ -44,14 +44,8 @@ def flushed_profile_us(fn, flush, calls: int = 15) -> float:
             with torch.profiler.record_function("call"):
                 fn()
             torch.cuda.synchronize()
-    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-                      and "fill" not in e.name.lower()),
-                     key=lambda e: e.time_range.start)
-    per_call, rem = divmod(len(kernels), calls)
-    if rem or not per_call:
-        raise RuntimeError(f"{len(kernels)} kernels over {calls} calls")
-    return statistics.median(sum(e.time_range.elapsed_us() for e in kernels[i:i + per_call])
-                             for i in range(0, len(kernels), per_call))
+    return median_per_call([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                            and "fill" not in e.name.lower()], calls)
 
 
 def event_us(fn, calls: int = 15) -> float:

@@ -151,8 +151,10 @@ _LN_FWD_OVERRIDES = {
 # residual form lost 91.8 -> 88.2 % with the blocked one, h200_ab_s25_p84.log).
 # Re-tuned after P92 (tune.py --ops fwd-res, h200_tune_res_*_s28.log; entries over 5 % better
 # than the heuristic's, timed): RMSNorm 32K / 64K 1.08x / 1.05x, LayerNorm 16K / 32K 1.10x /
-# 1.11x, each a blocked tile of one or two rows over one chunk of 16K-32K (pass 2 then re-reads x
-# and the residual: norms._reload_res); an A/B in kernel time, two alternations (NOTES P93,
+# 1.11x, blocked tiles of one or two rows in chunks of 16K-32K at 16-32 warps: one chunk over the
+# row at RMSNorm 32K and LayerNorm 16K / 32K (pass 2 then re-reads x and the residual:
+# norms._reload_res), two at RMSNorm 64K (pass 2 reads residual_out); an A/B in kernel time, two
+# alternations (NOTES P93,
 # h200_ab_s28_p93.log): RMSNorm 32K / 64K 89.3 / 87.0 -> 95.7 / 90.0 %, LayerNorm 16K / 32K 86.7 /
 # 85.9 -> 93.8 / 93.8. LayerNorm 8K: 32 warps at 32 programs per SM, 1.07x in tune.py at 1K-8K
 # (the only entry over 5 %; that call ran on an H100, h100_tune_res_small_*_s28.log), kernel time
