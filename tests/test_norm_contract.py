@@ -435,11 +435,12 @@ def test_fwd_vector_layouts_taken(is_rms):
 def test_fwd_blocked_from(is_rms, blocked_from, n):
     """The CUDA forward's blocked kernel (norm_fwd_blocked_from: every width from 1) and the paths
     it replaces (1 << 30: never) against float64 with poisoned outputs: bf16 with a bias and a
-    bf16 residual (z packed, two CTAs per SM), fp16 with zero-centred gamma to fp32, fp32 x (z
+    bf16 residual (z packed, 64 registers), fp16 with zero-centred gamma to fp32, fp32 x (z
     as packed floats); an fp32 residual stream under bf16 x keeps the other paths (z is not x's
-    dtype) and must still be right. 24584: two chunks, the second partly past the row; 301
-    rows: CTAs loop over rows; 1024 and 4104 run CTAs sized to the row (32 and 160 threads: one
-    warp, and warps not a power of two). 1 << 30 gives no row the blocked kernel, so 1024-32768
+    dtype) and must still be right. 24584: one chunk of 800 threads (16-bit x; NOTES P95), two of
+    1024 for fp32 x, the second partly past the row; 65536 and more: several chunks; 301 rows:
+    CTAs loop over rows; 1024 and 4104 run CTAs sized to the row (32 and 160 threads: one warp,
+    and warps not a power of two). 1 << 30 gives no row the blocked kernel, so 1024-32768
     then run the register path and clusters."""
     from engine import cuda_backend
 
@@ -458,8 +459,8 @@ def test_fwd_blocked_from(is_rms, blocked_from, n):
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [8192, 65536])
 def test_fwd_blocked_from_taken(is_rms, n):
-    """The knob changes the path (the blocked kernel adds a row's values in chunks of up to 16K
-    over CTAs sized to the row, at most 512 threads; the register path and the clusters in their
+    """The knob changes the path (the blocked kernel adds a row's values in chunks of up to 32K
+    over CTAs sized to the row, at most 1024 threads; the register path and the clusters in their
     own orders), over 301 rows."""
     check_knob_changes_path(is_rms, n, "norm_fwd_blocked_from", (n, 1 << 30))
 
@@ -494,6 +495,46 @@ def test_fwd_blocked_default(is_rms, n, res, taken):
         assert torch.equal(outs[0], outs[n if taken else 1 << 30])
     finally:
         engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("n", [8200, 32768, 40008])
+def test_fwd_blocked_centred_residual(n):
+    """The CUDA blocked kernel's LayerNorm with a bf16 residual on rows whose mean is 0 to ~50
+    standard deviations (past ln_one_pass_var's line the centred pass runs), residual_out written
+    over x's own memory, against float64 with a poisoned output. 8200 and 32768 are one chunk (288
+    and 1024 threads): z stays in registers from pass 1 through the centred pass and pass 2
+    (NOTES P95); 40008 is two chunks of 1024 threads, read back from residual_out, which is x
+    here. Every z = x + r is exact in bf16, so residual_out is compared bit for bit."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    rows, s = 8, 2.0 ** -4
+    ks = [0, 7, 9, 50, 120, 245, 3, 200]  # m / s; the rows' std is ~4.9 s
+    g = torch.Generator().manual_seed(n)
+    jx = torch.randint(-8, 9, (rows, n), generator=g).float()
+    jr = torch.randint(-2, 3, (rows, n), generator=g).float()
+    x_exact = (torch.tensor(ks, dtype=torch.float32)[:, None] + jx) * s
+    x = x_exact.to(BF16).to(DEVICE)
+    r = (jr * s).to(BF16).to(DEVICE)
+    z = (x_exact + jr * s).to(DEVICE)
+    assert torch.equal(x.float(), x_exact.to(DEVICE)) and torch.equal(z.to(BF16).float(), z)
+    w = torch.randn(n, device=DEVICE, dtype=BF16)
+    b = torch.randn(n, device=DEVICE, dtype=BF16)
+    out = poisoned((rows, n), BF16)
+    mu, rsigma = poisoned((rows,), F32), poisoned((rows,), F32)
+    try:
+        with cuda_backend.norm_fwd_blocked_from(1), cuda_backend.norm_fwd_stream_from(1 << 30):
+            impl_for(False).norm_fwd(
+                x, w, b, r, 1e-5, out, x, mu, rsigma, None, None, None, None, is_rms_norm=False,
+                zero_centered_gamma=False, current_scaling=False, amax_epsilon=0.0, sm_margin=0)
+    finally:
+        engine.backend.reset_for_tests()
+    torch.testing.assert_close(x.float(), z, rtol=0, atol=0)  # residual_out, over x
+    ref = ref_fwd(z.to(BF16), w, b, 1e-5, False)
+    torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+    torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+    torch.testing.assert_close(out.double(), ref["y"], **FWD[BF16])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA backward")

@@ -529,11 +529,11 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
 }
 
 /* The blocked kernel's packed builds: the vector path (VEC > 1) where z has x's type, a chunk of
- * z held packed (16 registers for 32 values of a 16-bit z) and the build compiled for 2 CTAs per
- * SM (64 registers); the others (an fp32 residual stream under 16-bit x: z as floats; the scalar
- * path) for 1. One 512-thread CTA per SM kept one row in flight per SM and read 43 % of copy at
- * 16K (NOTES P20); two CTAs per SM are what Triton's blocked tiles of the same shape run at
- * (P44). The launcher sends rows from the register path and clusters only to packed builds. */
+ * z held packed (16 registers for 32 values of a 16-bit z) and the build compiled for 64
+ * registers (2 CTAs of 512 threads per SM, or one of 1024); the others (an fp32 residual stream
+ * under 16-bit x: z as floats; the scalar path) for 128. One 512-thread CTA per SM kept one row
+ * in flight per SM and read 43 % of copy at 16K (NOTES P20); two CTAs per SM are what Triton's
+ * blocked tiles of the same shape run at (P44). The launcher sends rows from the register path and clusters only to packed builds. */
 template <typename X, typename R, int VEC>
 constexpr bool fwd_blocked_packed() {
   return VEC > 1 && std::is_same<X, R>::value;
@@ -546,9 +546,17 @@ constexpr bool fwd_blocked_packed() {
 constexpr int kBlkRuntime = -1;
 constexpr int blk_kind(bool rms, bool bias) { return (rms ? 1 : 0) | (bias ? 2 : 0); }
 
+/* The blocked kernel's largest CTA, for which it is compiled with one CTA per SM: 1024 threads in
+ * the packed builds (64 registers, as two CTAs of 512 before; a row of 32K of a 16-bit x in one
+ * chunk, NOTES P95), 512 in the others (128 registers). */
+template <typename X, typename R, int VEC>
+constexpr int fwd_blocked_max_threads() {
+  return fwd_blocked_packed<X, R, VEC>() ? 1024 : kMaxRowThreads;
+}
+
 template <typename X, typename R, typename O, int VEC, int NVB, typename W = float,
           int kNorm = kBlkRuntime>
-__global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>() ? 2 : 1))
+__global__ void __launch_bounds__((fwd_blocked_max_threads<X, R, VEC>()), 1)
     norm_fwd_blocked_kernel(const FwdArgs a) {
   constexpr bool kFp8 = is_fp8_v<O>;
   constexpr int OVEC = VEC; /* output elements per access */
@@ -605,9 +613,21 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
     }
   };
 
+  /* A row of one chunk keeps its z in registers from pass 1 to pass 2 (and the centred pass):
+   * no re-read (NOTES P95). kApply has no pass 1 and reads x. */
+  const bool keep_z = cols <= chunk && mode != kApply;
   /* The slots of the chunk at c0 of a row as pass 2 reads them (L2-resident after pass 1):
-   * residual_out where pass 1 wrote it, else x. */
+   * residual_out where pass 1 wrote it, else x; for a row of one chunk (keep_z) their columns
+   * only, z being held since pass 1. */
   auto load_chunk = [&](int64_t row, int c0, bool (&valid)[NVB], int (&col)[NVB]) {
+    if (keep_z) {
+#pragma unroll
+      for (int i = 0; i < NVB; ++i) {
+        col[i] = c0 + (threadIdx.x + i * nt) * VEC;
+        valid[i] = col[i] < cols;
+      }
+      return;
+    }
     const bool z_from_res = has_res && mode != kApply;
     const X* zx = static_cast<const X*>(a.x) + row * a.x_stride;
     const R* zr = z_from_res ? static_cast<const R*>(a.residual_out) + row * a.res_out_stride
