@@ -529,11 +529,12 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
 }
 
 /* The blocked kernel's packed builds: the vector path (VEC > 1) where z has x's type, a chunk of
- * z held packed (16 registers for 32 values of a 16-bit z) and the build compiled for 64
- * registers (2 CTAs of 512 threads per SM, or one of 1024); the others (an fp32 residual stream
- * under 16-bit x: z as floats; the scalar path) for 128. One 512-thread CTA per SM kept one row
- * in flight per SM and read 43 % of copy at 16K (NOTES P20); two CTAs per SM are what Triton's
- * blocked tiles of the same shape run at (P44). The launcher sends rows from the register path and clusters only to packed builds. */
+ * z held packed (16 registers for 32 values of a 16-bit z) and the build compiled for 2 CTAs per
+ * SM (64 registers); the others (an fp32 residual stream under 16-bit x: z as floats; the scalar
+ * path) for 1. One 512-thread CTA per SM kept one row in flight per SM and read 43 % of copy at
+ * 16K (NOTES P20); two CTAs per SM are what Triton's blocked tiles of the same shape run at
+ * (P44); one CTA of 1024 threads (a row of 32K in one chunk) lost 7-17 points to two of 512
+ * (NOTES P95). The launcher sends rows from the register path and clusters only to packed builds. */
 template <typename X, typename R, int VEC>
 constexpr bool fwd_blocked_packed() {
   return VEC > 1 && std::is_same<X, R>::value;
@@ -546,17 +547,9 @@ constexpr bool fwd_blocked_packed() {
 constexpr int kBlkRuntime = -1;
 constexpr int blk_kind(bool rms, bool bias) { return (rms ? 1 : 0) | (bias ? 2 : 0); }
 
-/* The blocked kernel's largest CTA, for which it is compiled with one CTA per SM: 1024 threads in
- * the packed builds (64 registers, as two CTAs of 512 before; a row of 32K of a 16-bit x in one
- * chunk, NOTES P95), 512 in the others (128 registers). */
-template <typename X, typename R, int VEC>
-constexpr int fwd_blocked_max_threads() {
-  return fwd_blocked_packed<X, R, VEC>() ? 1024 : kMaxRowThreads;
-}
-
 template <typename X, typename R, typename O, int VEC, int NVB, typename W = float,
           int kNorm = kBlkRuntime>
-__global__ void __launch_bounds__((fwd_blocked_max_threads<X, R, VEC>()), 1)
+__global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>() ? 2 : 1))
     norm_fwd_blocked_kernel(const FwdArgs a) {
   constexpr bool kFp8 = is_fp8_v<O>;
   constexpr int OVEC = VEC; /* output elements per access */
@@ -662,14 +655,39 @@ __global__ void __launch_bounds__((fwd_blocked_max_threads<X, R, VEC>()), 1)
           valid[i] = col[i] < cols; /* VEC divides cols on the vector path */
           load_z(i, xrow, col[i], valid[i]);
         }
-        if (has_res) { /* z = round_R(x + residual), stored as residual_out */
+        if (has_res) {
+          /* z = round_R(x + residual), stored as residual_out. Every slot's residual is loaded
+           * before the first store: a load the compiler cannot prove apart from an earlier store
+           * waits for it, which made one DRAM round trip per slot (NOTES P96). Held as raw words
+           * on the vector path (16 registers for a 16-bit residual), as floats on the scalar one
+           * (VEC = 1: not whole words). */
+          constexpr bool kRw = VEC * sizeof(R) % 4 == 0;
+          constexpr int RW = kRw ? VEC * (int)sizeof(R) / 4 : 1;
+          [[maybe_unused]] uint32_t rw[kRw ? NVB : 1][RW];
+          [[maybe_unused]] float rf[kRw ? 1 : NVB][kRw ? 1 : VEC];
 #pragma unroll
           for (int i = 0; i < NVB; ++i) {
             if (valid[i]) {
-              float z[VEC], r[VEC];
-              load_vec<R, VEC>(rrow + col[i], r);
+              if constexpr (kRw) {
+                load_words<VEC * sizeof(R)>(rrow + col[i], rw[i]);
+              } else {
+                load_vec<R, VEC>(rrow + col[i], rf[i]);
+              }
+            }
+          }
+          auto rv = [&](int i, int j) -> float {
+            if constexpr (kRw) {
+              return unpack_at<R, VEC>(rw[i], j);
+            } else {
+              return rf[i][j];
+            }
+          };
 #pragma unroll
-              for (int j = 0; j < VEC; ++j) z[j] = round_to<R>(zv(i, j) + r[j]);
+          for (int i = 0; i < NVB; ++i) {
+            if (valid[i]) {
+              float z[VEC];
+#pragma unroll
+              for (int j = 0; j < VEC; ++j) z[j] = round_to<R>(zv(i, j) + rv(i, j));
               if constexpr (kPacked) {
                 pack_to<R, VEC>(z, zw[i]); /* exact: z is already rounded to R */
               } else {

@@ -179,17 +179,16 @@ engine_status launch_fwd_blocked(const FwdArgs& a, const LaunchCtx& ctx, int blo
 }
 
 /* The vector blocked kernel: 4 vectors of 16 bytes per thread and chunk; CTAs sized to the row
- * (whole warps, one chunk per row) up to fwd_blocked_max_threads (1024 in the packed builds: a
- * row of up to 32K of a 16-bit x in one chunk, held in registers through both passes; NOTES
- * P95), so that a row narrower than that leaves no thread idle and more CTAs share an SM (NOTES
- * P91: the knob's rows of 2K-8K, where 512-thread CTAs ran 3/4 of their threads masked). */
+ * (whole warps, one chunk per row) up to 512 threads, so that a row narrower than 512 x 4 vectors
+ * (16K of a 16-bit x) leaves no thread idle and more CTAs share an SM (NOTES P91: the knob's rows
+ * of 2K-8K, where 512-thread CTAs ran 3/4 of their threads masked). Rows of 16K and more: 512
+ * (one CTA of 1024 threads per SM lost 7-17 points at 32K: NOTES P95). */
 template <typename X, typename R, typename O, typename W, int kNorm>
 engine_status launch_fwd_blocked_vec(const FwdArgs& a, const LaunchCtx& ctx) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int NVB = 4;
-  constexpr int kMax = fwd_blocked_max_threads<X, R, VEC>();
   const int want = (int)round_up(ceil_div(a.cols, VEC * NVB), 32);
-  const int block = want < kMax ? want : kMax;
+  const int block = want < kMaxRowThreads ? want : kMaxRowThreads;
   return launch_fwd_blocked<X, R, O, VEC, NVB, W, kNorm>(a, ctx, block);
 }
 
