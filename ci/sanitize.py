@@ -86,14 +86,15 @@ def run(external: str) -> int:
                        for g, gc, (r, a) in zip(grads, grads_c, tols)):
                 print(f"backward mismatch {m}x{n} rms={is_rms} bias={with_bias}")
                 bad += 1
-    # a bf16 residual stream: by default the streamed kernel's kRes build takes these rows (x and
-    # the residual copied into its stages, z written back over x's vectors; fwd_take_stream, NOTES
-    # P89), with the stream off the blocked kernel (two 512-thread CTAs per SM, z packed;
-    # fwd_take_blocked), its chunk of 16K partly past the row at 40008; at 2K-8K the blocked
-    # kernel by default, in CTAs sized to the row (NOTES P91: 288 threads at 8200, the last warp
-    # partly past the row)
+    # a bf16 residual stream: under the stream's knob at 16384 the streamed kernel's kRes build
+    # takes the rows from 32K (x and the residual copied into its stages, z written back over x's
+    # vectors; fwd_take_stream, NOTES P89); by default (32K-64K, fwd_res_blocked_first, NOTES P96)
+    # and with the stream off the blocked kernel (two 512-thread CTAs per SM, z packed, the chunk's
+    # residual loaded before its stores; fwd_take_blocked), its chunk of 16K partly past the row at
+    # 40008; at 2K-8K the blocked kernel by default, in CTAs sized to the row, one chunk held in
+    # registers (NOTES P91, P95: 288 threads at 8200, the last warp partly past the row)
     for (m, n), knob in itertools.product(((3, 32768), (3, 40008), (300, 32776), (300, 8200), (5, 2048)),
-                                          (0, 1 << 30)):
+                                          (0, 16384, 1 << 30)):
         with cuda_backend.norm_fwd_stream_from(knob):
             for is_rms in (True, False):
                 x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)

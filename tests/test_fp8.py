@@ -63,13 +63,16 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False):
     engine/csrc/normalization/norm_fwd_stream.cuh), on a device with thread-block clusters
     (sm_90). With a residual of x's dtype (``residual``): at 2K-8K the blocked kernel for the
     fp32 output and the register kernel for an FP8 one (fwd_take_blocked, norm_fwd_launch.cuh;
-    NOTES P91). Both only for a 16-bit x and rows of 16-byte vectors (n a multiple of 8)."""
+    NOTES P91), at 32K-64K the blocked kernel for the fp32 output and, on sm_90, the streamed
+    one for an FP8 one (fwd_res_blocked_first; NOTES P96). Both only for a 16-bit x and rows of
+    16-byte vectors (n a multiple of 8)."""
     if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
         return False
+    sm90 = torch.cuda.get_device_capability()[0] >= 9
     if residual:
-        return 2048 <= n < 16384
+        return 2048 <= n < 16384 or (sm90 and 32768 <= n < 65536)
     fp8_from, other_from = (16384, 32768) if is_rms else (8192, 16384)
-    return torch.cuda.get_device_capability()[0] >= 9 and fp8_from <= n < other_from
+    return sm90 and fp8_from <= n < other_from
 
 
 def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
@@ -80,7 +83,7 @@ def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
     output) except where the FP8 output takes another kernel than the fp32 one
     (cuda_fp8_own_path: without a residual its streamed kernel for FP8 only at RMSNorm 16K-32K,
     LayerNorm 8K-16K, NOTES P59/P67/P68; with a residual of x's dtype its blocked kernel for the
-    fp32 output only at 2K-8K, NOTES P91), whose sums add in another order. Triton does not: its tiles
+    fp32 output only at 2K-8K and 32K-64K, NOTES P91 / P96), whose sums add in another order. Triton does not: its tiles
     are tuned per output kind (engine.triton_kernels.norms_common), and even where the FP8 tile's
     shape equals the high-precision one, Triton lays the FP8 tile out with 16 values per thread
     (its store's 16-byte vectors) against 8 for a bf16 input with a 16- or 32-bit output, so
@@ -326,6 +329,45 @@ def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
         assert torch.equal(rot, z)
         assert_cast_of(t.data, y32r, 3.0, b, exact=True)
         assert q.amax.item() == max(0.25, y32r.abs().max().item())
+        assert_cast_of(t.data, y32, 3.0, b, exact=False)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] < 9,
+                    reason="the default paths of the CUDA forward on sm_90 (the streamed kernel)")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [32768, 40000])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_fp8_residual_stream_widths(is_rms, n, fp8_dtype):
+    """By default the CUDA forward takes its blocked kernel before the streamed one for the fused
+    residual add of a 16-bit x at 32K-64K to a non-FP8 output, and the streamed kernel for an FP8
+    one (fwd_res_blocked_first; NOTES P96; 40000: three chunks, the last partly past the row).
+    Over 67 rows with a bf16 residual: the fp32 output is the blocked kernel's (its knob at n)
+    bit for bit and not the stream's (the stream's knob at n); the FP8 bytes, delayed scaling,
+    are the exact cast of the stream's fp32 output with its exact amax, and within one step of
+    the default fp32 output's cast at rounding boundaries only; residual_out is the same rounded
+    sum on every path."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        assert not same_row_sums("cuda", is_rms, n, residual=True)  # the case this test is for
+        x, w, b = inputs(67, n, is_rms)
+        r = torch.randn_like(x)
+        z = (x.float() + r.float()).to(x.dtype)
+        y32, ro = call(is_rms, x, w, b, residual=r, out_dtype=F32)
+        with cuda_backend.norm_fwd_blocked_from(n):
+            y32b, rob = call(is_rms, x, w, b, residual=r, out_dtype=F32)
+        with cuda_backend.norm_fwd_stream_from(n):
+            y32s, ros = call(is_rms, x, w, b, residual=r, out_dtype=F32)
+        assert torch.equal(ro, z) and torch.equal(rob, z) and torch.equal(ros, z)
+        assert torch.equal(y32, y32b) and not torch.equal(y32, y32s)
+        q = delayed(fp8_dtype, scale=3.0, amax=0.25)
+        t, rot = call(is_rms, x, w, b, residual=r, quantizer=q)
+        assert torch.equal(rot, z)
+        assert_cast_of(t.data, y32s, 3.0, b, exact=True)
+        assert q.amax.item() == max(0.25, y32s.abs().max().item())
         assert_cast_of(t.data, y32, 3.0, b, exact=False)
     finally:
         engine.backend.reset_for_tests()
