@@ -656,23 +656,29 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
           load_z(i, xrow, col[i], valid[i]);
         }
         if (has_res) {
-          /* z = round_R(x + residual), stored as residual_out. Every slot's residual is loaded
-           * before the first store: a load the compiler cannot prove apart from an earlier store
-           * waits for it, which made one DRAM round trip per slot (NOTES P96). Held as raw words
-           * on the vector path (16 registers for a 16-bit residual), as floats on the scalar one
-           * (VEC = 1: not whole words). */
+          /* z = round_R(x + residual), stored as residual_out. In a row of several chunks every
+           * slot's residual is loaded before the chunk's first store: a load the compiler cannot
+           * prove apart from an earlier store waits for it, which made one DRAM round trip per
+           * slot (NOTES P96: 32K +1 to +4 points). A row of one chunk (2K-16K: many CTAs per SM
+           * hide that wait) loads each slot's residual before its own store only, which measured
+           * 1-2 points better for LayerNorm at 2K-4K (P96, P98). Held as raw words on the vector
+           * path (16 registers for a 16-bit residual), as floats on the scalar one (VEC = 1: not
+           * whole words). */
           constexpr bool kRw = VEC * sizeof(R) % 4 == 0;
           constexpr int RW = kRw ? VEC * (int)sizeof(R) / 4 : 1;
           [[maybe_unused]] uint32_t rw[kRw ? NVB : 1][RW];
           [[maybe_unused]] float rf[kRw ? 1 : NVB][kRw ? 1 : VEC];
+          auto load_r = [&](int i) {
+            if constexpr (kRw) {
+              load_words<VEC * sizeof(R)>(rrow + col[i], rw[i]);
+            } else {
+              load_vec<R, VEC>(rrow + col[i], rf[i]);
+            }
+          };
+          if (!keep_z) {
 #pragma unroll
-          for (int i = 0; i < NVB; ++i) {
-            if (valid[i]) {
-              if constexpr (kRw) {
-                load_words<VEC * sizeof(R)>(rrow + col[i], rw[i]);
-              } else {
-                load_vec<R, VEC>(rrow + col[i], rf[i]);
-              }
+            for (int i = 0; i < NVB; ++i) {
+              if (valid[i]) load_r(i);
             }
           }
           auto rv = [&](int i, int j) -> float {
@@ -685,6 +691,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
 #pragma unroll
           for (int i = 0; i < NVB; ++i) {
             if (valid[i]) {
+              if (keep_z) load_r(i);
               float z[VEC];
 #pragma unroll
               for (int j = 0; j < VEC; ++j) z[j] = round_to<R>(zv(i, j) + rv(i, j));
