@@ -609,7 +609,8 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
   /* A row of one chunk keeps its z in registers from pass 1 to pass 2 (and the centred pass):
    * no re-read (NOTES P95). kApply has no pass 1 and reads x. */
   const bool keep_z = cols <= chunk && mode != kApply;
-  /* pass 1 loads a chunk's residual before its stores (below; NOTES P96, P98) */
+  /* pass 1 loads a chunk's residual before its stores in CTAs of 256 threads or more (below;
+   * NOTES P96, P98, P99) */
   const bool batch_res = nt >= 256;
   /* The slots of the chunk at c0 of a row as pass 2 reads them (L2-resident after pass 1):
    * residual_out where pass 1 wrote it, else x; for a row of one chunk (keep_z) their columns
@@ -659,13 +660,13 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
         }
         if (has_res) {
           /* z = round_R(x + residual), stored as residual_out. In CTAs of 256 threads or more
-           * (a 16-bit row of 8K and wider) every slot's residual is loaded before the chunk's
+           * (16-bit rows of 8K and wider) every slot's residual is loaded before the chunk's
            * first store: a load the compiler cannot prove apart from an earlier store waits for
-           * it, which made one DRAM round trip per slot (NOTES P96: 32K +2 to +5 points, P98:
-           * 8K +2 to +3). Smaller CTAs (2K-4K, many per SM to hide that wait) load each slot's
-           * residual before its own store only, which measured up to 1.7 points better there
-           * (P97, P98). Held as raw words on the vector path (16 registers for a 16-bit
-           * residual), as floats on the scalar one (VEC = 1: not whole words). */
+           * it, which made one DRAM round trip per slot (NOTES P96 / P97: 32K +2 to +5 points,
+           * P98: 8K +2 to +3). Smaller CTAs (2K-4K, many per SM to hide that wait) load each
+           * slot's residual before its own store only, 0.4-2.6 points better there (P98, P99).
+           * Held as raw words on the vector path (16 registers for a 16-bit residual), as floats
+           * on the scalar one (VEC = 1: not whole words). */
           constexpr bool kRw = VEC * sizeof(R) % 4 == 0;
           constexpr int RW = kRw ? VEC * (int)sizeof(R) / 4 : 1;
           [[maybe_unused]] uint32_t rw[kRw ? NVB : 1][RW];
