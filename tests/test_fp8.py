@@ -299,57 +299,23 @@ def test_fp8_stream_fp8_widths(is_rms, n, fp8_dtype):
 
 @pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [2048, 4096, 8200])
+@pytest.mark.parametrize("n", [2048, 4096, 8200, 32768, 40000])
 @pytest.mark.parametrize("fp8_dtype", FP8)
 def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
     """By default the CUDA forward takes its blocked kernel for the fused residual add of a 16-bit x
-    at 2K-8K to a non-FP8 output, and its register kernel for an FP8 one (fwd_take_blocked; NOTES
-    P91; 8200 leaves the last chunk partly past the row). Over 67 rows with a bf16 residual: the
-    fp32 output is the blocked kernel's (the knob at n) bit for bit and not the register kernel's
-    (the knob at 1 << 30); the FP8 bytes, delayed scaling, are the exact cast of the register
-    kernel's fp32 output with its exact amax, and within one step of the default fp32 output's
-    cast at rounding boundaries only; residual_out is the same rounded sum on every path."""
-    from engine import cuda_backend
-
-    use_backend("cuda")
-    try:
-        assert not same_row_sums("cuda", is_rms, n, residual=True)  # the case this test is for
-        x, w, b = inputs(67, n, is_rms)
-        r = torch.randn_like(x)
-        z = (x.float() + r.float()).to(x.dtype)
-        y32, ro = call(is_rms, x, w, b, residual=r, out_dtype=F32)
-        with cuda_backend.norm_fwd_blocked_from(n):
-            y32b, rob = call(is_rms, x, w, b, residual=r, out_dtype=F32)
-        with cuda_backend.norm_fwd_blocked_from(1 << 30):
-            y32r, ror = call(is_rms, x, w, b, residual=r, out_dtype=F32)
-        assert torch.equal(ro, z) and torch.equal(rob, z) and torch.equal(ror, z)
-        assert torch.equal(y32, y32b) and not torch.equal(y32, y32r)
-        q = delayed(fp8_dtype, scale=3.0, amax=0.25)
-        t, rot = call(is_rms, x, w, b, residual=r, quantizer=q)
-        assert torch.equal(rot, z)
-        assert_cast_of(t.data, y32r, 3.0, b, exact=True)
-        assert q.amax.item() == max(0.25, y32r.abs().max().item())
-        assert_cast_of(t.data, y32, 3.0, b, exact=False)
-    finally:
-        engine.backend.reset_for_tests()
-
-
-@pytest.mark.skipif(not ON_GPU or torch.cuda.get_device_capability()[0] < 9,
-                    reason="the default paths of the CUDA forward on sm_90 (the streamed kernel)")
-@pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [32768, 40000])
-@pytest.mark.parametrize("fp8_dtype", FP8)
-def test_fp8_residual_stream_widths(is_rms, n, fp8_dtype):
-    """By default the CUDA forward takes its blocked kernel before the streamed one for the fused
-    residual add of a 16-bit x at 32K-64K to a non-FP8 output, and the streamed kernel for an FP8
-    one (fwd_res_blocked_first; NOTES P96; 40000: three chunks, the last partly past the row).
-    Over 67 rows with a bf16 residual: the fp32 output is the blocked kernel's (its knob at n)
-    bit for bit and not the stream's (the stream's knob at n); the FP8 bytes, delayed scaling,
-    are the exact cast of the stream's fp32 output with its exact amax, and within one step of
+    to a non-FP8 output at 2K-8K (NOTES P91), and at 32K-64K before the streamed kernel
+    (fwd_res_blocked_first, NOTES P96), while an FP8 output keeps another kernel: the register
+    kernel at 2K-8K (fwd_take_blocked), the streamed one at 32K-64K on sm_90 (8200 and 40000
+    leave the last chunk partly past the row). Over 67 rows with a bf16 residual: the fp32
+    output is the blocked kernel's (its knob at n) bit for bit and not the FP8 output's kernel's
+    (the blocked knob at 1 << 30, or the stream's knob at n); the FP8 bytes, delayed scaling,
+    are the exact cast of that kernel's fp32 output with its exact amax, and within one step of
     the default fp32 output's cast at rounding boundaries only; residual_out is the same rounded
     sum on every path."""
     from engine import cuda_backend
 
+    if n >= 32768 and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
     use_backend("cuda")
     try:
         assert not same_row_sums("cuda", is_rms, n, residual=True)  # the case this test is for
@@ -359,15 +325,17 @@ def test_fp8_residual_stream_widths(is_rms, n, fp8_dtype):
         y32, ro = call(is_rms, x, w, b, residual=r, out_dtype=F32)
         with cuda_backend.norm_fwd_blocked_from(n):
             y32b, rob = call(is_rms, x, w, b, residual=r, out_dtype=F32)
-        with cuda_backend.norm_fwd_stream_from(n):
-            y32s, ros = call(is_rms, x, w, b, residual=r, out_dtype=F32)
-        assert torch.equal(ro, z) and torch.equal(rob, z) and torch.equal(ros, z)
-        assert torch.equal(y32, y32b) and not torch.equal(y32, y32s)
+        fp8_path = (cuda_backend.norm_fwd_blocked_from(1 << 30) if n < 16384
+                    else cuda_backend.norm_fwd_stream_from(n))
+        with fp8_path:
+            y32o, roo = call(is_rms, x, w, b, residual=r, out_dtype=F32)
+        assert torch.equal(ro, z) and torch.equal(rob, z) and torch.equal(roo, z)
+        assert torch.equal(y32, y32b) and not torch.equal(y32, y32o)
         q = delayed(fp8_dtype, scale=3.0, amax=0.25)
         t, rot = call(is_rms, x, w, b, residual=r, quantizer=q)
         assert torch.equal(rot, z)
-        assert_cast_of(t.data, y32s, 3.0, b, exact=True)
-        assert q.amax.item() == max(0.25, y32s.abs().max().item())
+        assert_cast_of(t.data, y32o, 3.0, b, exact=True)
+        assert q.amax.item() == max(0.25, y32o.abs().max().item())
         assert_cast_of(t.data, y32, 3.0, b, exact=False)
     finally:
         engine.backend.reset_for_tests()
