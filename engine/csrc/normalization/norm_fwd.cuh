@@ -661,12 +661,13 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
         if (has_res) {
           /* z = round_R(x + residual), stored as residual_out. In CTAs of 256 threads or more
            * (16-bit rows of 8K and wider) every slot's residual is loaded before the chunk's
-           * first store: a load the compiler cannot prove apart from an earlier store waits for
-           * it, which made one DRAM round trip per slot (NOTES P96 / P97: 32K +2 to +5 points,
-           * P98: 8K +2 to +3). Smaller CTAs (2K-4K, many per SM to hide that wait) load each
-           * slot's residual before its own store only, 0.4-2.6 points better there (P98, P99).
-           * Held as raw words on the vector path (16 registers for a 16-bit residual), as floats
-           * on the scalar one (VEC = 1: not whole words). */
+           * first store: the compiler keeps a load after an earlier store it cannot prove apart
+           * from it, and that store waits for its own slot's load, which made one DRAM round trip
+           * per slot (NOTES P95, P96 / P97: 32K +2 to +5 points, P98: 8K +2 to +3). Smaller
+           * CTAs (2K-4K, many per SM to hide that wait) load each slot's residual before its own
+           * store only, 0.4-2.6 points better there (P98, P99). Held as raw words on the vector
+           * path (16 registers for a 16-bit residual), as floats on the scalar one (VEC = 1: not
+           * whole words). */
           constexpr bool kRw = VEC * sizeof(R) % 4 == 0;
           constexpr int RW = kRw ? VEC * (int)sizeof(R) / 4 : 1;
           [[maybe_unused]] uint32_t rw[kRw ? NVB : 1][RW];
