@@ -88,7 +88,7 @@ def run(external: str) -> int:
                 bad += 1
     # a bf16 residual stream: under the stream's knob at 16384 the streamed kernel's kRes build
     # takes the rows from 32K (x and the residual copied into its stages, z written back over x's
-    # vectors; fwd_take_stream, NOTES P89); by default (32K-64K, fwd_res_blocked_first, NOTES P96)
+    # vectors; fwd_take_stream, NOTES P89); by default (32K-64K, fwd_take_stream, NOTES P96)
     # and with the stream off the blocked kernel (two 512-thread CTAs per SM, z packed, the chunk's
     # residual loaded before its stores; fwd_take_blocked), its chunk of 16K partly past the row at
     # 40008; at 2K-8K the blocked kernel by default, in CTAs sized to the row, one chunk held in

@@ -64,7 +64,7 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False):
     (sm_90). With a residual of x's dtype (``residual``): at 2K-8K the blocked kernel for the
     fp32 output and the register kernel for an FP8 one (fwd_take_blocked, norm_fwd_launch.cuh;
     NOTES P91), at 32K-64K the blocked kernel for the fp32 output and, on sm_90, the streamed
-    one for an FP8 one (fwd_res_blocked_first; NOTES P96). Both only for a 16-bit x and rows of
+    one for an FP8 one (fwd_take_stream; NOTES P96). Both only for a 16-bit x and rows of
     16-byte vectors (n a multiple of 8)."""
     if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
         return False
@@ -304,7 +304,7 @@ def test_fp8_stream_fp8_widths(is_rms, n, fp8_dtype):
 def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
     """By default the CUDA forward takes its blocked kernel for the fused residual add of a 16-bit x
     to a non-FP8 output at 2K-8K (NOTES P91), and at 32K-64K before the streamed kernel
-    (fwd_res_blocked_first, NOTES P96), while an FP8 output keeps another kernel: the register
+    (fwd_take_stream, NOTES P96), while an FP8 output keeps another kernel: the register
     kernel at 2K-8K (fwd_take_blocked), the streamed one at 32K-64K on sm_90 (8200 and 40000
     leave the last chunk partly past the row). Over 67 rows with a bf16 residual: the fp32
     output is the blocked kernel's (its knob at n) bit for bit and not the FP8 output's kernel's

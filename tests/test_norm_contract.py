@@ -621,7 +621,7 @@ def test_fwd_stream_residual_taken(is_rms, n):
     residual_out, the same rounded sum on every path, is equal bit for bit. The default takes the
     stream for these rows from 16K, both norms (fwd_stream_from_default; NOTES P89, P90), instead of
     the register kernel at 16K and the blocked kernel from 64K; at 32K-64K the blocked kernel
-    (fwd_res_blocked_first; NOTES P96)."""
+    (fwd_take_stream; NOTES P96)."""
     from engine import cuda_backend
 
     use_backend("cuda")

@@ -244,24 +244,12 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
  * outputs from 16K, LayerNorm from 8K, where they are within one FP8 step of the fp32 output's
  * cast instead: fwd_take_stream, NOTES P59/P67/P68 measurements (RMSNorm 16K e4m3 75.0 -> 81.7,
  * LayerNorm 8K e4m3 60.5 -> 68.3); a residual of x's dtype from 16K, NOTES P89 / P90) it runs
- * instead of both, unless this says blocked (the knob) or fwd_res_blocked_first does (a
- * residual at 32K-64K to a non-FP8 output, NOTES P96). */
+ * instead of both, unless this says blocked (the knob); fwd_take_stream leaves a residual at
+ * 32K-64K to a non-FP8 output to the blocked kernel (NOTES P96 / P97). */
 inline bool fwd_take_blocked(int cols, bool has_res, int knob, bool fp8_out, bool x16) {
   if (knob != 0) return cols >= knob;
   if (!has_res) return false;
   return cols >= 32768 || (x16 && !fp8_out && cols >= 2048 && cols < 16384);
-}
-
-/* Whether a row that fwd_take_blocked sends to the blocked kernel takes it before the streamed
- * kernel by default (no knob set): the fused residual add of a 16-bit x to a non-FP8 output at
- * 32K-64K, where the blocked kernel, since it loads a chunk's residual before its stores (P96),
- * beat the stream (H200, kernel time, % of copy, two alternations, h200_ab_s29_p96_stream.log:
- * 32K RMSNorm 86.3 -> 87.5, LayerNorm 82.5 -> 86.8; at 64K the stream wins, 87.9 / 83.2 against
- * 77.9 / 76.5; at 16K they tie, 85.8 / 81.3 against 84.9 / 81.3). An FP8 output keeps the stream
- * there, so at 32K-64K it is within one FP8 step of the fp32 output's cast (another order of the
- * row's sums), as at 2K-8K (tests/test_fp8.py::cuda_fp8_own_path). */
-inline bool fwd_res_blocked_first(int cols, bool fp8_out, bool x16) {
-  return x16 && !fp8_out && cols >= 32768 && cols < 65536;
 }
 
 /*
@@ -292,12 +280,8 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
       vec && fwd_blocked_packed<X, R, VEC>() &&
       fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from, is_fp8_v<O>, sizeof(X) == 2);
   /* the streamed cluster kernel where it applies (fwd_take_stream), before the blocked kernel that
-   * a residual row takes by default (not before the blocked knob, nor where
-   * fwd_res_blocked_first says blocked and the stream's knob is not set) */
-  const bool res_blocked_first = a.residual != nullptr && ctx.fwd_stream_from == 0 &&
-                                 fwd_res_blocked_first(cols, is_fp8_v<O>, sizeof(X) == 2);
-  if (vec && !res_blocked_first &&
-      (!wide_blocked || (a.residual != nullptr && ctx.fwd_blocked_from == 0))) {
+   * a residual row takes by default (not before the blocked knob) */
+  if (vec && (!wide_blocked || (a.residual != nullptr && ctx.fwd_blocked_from == 0))) {
     engine_status st = ENGINE_SUCCESS;
     if (launch_fwd_stream<X, R, O>(a, ctx, &st)) return st;
   }

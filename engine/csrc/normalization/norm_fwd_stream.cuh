@@ -388,8 +388,18 @@ inline int fwd_stream_from_default(bool rms, bool fp8, bool res) {
   if (fp8) return rms ? 16384 : 8192;
   return rms ? 32768 : 16384;
 }
+/* The default's one gap: the fused residual add to a non-FP8 output at 32K-64K goes to the
+ * blocked kernel (fwd_take_blocked), which, since it loads a chunk's residual before its stores
+ * (P96), beat the stream there (H200, kernel time, % of copy, two alternations,
+ * h200_ab_s29_p96_stream.log: 32K RMSNorm 86.3 -> 87.5, LayerNorm 82.5 -> 86.8; at 64K the
+ * stream wins, 87.9 / 83.2 against 77.9 / 76.5; at 16K they tie, 85.8 / 81.3 against 84.9 /
+ * 81.3). An FP8 output keeps the stream there, so at 32K-64K it is within one FP8 step of the
+ * fp32 output's cast (another order of the row's sums), as at 2K-8K
+ * (tests/test_fp8.py::cuda_fp8_own_path). The knob (stream_from != 0) has no gap. */
 inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res) {
-  return cols >= (stream_from != 0 ? stream_from : fwd_stream_from_default(rms, fp8, res));
+  if (stream_from != 0) return cols >= stream_from;
+  if (res && !fp8 && cols >= 32768 && cols < 65536) return false; /* NOTES P96 / P97 */
+  return cols >= fwd_stream_from_default(rms, fp8, res);
 }
 
 template <typename X, typename O, bool kRes>
