@@ -437,9 +437,9 @@ def test_fwd_blocked_from(is_rms, blocked_from, n):
     it replaces (1 << 30: never) against float64 with poisoned outputs: bf16 with a bias and a
     bf16 residual (z packed, 64 registers), fp16 with zero-centred gamma to fp32, fp32 x (z
     as packed floats); an fp32 residual stream under bf16 x keeps the other paths (z is not x's
-    dtype) and must still be right. 24584: one chunk of 800 threads (16-bit x; NOTES P95), two of
-    1024 for fp32 x, the second partly past the row; 65536 and more: several chunks; 301 rows:
-    CTAs loop over rows; 1024 and 4104 run CTAs sized to the row (32 and 160 threads: one warp,
+    dtype) and must still be right. 24584: two chunks of 16K for a 16-bit x (512 threads), four
+    of 8K for fp32 x, the last partly past the row; 16384: one chunk, held in registers through
+    both passes (NOTES P95); 65536 and more: several chunks; 301 rows: CTAs loop over rows; 1024 and 4104 run CTAs sized to the row (32 and 160 threads: one warp,
     and warps not a power of two). 1 << 30 gives no row the blocked kernel, so 1024-32768
     then run the register path and clusters."""
     from engine import cuda_backend
@@ -459,8 +459,8 @@ def test_fwd_blocked_from(is_rms, blocked_from, n):
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [8192, 65536])
 def test_fwd_blocked_from_taken(is_rms, n):
-    """The knob changes the path (the blocked kernel adds a row's values in chunks of up to 32K
-    over CTAs sized to the row, at most 1024 threads; the register path and the clusters in their
+    """The knob changes the path (the blocked kernel adds a row's values in chunks of up to 16K
+    over CTAs sized to the row, at most 512 threads; the register path and the clusters in their
     own orders), over 301 rows."""
     check_knob_changes_path(is_rms, n, "norm_fwd_blocked_from", (n, 1 << 30))
 
