@@ -13,6 +13,8 @@ there), so that check allows one step.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -33,6 +35,10 @@ SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
 # default CUDA's FP8 outputs take its streamed kernel at both widths, its fp32 outputs too but for
 # RMSNorm at 24584 (same_row_sums).
 WIDE = [(301, 24584), (37, 131072)] if ON_GPU else []
+# CUDA's FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): the blocked kernel
+# from the first width to the second, the streamed kernel above it up to the third, where the
+# other outputs take the stream too (cuda_fp8_own_path; NOTES P100).
+FP8_BLOCKED_RMS, FP8_BLOCKED_LN = (4096, 16384, 32768), (2048, 8192, 16384)
 
 
 def call(is_rms, x, w, b=None, **kw):
@@ -58,21 +64,22 @@ def fp8_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False):
     """Whether CUDA's forward, by default, takes another kernel for an FP8 output of contiguous
-    rows of n than for an fp32 one. Without a residual: its streamed cluster kernel for FP8
-    outputs from 16K (RMSNorm) / 8K (LayerNorm), for the others from 32K / 16K (fwd_take_stream,
-    engine/csrc/normalization/norm_fwd_stream.cuh), on a device with thread-block clusters
-    (sm_90). With a residual of x's dtype (``residual``): at 2K-8K the blocked kernel for the
-    fp32 output and the register kernel for an FP8 one (fwd_take_blocked, norm_fwd_launch.cuh;
-    NOTES P91), at 32K-64K the blocked kernel for the fp32 output and, on sm_90, the streamed
-    one for an FP8 one (fwd_take_stream; NOTES P96). Both only for a 16-bit x and rows of
-    16-byte vectors (n a multiple of 8)."""
+    rows of n than for an fp32 one. Without a residual: its blocked kernel for FP8 outputs at
+    RMSNorm 4K-16K / LayerNorm 2K-8K (fwd_take_blocked, norm_fwd_launch.cuh; NOTES P100), its
+    streamed cluster kernel for FP8 outputs above that and up to the other outputs' 32K / 16K
+    (fwd_take_stream, norm_fwd_stream.cuh; on a device with thread-block clusters, sm_90), where
+    the fp32 output takes the register path. With a residual of x's dtype (``residual``): at
+    2K-8K the blocked kernel for the fp32 output and the register kernel for an FP8 one
+    (fwd_take_blocked; NOTES P91), at 32K-64K the blocked kernel for the fp32 output and, on
+    sm_90, the streamed one for an FP8 one (fwd_take_stream; NOTES P96). All only for a 16-bit x
+    and rows of 16-byte vectors (n a multiple of 8)."""
     if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
         return False
     sm90 = torch.cuda.get_device_capability()[0] >= 9
     if residual:
         return 2048 <= n < 16384 or (sm90 and 32768 <= n < 65536)
-    fp8_from, other_from = (16384, 32768) if is_rms else (8192, 16384)
-    return sm90 and fp8_from <= n < other_from
+    lo, mid, hi = FP8_BLOCKED_RMS if is_rms else FP8_BLOCKED_LN
+    return lo <= n <= mid or (sm90 and mid < n < hi)
 
 
 def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
@@ -81,9 +88,10 @@ def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
 
     The reference does by construction. CUDA does (one thread layout per row width, whatever the
     output) except where the FP8 output takes another kernel than the fp32 one
-    (cuda_fp8_own_path: without a residual its streamed kernel for FP8 only at RMSNorm 16K-32K,
-    LayerNorm 8K-16K, NOTES P59/P67/P68; with a residual of x's dtype its blocked kernel for the
-    fp32 output only at 2K-8K and 32K-64K, NOTES P91 / P96), whose sums add in another order. Triton does not: its tiles
+    (cuda_fp8_own_path: without a residual its blocked or streamed kernel for FP8 only at
+    RMSNorm 4K-32K, LayerNorm 2K-16K, NOTES P100 / P59/P67/P68; with a residual of x's dtype its
+    blocked kernel for the fp32 output only at 2K-8K and 32K-64K, NOTES P91 / P96), whose sums
+    add in another order. Triton does not: its tiles
     are tuned per output kind (engine.triton_kernels.norms_common), and even where the FP8 tile's
     shape equals the high-precision one, Triton lays the FP8 tile out with 16 values per thread
     (its store's 16-byte vectors) against 8 for a bf16 input with a 16- or 32-bit output, so
@@ -239,7 +247,7 @@ def test_norm_fp8_stream_kernel(is_rms, fp8_dtype, n):
     this path) and current scaling (its statistics pass on the streamed kernel, its output pass
     on the register path from the stored statistics), each the exact cast of the same path's fp32
     output with its exact amax; 131072 also through the default (streamed for every output dtype
-    there; test_fp8_stream_fp8_widths: the widths streamed for FP8 outputs only)."""
+    there; test_fp8_own_kernel_widths: the widths streamed for FP8 outputs only)."""
     from engine import cuda_backend
 
     check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1 if n < 131072 else 0))
@@ -259,27 +267,52 @@ def test_norm_fp8_stream_residual(is_rms, fp8_dtype, n):
     check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1), residual=True)
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
-@pytest.mark.parametrize("is_rms,n", [(True, 16384), (True, 16392), (False, 8192), (False, 12296)],
-                         ids=["rms-16384", "rms-16392", "ln-8192", "ln-12296"])
-@pytest.mark.parametrize("fp8_dtype", FP8)
-def test_fp8_stream_fp8_widths(is_rms, n, fp8_dtype):
-    """By default the CUDA forward takes its streamed kernel for FP8 outputs from 16K (RMSNorm) /
-    8K (LayerNorm), one width below the other outputs (fwd_take_stream; NOTES P59/P67/P68;
-    test_norm_contract.py::test_fwd_stream_fp8_from checks the paths taken). There, over 67 rows
-    (16392 and 12296 leave the last CTA's slice partly past the row): the FP8 bytes, delayed
-    scaling, are the exact cast of the streamed kernel's fp32 output (the knob at n) with its
-    exact amax, and within one step of the default fp32 output's cast (the register path: another
-    order of the row sums) at rounding boundaries only; current scaling's bytes are delayed
-    scaling's at its scale (its statistics pass streamed too, its output pass from them)."""
+def fp8_own_kernel(is_rms, n):
+    """The knob (engine.cuda_backend) that puts an fp32 output of rows of n on the kernel CUDA's
+    forward takes by default for an FP8 output without a residual, where that is its own
+    (cuda_fp8_own_path): the blocked kernel to RMSNorm 16K / LayerNorm 8K, the stream above."""
     from engine import cuda_backend
 
+    mid = (FP8_BLOCKED_RMS if is_rms else FP8_BLOCKED_LN)[1]
+    return cuda_backend.norm_fwd_blocked_from(n) if n <= mid else cuda_backend.norm_fwd_stream_from(n)
+
+
+@contextlib.contextmanager
+def register_path():
+    """CUDA: the forward's register path wherever the row fits it, the streamed and blocked
+    kernels off (by default FP8 outputs without a residual take the blocked kernel at RMSNorm
+    4K-16K / LayerNorm 2K-8K and the stream above: cuda_fp8_own_path)."""
+    from engine import cuda_backend
+
+    with cuda_backend.norm_fwd_stream_from(1 << 30), cuda_backend.norm_fwd_blocked_from(1 << 30):
+        yield
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
+@pytest.mark.parametrize("is_rms,n", [(True, 4096), (True, 16384), (True, 16392), (False, 2048),
+                                      (False, 8192), (False, 8200), (False, 12296)],
+                         ids=["rms-4096", "rms-16384", "rms-16392", "ln-2048", "ln-8192", "ln-8200",
+                              "ln-12296"])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_fp8_own_kernel_widths(is_rms, n, fp8_dtype):
+    """By default the CUDA forward takes another kernel for FP8 outputs than for the others at
+    RMSNorm 4K-32K / LayerNorm 2K-16K (cuda_fp8_own_path): its blocked kernel at 4K-16K / 2K-8K
+    (fwd_take_blocked; NOTES P100), its streamed kernel above (fwd_take_stream; NOTES
+    P59/P67/P68), where the other outputs take the register path
+    (test_norm_contract.py::test_fwd_fp8_default_path checks the paths taken). There, over 67 rows
+    (16392, 8200 and 12296 leave the last CTA's slice partly past the row): the FP8 bytes, delayed
+    scaling, are the exact cast of that kernel's fp32 output (its knob at n) with its exact amax,
+    and within one step of the default fp32 output's cast (another order of the row sums) at
+    rounding boundaries only; current scaling's bytes are delayed scaling's at its scale (its
+    statistics pass on the same kernel, its output pass from them)."""
+    if n > (FP8_BLOCKED_RMS if is_rms else FP8_BLOCKED_LN)[1] and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
     use_backend("cuda")
     try:
         assert not same_row_sums("cuda", is_rms, n)  # the case this test is for
         x, w, b = inputs(67, n, is_rms)
         y32 = call(is_rms, x, w, b, out_dtype=F32)
-        with cuda_backend.norm_fwd_stream_from(n):
+        with fp8_own_kernel(is_rms, n):
             y32s = call(is_rms, x, w, b, out_dtype=F32)
         q = delayed(fp8_dtype, scale=3.0, amax=0.25)
         t = call(is_rms, x, w, b, quantizer=q)
@@ -406,13 +439,14 @@ def test_fp8_vector_layouts(is_rms, vectors, m, n):
     """Every thread layout of the CUDA forward's register path (cuda_backend.norm_fwd_vectors): the
     FP8 bytes are the cast of the same layout's fp32 output bit for bit, amax its max, and the
     in-kernel transposed copy (a tile of rows a multiple of the layout's row groups) equals
-    data.T bitwise. The streamed kernel is off (FP8 outputs take it by default from 8K for
-    LayerNorm: test_fp8_stream_fp8_widths), so that LayerNorm 8200 runs the register path too."""
+    data.T bitwise. The streamed and blocked kernels are off (register_path: FP8 outputs take
+    them by default from 4K for RMSNorm, 2K for LayerNorm), so that every width here runs the
+    register path."""
     from engine import cuda_backend
 
     use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
     try:
-        with cuda_backend.norm_fwd_vectors(vectors), cuda_backend.norm_fwd_stream_from(1 << 30):
+        with cuda_backend.norm_fwd_vectors(vectors), register_path():
             x, w, b = inputs(m, n, is_rms)
             y32 = call(is_rms, x, w, b, out_dtype=F32)
             q = delayed(E4M3, scale=3.0, amax=0.25, columnwise=True)
@@ -431,14 +465,15 @@ def test_fp8_grid_per_sm(is_rms, n):
     """The CUDA forward's register path to e4m3 at 1, 3, 16 and 64 CTAs per SM
     (cuda_backend.norm_fwd_grid_per_sm) over 3001 rows: the FP8 bytes and amax equal the default
     grid's bit for bit (the grid changes no row's arithmetic; every block's amax reaches the one
-    global max). The streamed kernel is off (FP8 outputs take it by default from 16K for RMSNorm,
-    8K for LayerNorm), so that every width here runs the register path."""
+    global max). The streamed and blocked kernels are off (register_path: FP8 outputs take them
+    by default from 4K for RMSNorm, 2K for LayerNorm), so that every width here runs the register
+    path."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
         x, w, b = inputs(3001, n, is_rms)
-        with cuda_backend.norm_fwd_stream_from(1 << 30):
+        with register_path():
             q0 = delayed(E4M3, scale=8.0, amax=0.0)
             t0 = call(is_rms, x, w, b, quantizer=q0)
             for v in (1, 3, 16, 64):
@@ -472,11 +507,12 @@ def test_fwd_fast_loop_same_bits(is_rms, m, n):
     bits: e4m3 and e5m2 bytes, amax and the in-kernel transposed copy, with and without a bf16
     residual (LayerNorm with a bias). 1032, 5120 and 8200 leave slots outside the row (zeros
     there in the fast loop), 16384 reads gamma from global memory, 40000 splits rows over a
-    cluster; m is odd where row groups share a CTA, so a row block ends in masked rows. The
-    streamed kernel is off (FP8 outputs without a residual take it by default from 16K for
-    RMSNorm, 8K for LayerNorm), so that 8200 and 16384 run the register path without a residual
-    too. The fast loop runs in every FP8 test of the default against float64 and the fp32
-    output's cast where the streamed kernel does not take the row."""
+    cluster (and so does 40000 with its residual); m is odd where row groups share a CTA, so a
+    row block ends in masked rows. The streamed and blocked kernels are off (register_path: FP8
+    outputs without a residual take them by default from 4K for RMSNorm, 2K for LayerNorm), so
+    that 4096-16384 run the register path without a residual too. The fast loop runs in every
+    FP8 test of the default against float64 and the fp32 output's cast where neither takes the
+    row."""
     from engine import cuda_backend
 
     use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
@@ -486,7 +522,7 @@ def test_fwd_fast_loop_same_bits(is_rms, m, n):
         runs = []
         for general in (0, 1):
             outs = []
-            with cuda_backend.norm_fwd_general_loop(general), cuda_backend.norm_fwd_stream_from(1 << 30):
+            with cuda_backend.norm_fwd_general_loop(general), register_path():
                 for fmt in (E4M3, E5M2):
                     for res in (None, r):
                         q = delayed(fmt, scale=3.0, amax=0.25, columnwise=True)
@@ -509,15 +545,15 @@ def test_fwd_loop_taken(general):
     RMSNorm to e4m3 of 4096 runs the fast loop with gamma in shared memory (1), of 16384 (gamma
     past the shared memory the launcher allows) the fast loop reading it from global memory (3;
     4 for e5m2); with the knob, and for bf16 outputs and current scaling always, the general
-    loop (0). The streamed kernel is off: FP8 outputs of 16384 take it by default
-    (test_fp8_stream_fp8_widths)."""
+    loop (0). The streamed and blocked kernels are off (register_path): FP8 outputs of 4096 and
+    16384 take the blocked kernel by default (test_fp8_own_kernel_widths)."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
         x, w, _ = inputs(64, 4096, True)
         xw, ww, _ = inputs(16, 16384, True)
-        with cuda_backend.norm_fwd_general_loop(general), cuda_backend.norm_fwd_stream_from(1 << 30):
+        with cuda_backend.norm_fwd_general_loop(general), register_path():
             e4m3 = cuda_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3)))
             wide = cuda_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E4M3)))
             wide5 = cuda_kernel_names(lambda: call(True, xw, ww, quantizer=delayed(E5M2)))

@@ -379,7 +379,9 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
  * 81.7, LayerNorm 8K e4m3 60.5 -> 68.3)): FP8 outputs gain one width below the others, which
  * lose there (RMSNorm 16K bf16 86.3 -> 82.7, LayerNorm 8K bf16 80.0 -> 76.5), so FP8 from 16K
  * (RMSNorm) / 8K (LayerNorm), the others from 32K / 16K (LayerNorm 16K at P59, when one width
- * served every dtype: bf16 76.3 -> 75.1, e4m3 58.2 -> 63.0). The path fixes the order of a row's
+ * served every dtype: bf16 76.3 -> 75.1, e4m3 58.2 -> 63.0). Since P100 the launcher asks
+ * fwd_take_blocked first, which takes an FP8 output at RMSNorm 16K / LayerNorm 8K (and the widths
+ * below) to the blocked kernel, so the stream's FP8 rows start just above. The path fixes the order of a row's
  * sums: at RMSNorm 16K-32K and LayerNorm 8K-16K an FP8 output is no longer the exact cast of the
  * same call's fp32 output (the register path's) but within one FP8 step of it, at rounding
  * boundaries only (tests/test_fp8.py::same_row_sums). */

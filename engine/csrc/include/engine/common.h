@@ -79,7 +79,8 @@ int engine_set_norm_fwd_general_loop(int n);
  * residual stream share a dtype and allow 16-byte vectors, instead of the register path or a
  * thread-block cluster: n > 0 from n columns (a width past every row, e.g. 1 << 30: never, the
  * paths before session 15), 0 (the default) the launcher's choice (norm_fwd_launch.cuh:
- * fwd_take_blocked: the fused residual add of a 16-bit x to a non-FP8 output at 2K-8K, and
+ * fwd_take_blocked: the fused residual add of a 16-bit x to a non-FP8 output at 2K-8K, an FP8
+ * output of a 16-bit x without a residual at RMSNorm 4K-16K / LayerNorm 2K-8K (NOTES P100), and
  * from 32K where the streamed kernel does not take it, which by default leaves it a residual of
  * x's dtype to a non-FP8 output at 32K-64K, NOTES P96). For A/B runs
  * of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
@@ -118,8 +119,8 @@ int engine_set_norm_bwd_stream_threads(int n);
  * columns for every output dtype (e.g. 1 << 30: never, the paths before session 18), 0 (the
  * default) the launcher's choice (fwd_take_stream: RMSNorm from 32K, LayerNorm from 16K; a
  * residual of x's dtype from 16K, NOTES P89 / P90, but for a non-FP8 output not at 32K-64K
- * (fwd_take_stream, NOTES P96); FP8 outputs, both scalings, from 16K
- * and 8K, NOTES P59/P67/P68 measurements (RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm 8K e4m3 60.5
+ * (fwd_take_stream, NOTES P96); FP8 outputs, both scalings, from 16K and 8K where the blocked
+ * kernel does not take them first (to 16K / 8K inclusive, NOTES P100), NOTES P59/P67/P68 measurements (RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm 8K e4m3 60.5
  * -> 68.3), where an FP8 output is then within one FP8 step of the fp32 output's cast instead of
  * its exact cast). For A/B runs of the paths on one device. Process-wide; returns the previous
  * value, or -1 (and changes nothing) for n < 0. */
