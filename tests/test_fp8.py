@@ -32,13 +32,13 @@ FP8 = [pytest.param(E4M3, id="e4m3"), pytest.param(E5M2, id="e5m2")]
 SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
 # On the GPU also rows that CUDA splits over thread-block clusters (2 and 8 CTAs; more rows than
 # resident clusters at 24584): the FP8 epilogue, amax and the transposed copy on that path. By
-# default CUDA's FP8 outputs take its streamed kernel at both widths, its fp32 outputs too but for
-# RMSNorm at 24584 (same_row_sums).
+# default CUDA's FP8 outputs take its streamed kernel at both widths, its fp32 outputs only at
+# 131072 (same_row_sums).
 WIDE = [(301, 24584), (37, 131072)] if ON_GPU else []
 # CUDA's FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): the blocked kernel
 # from the first width to the second, the streamed kernel above it up to the third, where the
 # other outputs take the stream too (cuda_fp8_own_path; NOTES P100).
-FP8_BLOCKED_RMS, FP8_BLOCKED_LN = (4096, 16384, 32768), (2048, 8192, 16384)
+FP8_BLOCKED_RMS, FP8_BLOCKED_LN = (4096, 16384, 32768), (8192, 8192, 32768)
 
 
 def call(is_rms, x, w, b=None, **kw):
@@ -65,10 +65,10 @@ def fp8_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False):
     """Whether CUDA's forward, by default, takes another kernel for an FP8 output of contiguous
     rows of n than for an fp32 one. Without a residual: its blocked kernel for FP8 outputs at
-    RMSNorm 4K-16K / LayerNorm 2K-8K (fwd_take_blocked, norm_fwd_launch.cuh; NOTES P100), its
-    streamed cluster kernel for FP8 outputs above that and up to the other outputs' 32K / 16K
-    (fwd_take_stream, norm_fwd_stream.cuh; on a device with thread-block clusters, sm_90), where
-    the fp32 output takes the register path. With a residual of x's dtype (``residual``): at
+    RMSNorm 4K-16K / LayerNorm 8K (fwd_take_blocked, norm_fwd_launch.cuh; NOTES P100), its
+    streamed cluster kernel for FP8 outputs above that and up to the other outputs' 32K
+    (fwd_take_stream, norm_fwd_stream.cuh; NOTES P101; on a device with thread-block clusters,
+    sm_90), where the fp32 output takes the register path. With a residual of x's dtype (``residual``): at
     2K-8K the blocked kernel for the fp32 output and the register kernel for an FP8 one
     (fwd_take_blocked; NOTES P91), at 32K-64K the blocked kernel for the fp32 output and, on
     sm_90, the streamed one for an FP8 one (fwd_take_stream; NOTES P96). All only for a 16-bit x
@@ -89,7 +89,7 @@ def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
     The reference does by construction. CUDA does (one thread layout per row width, whatever the
     output) except where the FP8 output takes another kernel than the fp32 one
     (cuda_fp8_own_path: without a residual its blocked or streamed kernel for FP8 only at
-    RMSNorm 4K-32K, LayerNorm 2K-16K, NOTES P100 / P59/P67/P68; with a residual of x's dtype its
+    RMSNorm 4K-32K, LayerNorm 8K-32K, NOTES P100, P101 / P59/P67/P68; with a residual of x's dtype its
     blocked kernel for the fp32 output only at 2K-8K and 32K-64K, NOTES P91 / P96), whose sums
     add in another order. Triton does not: its tiles
     are tuned per output kind (engine.triton_kernels.norms_common), and even where the FP8 tile's
@@ -281,7 +281,7 @@ def fp8_own_kernel(is_rms, n):
 def register_path():
     """CUDA: the forward's register path wherever the row fits it, the streamed and blocked
     kernels off (by default FP8 outputs without a residual take the blocked kernel at RMSNorm
-    4K-16K / LayerNorm 2K-8K and the stream above: cuda_fp8_own_path)."""
+    4K-16K / LayerNorm 8K and the stream above: cuda_fp8_own_path)."""
     from engine import cuda_backend
 
     with cuda_backend.norm_fwd_stream_from(1 << 30), cuda_backend.norm_fwd_blocked_from(1 << 30):
@@ -289,16 +289,16 @@ def register_path():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
-@pytest.mark.parametrize("is_rms,n", [(True, 4096), (True, 16384), (True, 16392), (False, 2048),
-                                      (False, 8192), (False, 8200), (False, 12296)],
-                         ids=["rms-4096", "rms-16384", "rms-16392", "ln-2048", "ln-8192", "ln-8200",
-                              "ln-12296"])
+@pytest.mark.parametrize("is_rms,n", [(True, 4096), (True, 16384), (True, 16392), (False, 8192),
+                                      (False, 8200), (False, 12296), (False, 16384)],
+                         ids=["rms-4096", "rms-16384", "rms-16392", "ln-8192", "ln-8200", "ln-12296",
+                              "ln-16384"])
 @pytest.mark.parametrize("fp8_dtype", FP8)
 def test_fp8_own_kernel_widths(is_rms, n, fp8_dtype):
     """By default the CUDA forward takes another kernel for FP8 outputs than for the others at
-    RMSNorm 4K-32K / LayerNorm 2K-16K (cuda_fp8_own_path): its blocked kernel at 4K-16K / 2K-8K
+    RMSNorm 4K-32K / LayerNorm 8K-32K (cuda_fp8_own_path): its blocked kernel at 4K-16K / 8K
     (fwd_take_blocked; NOTES P100), its streamed kernel above (fwd_take_stream; NOTES
-    P59/P67/P68), where the other outputs take the register path
+    P59/P67/P68, P101), where the other outputs take the register path
     (test_norm_contract.py::test_fwd_fp8_default_path checks the paths taken). There, over 67 rows
     (16392, 8200 and 12296 leave the last CTA's slice partly past the row): the FP8 bytes, delayed
     scaling, are the exact cast of that kernel's fp32 output (its knob at n) with its exact amax,
@@ -440,7 +440,7 @@ def test_fp8_vector_layouts(is_rms, vectors, m, n):
     FP8 bytes are the cast of the same layout's fp32 output bit for bit, amax its max, and the
     in-kernel transposed copy (a tile of rows a multiple of the layout's row groups) equals
     data.T bitwise. The streamed and blocked kernels are off (register_path: FP8 outputs take
-    them by default from 4K for RMSNorm, 2K for LayerNorm), so that every width here runs the
+    them by default from 4K for RMSNorm, 8K for LayerNorm), so that every width here runs the
     register path."""
     from engine import cuda_backend
 
@@ -466,7 +466,7 @@ def test_fp8_grid_per_sm(is_rms, n):
     (cuda_backend.norm_fwd_grid_per_sm) over 3001 rows: the FP8 bytes and amax equal the default
     grid's bit for bit (the grid changes no row's arithmetic; every block's amax reaches the one
     global max). The streamed and blocked kernels are off (register_path: FP8 outputs take them
-    by default from 4K for RMSNorm, 2K for LayerNorm), so that every width here runs the register
+    by default from 4K for RMSNorm, 8K for LayerNorm), so that every width here runs the register
     path."""
     from engine import cuda_backend
 
@@ -509,7 +509,7 @@ def test_fwd_fast_loop_same_bits(is_rms, m, n):
     there in the fast loop), 16384 reads gamma from global memory, 40000 splits rows over a
     cluster (and so does 40000 with its residual); m is odd where row groups share a CTA, so a
     row block ends in masked rows. The streamed and blocked kernels are off (register_path: FP8
-    outputs without a residual take them by default from 4K for RMSNorm, 2K for LayerNorm), so
+    outputs without a residual take them by default from 4K for RMSNorm, 8K for LayerNorm), so
     that 4096-16384 run the register path without a residual too. The fast loop runs in every
     FP8 test of the default against float64 and the fp32 output's cast where neither takes the
     row."""
