@@ -334,12 +334,12 @@ def norm_fwd_blocked_from(n: int):
     row, e.g. ``1 << 30``: never, the paths before session 15); ``n = 0``, the default, the
     launcher's choice: the fused residual add of a 16-bit x to a non-FP8 output at 2K-8K
     columns (where an FP8 output keeps the register path and is then within one FP8 step of the
-    fp32 output's cast), an FP8 output of a 16-bit x without a residual at RMSNorm 4K-16K and
-    LayerNorm 8K (where the other outputs keep the register path, so that the FP8 output is
-    within one FP8 step of the fp32 output's cast), and from 32K, whatever the output dtype,
+    fp32 output's cast), an RMSNorm FP8 output of a 16-bit x without a residual at 4K-16K (where
+    the other outputs keep the register path, so that the FP8 output is within one FP8 step of
+    the fp32 output's cast), and from 32K, whatever the output dtype,
     where the streamed kernel does not take it (``norm_fwd_stream_from``; by default it does not
     take a residual of x's dtype to a non-FP8 output at 32K-64K) (benchmarks/NOTES.md, P44, P45,
-    P53, P89, P91, P96 and P100); an
+    P53, P89, P91, P96, P100 and P102); an
     ``n > 0`` takes precedence over the streamed kernel. For tests and A/B benchmarks of the paths on one
     GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` (not an
     int, or negative) raises ValueError at the call."""
@@ -390,13 +390,13 @@ def norm_fwd_stream_from(n: int):
     (engine/csrc/normalization/norm_fwd_stream.cuh). A width past every row (e.g. ``1 << 30``)
     never takes it: the paths before session 18; an ``n > 0`` applies to every output dtype,
     with a residual or without. ``n = 0``, the default, is the launcher's choice
-    (``fwd_take_stream``: from 32768 columns, both norms (P101); FP8 outputs, delayed
-    and current scaling, from 16384 and 8192 where the blocked kernel does not take them first
-    (to 16384 / 8192 inclusive: ``norm_fwd_blocked_from``); a residual of x's dtype from 16384, both norms,
+    (``fwd_take_stream``: from 32768 columns, both norms (P101, P102); RMSNorm's FP8 outputs,
+    delayed and current scaling, past 16384, below which the blocked kernel takes them from 4096
+    (``norm_fwd_blocked_from``); a residual of x's dtype from 16384, both norms,
     before the blocked kernel, except a non-FP8 output at 32K-64K (the blocked kernel there: an
     ``n > 0`` keeps the stream); benchmarks/NOTES.md P56, P89, P90, P96, and NOTES P59/P67/P68
-    measurements (RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm 8K e4m3 60.5 -> 68.3)). At RMSNorm
-    4K-32K and LayerNorm 8K-32K, and with a residual at 32K-64K, an FP8 output is then within
+    measurements (RMSNorm 16K e4m3 75.0 -> 81.7)). At RMSNorm 4K-32K, and with a residual at
+    32K-64K, an FP8 output is then within
     one FP8 step of the cast of the same call's fp32 output (which takes another kernel), not
     its exact cast. For tests and A/B
     benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous

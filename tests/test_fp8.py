@@ -35,10 +35,10 @@ SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
 # default CUDA's FP8 outputs take its streamed kernel at both widths, its fp32 outputs only at
 # 131072 (same_row_sums).
 WIDE = [(301, 24584), (37, 131072)] if ON_GPU else []
-# CUDA's FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): the blocked kernel
-# from the first width to the second, the streamed kernel above it up to the third, where the
-# other outputs take the stream too (cuda_fp8_own_path; NOTES P100).
-FP8_BLOCKED_RMS, FP8_BLOCKED_LN = (4096, 16384, 32768), (8192, 8192, 32768)
+# CUDA's RMSNorm FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): the
+# blocked kernel from the first width to the second, the streamed kernel above it up to the
+# third, where the other outputs take the stream too (cuda_fp8_own_path; NOTES P100 / P102).
+FP8_OWN_RMS = (4096, 16384, 32768)
 
 
 def call(is_rms, x, w, b=None, **kw):
@@ -64,22 +64,23 @@ def fp8_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False):
     """Whether CUDA's forward, by default, takes another kernel for an FP8 output of contiguous
-    rows of n than for an fp32 one. Without a residual: its blocked kernel for FP8 outputs at
-    RMSNorm 4K-16K / LayerNorm 8K (fwd_take_blocked, norm_fwd_launch.cuh; NOTES P100), its
-    streamed cluster kernel for FP8 outputs above that and up to the other outputs' 32K
-    (fwd_take_stream, norm_fwd_stream.cuh; NOTES P101; on a device with thread-block clusters,
-    sm_90), where the fp32 output takes the register path. With a residual of x's dtype (``residual``): at
-    2K-8K the blocked kernel for the fp32 output and the register kernel for an FP8 one
-    (fwd_take_blocked; NOTES P91), at 32K-64K the blocked kernel for the fp32 output and, on
-    sm_90, the streamed one for an FP8 one (fwd_take_stream; NOTES P96). All only for a 16-bit x
-    and rows of 16-byte vectors (n a multiple of 8)."""
+    rows of n than for an fp32 one. Without a residual, RMSNorm only: its blocked kernel for FP8
+    outputs at 4K-16K (fwd_take_blocked, norm_fwd_launch.cuh; NOTES P100 / P102), its streamed
+    cluster kernel for FP8 outputs above that and up to the other outputs' 32K (fwd_take_stream,
+    norm_fwd_stream.cuh; on a device with thread-block clusters, sm_90), where the fp32 output
+    takes the register path; LayerNorm's FP8 outputs take the fp32 output's kernel at every
+    width (NOTES P101 / P102). With a residual of x's dtype (``residual``): at 2K-8K the blocked
+    kernel for the fp32 output and the register kernel for an FP8 one (fwd_take_blocked; NOTES
+    P91), at 32K-64K the blocked kernel for the fp32 output and, on sm_90, the streamed one for
+    an FP8 one (fwd_take_stream; NOTES P96). All only for a 16-bit x and rows of 16-byte vectors
+    (n a multiple of 8)."""
     if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
         return False
     sm90 = torch.cuda.get_device_capability()[0] >= 9
     if residual:
         return 2048 <= n < 16384 or (sm90 and 32768 <= n < 65536)
-    lo, mid, hi = FP8_BLOCKED_RMS if is_rms else FP8_BLOCKED_LN
-    return lo <= n <= mid or (sm90 and mid < n < hi)
+    lo, mid, hi = FP8_OWN_RMS
+    return is_rms and (lo <= n <= mid or (sm90 and mid < n < hi))
 
 
 def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
@@ -89,7 +90,7 @@ def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
     The reference does by construction. CUDA does (one thread layout per row width, whatever the
     output) except where the FP8 output takes another kernel than the fp32 one
     (cuda_fp8_own_path: without a residual its blocked or streamed kernel for FP8 only at
-    RMSNorm 4K-32K, LayerNorm 8K-32K, NOTES P100, P101 / P59/P67/P68; with a residual of x's dtype its
+    RMSNorm 4K-32K, NOTES P100, P102 / P59/P67/P68; with a residual of x's dtype its
     blocked kernel for the fp32 output only at 2K-8K and 32K-64K, NOTES P91 / P96), whose sums
     add in another order. Triton does not: its tiles
     are tuned per output kind (engine.triton_kernels.norms_common), and even where the FP8 tile's
@@ -267,21 +268,22 @@ def test_norm_fp8_stream_residual(is_rms, fp8_dtype, n):
     check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1), residual=True)
 
 
-def fp8_own_kernel(is_rms, n):
-    """The knob (engine.cuda_backend) that puts an fp32 output of rows of n on the kernel CUDA's
-    forward takes by default for an FP8 output without a residual, where that is its own
-    (cuda_fp8_own_path): the blocked kernel to RMSNorm 16K / LayerNorm 8K, the stream above."""
+def fp8_own_kernel(n):
+    """The knob (engine.cuda_backend) that puts an fp32 output of RMSNorm rows of n on the kernel
+    CUDA's forward takes by default for an FP8 output without a residual, where that is its own
+    (cuda_fp8_own_path): the blocked kernel to 16K, the stream above."""
     from engine import cuda_backend
 
-    mid = (FP8_BLOCKED_RMS if is_rms else FP8_BLOCKED_LN)[1]
-    return cuda_backend.norm_fwd_blocked_from(n) if n <= mid else cuda_backend.norm_fwd_stream_from(n)
+    if n <= FP8_OWN_RMS[1]:
+        return cuda_backend.norm_fwd_blocked_from(n)
+    return cuda_backend.norm_fwd_stream_from(n)
 
 
 @contextlib.contextmanager
 def register_path():
     """CUDA: the forward's register path wherever the row fits it, the streamed and blocked
-    kernels off (by default FP8 outputs without a residual take the blocked kernel at RMSNorm
-    4K-16K / LayerNorm 8K and the stream above: cuda_fp8_own_path)."""
+    kernels off (by default RMSNorm's FP8 outputs without a residual take the blocked kernel at
+    4K-16K and the stream above: cuda_fp8_own_path)."""
     from engine import cuda_backend
 
     with cuda_backend.norm_fwd_stream_from(1 << 30), cuda_backend.norm_fwd_blocked_from(1 << 30):
@@ -289,41 +291,37 @@ def register_path():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
-@pytest.mark.parametrize("is_rms,n", [(True, 4096), (True, 16384), (True, 16392), (False, 8192),
-                                      (False, 8200), (False, 12296), (False, 16384)],
-                         ids=["rms-4096", "rms-16384", "rms-16392", "ln-8192", "ln-8200", "ln-12296",
-                              "ln-16384"])
+@pytest.mark.parametrize("n", [4096, 16384, 16392, 24584])
 @pytest.mark.parametrize("fp8_dtype", FP8)
-def test_fp8_own_kernel_widths(is_rms, n, fp8_dtype):
-    """By default the CUDA forward takes another kernel for FP8 outputs than for the others at
-    RMSNorm 4K-32K / LayerNorm 8K-32K (cuda_fp8_own_path): its blocked kernel at 4K-16K / 8K
-    (fwd_take_blocked; NOTES P100), its streamed kernel above (fwd_take_stream; NOTES
-    P59/P67/P68, P101), where the other outputs take the register path
-    (test_norm_contract.py::test_fwd_fp8_default_path checks the paths taken). There, over 67 rows
-    (16392, 8200 and 12296 leave the last CTA's slice partly past the row): the FP8 bytes, delayed
-    scaling, are the exact cast of that kernel's fp32 output (its knob at n) with its exact amax,
-    and within one step of the default fp32 output's cast (another order of the row sums) at
-    rounding boundaries only; current scaling's bytes are delayed scaling's at its scale (its
+def test_fp8_own_kernel_widths(n, fp8_dtype):
+    """By default the CUDA forward takes another kernel for RMSNorm's FP8 outputs than for the
+    others at 4K-32K (cuda_fp8_own_path): its blocked kernel at 4K-16K (fwd_take_blocked; NOTES
+    P100 / P102), its streamed kernel above (fwd_take_stream; NOTES P59/P67/P68), where the other
+    outputs take the register path (test_norm_contract.py::test_fwd_fp8_default_path checks the
+    paths taken). There, over 67 rows (16392 and 24584 on the stream: rows not a power of two),
+    the FP8 bytes, delayed scaling, are the exact cast of that kernel's fp32 output (its knob at
+    n) with its exact amax, and within one step of the default fp32 output's cast (another order
+    of the row sums) at rounding boundaries only; current scaling's bytes are delayed scaling's at its scale (its
     statistics pass on the same kernel, its output pass from them)."""
-    if n > (FP8_BLOCKED_RMS if is_rms else FP8_BLOCKED_LN)[1] and torch.cuda.get_device_capability()[0] < 9:
+    if n > FP8_OWN_RMS[1] and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
     use_backend("cuda")
     try:
-        assert not same_row_sums("cuda", is_rms, n)  # the case this test is for
-        x, w, b = inputs(67, n, is_rms)
-        y32 = call(is_rms, x, w, b, out_dtype=F32)
-        with fp8_own_kernel(is_rms, n):
-            y32s = call(is_rms, x, w, b, out_dtype=F32)
+        assert not same_row_sums("cuda", True, n)  # the case this test is for
+        x, w, b = inputs(67, n, True)
+        y32 = call(True, x, w, b, out_dtype=F32)
+        with fp8_own_kernel(n):
+            y32s = call(True, x, w, b, out_dtype=F32)
         q = delayed(fp8_dtype, scale=3.0, amax=0.25)
-        t = call(is_rms, x, w, b, quantizer=q)
+        t = call(True, x, w, b, quantizer=q)
         assert_cast_of(t.data, y32s, 3.0, b, exact=True)
         assert q.amax.item() == max(0.25, y32s.abs().max().item())
         assert_cast_of(t.data, y32, 3.0, b, exact=False)
         qc = Float8CurrentScalingQuantizer(fp8_dtype)
-        tc = call(is_rms, x, w, b, quantizer=qc)
+        tc = call(True, x, w, b, quantizer=qc)
         assert qc.amax.item() == y32s.abs().max().item()
         qd = delayed(fp8_dtype, scale=qc.scale.item(), amax=0.0)
-        td = call(is_rms, x, w, b, quantizer=qd)
+        td = call(True, x, w, b, quantizer=qd)
         assert torch.equal(td.data.view(torch.uint8), tc.data.view(torch.uint8))
         assert qd.amax.item() == qc.amax.item()
     finally:
@@ -440,7 +438,7 @@ def test_fp8_vector_layouts(is_rms, vectors, m, n):
     FP8 bytes are the cast of the same layout's fp32 output bit for bit, amax its max, and the
     in-kernel transposed copy (a tile of rows a multiple of the layout's row groups) equals
     data.T bitwise. The streamed and blocked kernels are off (register_path: FP8 outputs take
-    them by default from 4K for RMSNorm, 8K for LayerNorm), so that every width here runs the
+    them by default from 4K for RMSNorm), so that every width here runs the
     register path."""
     from engine import cuda_backend
 
@@ -466,7 +464,7 @@ def test_fp8_grid_per_sm(is_rms, n):
     (cuda_backend.norm_fwd_grid_per_sm) over 3001 rows: the FP8 bytes and amax equal the default
     grid's bit for bit (the grid changes no row's arithmetic; every block's amax reaches the one
     global max). The streamed and blocked kernels are off (register_path: FP8 outputs take them
-    by default from 4K for RMSNorm, 8K for LayerNorm), so that every width here runs the register
+    by default from 4K for RMSNorm), so that every width here runs the register
     path."""
     from engine import cuda_backend
 
@@ -509,7 +507,7 @@ def test_fwd_fast_loop_same_bits(is_rms, m, n):
     there in the fast loop), 16384 reads gamma from global memory, 40000 splits rows over a
     cluster (and so does 40000 with its residual); m is odd where row groups share a CTA, so a
     row block ends in masked rows. The streamed and blocked kernels are off (register_path: FP8
-    outputs without a residual take them by default from 4K for RMSNorm, 8K for LayerNorm), so
+    outputs without a residual take them by default from 4K for RMSNorm), so
     that 4096-16384 run the register path without a residual too. The fast loop runs in every
     FP8 test of the default against float64 and the fp32 output's cast where neither takes the
     row."""

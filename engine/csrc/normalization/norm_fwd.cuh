@@ -38,8 +38,8 @@
  * registers this way (one read of x) instead of taking the blocked path (two), and rows of 16K-32K
  * run as 3 CTAs per SM instead of one 512-thread CTA. No in-kernel transposed copy on this path.
  * Streamed path (norm_fwd_stream.cuh, its own kernel; by default for a 16-bit x without a residual
- * from 32K columns (FP8 outputs past 16K, LayerNorm past 8K, below which the blocked kernel
- * takes them from 4K / 8K: fwd_take_blocked), with a residual of
+ * from 32K columns (RMSNorm's FP8 outputs past 16K, below which the blocked kernel takes them
+ * from 4K: fwd_take_blocked), with a residual of
  * x's dtype from 16K (fwd_take_stream) on sm_90, modes kFull and kStats): the row over a cluster,
  * the next rows copied ahead into shared memory; this kernel keeps kApply there, the residual rows
  * the stream does not take and the knobs.

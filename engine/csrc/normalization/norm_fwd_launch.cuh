@@ -233,28 +233,28 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
  *     / 71 with the clusters' old barrier per row; with their st.async exchange (P53) the
  *     clusters read 80 / 74 / 72 and 75 / 67 / 60 (not measured in the same call as the blocked
  *     rows: kept); the streamed kernel takes these rows first (from 16K, P89 / P90) on sm_90;
- *   - an FP8 output without a residual, RMSNorm 4K-16K, LayerNorm 8K (P100, H100, A/B against
- *     a1ce5ee, two alternations, register path or stream -> blocked; e4m3 delayed scaling:
- *     RMSNorm 4K / 8K / 16K 87.7 / 86.5 / 83.6 -> 91.2 / 90.5 / 87.2, LayerNorm 8K 74.2 -> 82.9;
- *     LayerNorm 2K / 4K gained 1.5-2 there but lost 1-3 with the transposed copy and current
- *     scaling; at RMSNorm 32K and LayerNorm 16K the stream wins, and past the measured widths
- *     the stream keeps the rows it took before). There an FP8 output is within one FP8 step of
- *     the fp32 output's cast (tests/test_fp8.py::cuda_fp8_own_path);
+ *   - an RMSNorm FP8 output without a residual at 4K-16K (P100 / P102, H100, A/B against
+ *     a1ce5ee and knob runs, two alternations each, kernel time, e4m3 delayed scaling, register
+ *     path -> blocked: 4K / 8K / 16K 87.8 / 87.1 / 86.9 -> 90.7 / 90.4 / 87.3; the stream took
+ *     16K before, 83.6; current scaling and the transposed copy within 1; at 32K the stream
+ *     wins). There an FP8 output is within one FP8 step of the fp32 output's cast
+ *     (tests/test_fp8.py::cuda_fp8_own_path). Not LayerNorm's: its register path beat the
+ *     blocked kernel at 8K (85.9 against 83.2) and the stream at 16K (84.4 against 76.8; P102);
  *   - never another output without a residual: RMSNorm 32K took the blocked kernel while the
  *     cluster's barrier per row cost it (bf16 out 75 -> 78), and the st.async exchange turned
  *     that round (P53, one call: clusters 81.3 / 82.3 against blocked 77.8 / 76.8); LayerNorm's
  *     per-chunk Chan merge never won (57 M instructions against RMSNorm's 37 M at 32K, ncu); with
  *     CTAs sized to the row the plain forward lost 3-10 points at 2K-8K (P91), and with P95's
  *     registers still 2-20 (P100: bf16 out, RMSNorm 4K 94.6 -> 88.4, 64K 86.4 -> 66.8).
- * Where the streamed forward applies (a 16-bit x without a residual, from 32K, FP8 outputs from
- * 16K / 8K, NOTES P59/P67/P68, P101; a residual of x's dtype from 16K, NOTES P89 / P90:
- * fwd_take_stream) it runs instead of the register path and the clusters, unless this says
- * blocked (an FP8 output at RMSNorm 16K / LayerNorm 8K unless the stream's knob is set; the
- * blocked knob); fwd_take_stream leaves a residual at 32K-64K to a non-FP8 output to the blocked
- * kernel (NOTES P96 / P97). */
+ * Where the streamed forward applies (a 16-bit x without a residual, from 32K, RMSNorm's FP8
+ * outputs from 16K, NOTES P59/P67/P68, P101, P102; a residual of x's dtype from 16K, NOTES P89 /
+ * P90: fwd_take_stream) it runs instead of the register path and the clusters, unless this says
+ * blocked (an RMSNorm FP8 output at 16K unless the stream's knob is set; the blocked knob);
+ * fwd_take_stream leaves a residual at 32K-64K to a non-FP8 output to the blocked kernel (NOTES
+ * P96 / P97). */
 inline bool fwd_take_blocked(int cols, bool has_res, int knob, bool fp8_out, bool x16, bool rms) {
   if (knob != 0) return cols >= knob;
-  if (!has_res) return x16 && fp8_out && cols >= (rms ? 4096 : 8192) && cols <= (rms ? 16384 : 8192);
+  if (!has_res) return rms && x16 && fp8_out && cols >= 4096 && cols <= 16384;
   return cols >= 32768 || (x16 && !fp8_out && cols >= 2048 && cols < 16384);
 }
 

@@ -378,19 +378,18 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
  * register path -> streamed): on the H200 (NOTES P59/P67/P68) FP8 outputs gained one width below
  * the others (RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm 8K e4m3 60.5 -> 68.3), which lost there
  * (RMSNorm 16K bf16 86.3 -> 82.7, LayerNorm 8K bf16 80.0 -> 76.5), so FP8 from 16K (RMSNorm) /
- * 8K (LayerNorm); the others from 32K, LayerNorm's since P101 (H100, one build, two
- * alternations: LayerNorm 16K bf16 84.3 -> 91.9 on the register path; it had taken the stream
- * from 16K since P59, when one width served every dtype: H200, bf16 76.3 -> 75.1, e4m3 58.2 ->
- * 63.0). Since P100 the launcher asks fwd_take_blocked first, which takes an FP8 output at
- * RMSNorm 4K-16K / LayerNorm 8K to the blocked kernel, so the stream's FP8 rows start just above
- * those widths. The path fixes the order of a row's sums: at RMSNorm 16K-32K and LayerNorm
- * 8K-32K an FP8 output is no longer the exact cast of the same call's fp32 output (the register
- * path's) but within one FP8 step of it, at rounding boundaries only
- * (tests/test_fp8.py::cuda_fp8_own_path). */
+ * 8K (LayerNorm), the others from 32K / 16K. Session 30 (H100, two alternations each; NOTES
+ * P101, P102) measured the register path ahead of the stream for LayerNorm below 32K (bf16 16K
+ * 84.3 -> 91.9; e4m3 16K / 32K 76.8 / 77.9 -> 84.4 / 83.5, 8K 85.9 against the stream's 74-79;
+ * current scaling 1.5-3.5 behind, the transposed copy within 2), so LayerNorm takes it from 32K
+ * for every output, as RMSNorm's non-FP8 outputs; RMSNorm's FP8 outputs keep it from 16K, where
+ * the launcher asks fwd_take_blocked first, which takes 4K-16K (P100), so the stream's RMSNorm
+ * FP8 rows start just above 16K. The path fixes the order of a row's sums: at RMSNorm 16K-32K an
+ * FP8 output is no longer the exact cast of the same call's fp32 output (the register path's)
+ * but within one FP8 step of it, at rounding boundaries only (tests/test_fp8.py::cuda_fp8_own_path). */
 inline int fwd_stream_from_default(bool rms, bool fp8, bool res) {
   if (res) return 16384; /* the fused residual add, before the blocked kernel (NOTES P89, P90) */
-  if (fp8) return rms ? 16384 : 8192;
-  return 32768;
+  return fp8 && rms ? 16384 : 32768;
 }
 /* The default's one gap: the fused residual add to a non-FP8 output at 32K-64K goes to the
  * blocked kernel (fwd_take_blocked), which, since it loads a chunk's residual before its stores
