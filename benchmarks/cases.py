@@ -9,6 +9,7 @@ A case is (norm, mode, impl). Modes:
 ``fp8-delayed`` norm -> e4m3 with a given scale, amax max-updated (rowwise)
 ``fp8-current`` norm -> e4m3, scale from this tensor's amax
 ``fp8-T``       fp8-delayed plus the transposed [N, M] copy
+``res-fp8``     z = x + r; norm(z) -> e4m3 as fp8-delayed; returns (the FP8 output, z)
 ``cast-T``      x -> e4m3 rowwise + transposed, delayed scaling (no norm)
 =============== ==================================================================================
 
@@ -51,14 +52,14 @@ CHECK_ROWS = 256
 TOL = {"y": 2e-2, "res": 1e-2, "dx": 3e-2, "q": 0.1, "qt": 0.0}
 
 NORM_MODES = ("fwd", "fwd+bwd", "res-fwd")
-FP8_MODES = ("fp8-delayed", "fp8-current", "fp8-T", "cast-T")
+FP8_MODES = ("fp8-delayed", "fp8-current", "fp8-T", "res-fp8", "cast-T")
 ENGINE_IMPLS = ("cuda", "triton", "cuda-int", "triton-int")
 PEERS = ("eager", "F", "compile", "liger")
 IMPL_ORDER = ENGINE_IMPLS + PEERS
 
 _SHORT = {"rmsnorm": "rms", "layernorm": "ln"}
 _MODE_LABEL = {"fwd": "fwd", "fwd+bwd": "f+b", "res-fwd": "+res fwd", "fp8-delayed": ">e4m3 dly",
-               "fp8-current": ">e4m3 cur", "fp8-T": ">e4m3+T"}
+               "fp8-current": ">e4m3 cur", "fp8-T": ">e4m3+T", "res-fp8": "+res>e4m3"}
 
 
 class Skip(Exception):
@@ -100,6 +101,8 @@ def nbytes(spec: Spec, m: int, n: int) -> int:
         return H.bytes_norm_fwd(m, n, bias=bias, residual=2)
     if spec.mode == "cast-T":
         return H.bytes_cast_transpose(m, n)
+    if spec.mode == "res-fp8":  # also read the residual and write residual_out (bf16)
+        return H.bytes_norm_fp8(m, n, bias=bias) + 2 * m * n * 2
     return H.bytes_norm_fp8(m, n, bias=bias, transposed=spec.mode == "fp8-T")
 
 
@@ -116,11 +119,11 @@ def make_inputs(norm: str, mode: str, m: int, n: int, dev: torch.device, seed: i
     inp = {"x": randn(m, n), "w": randn(n, std=0.1, mean=1.0)}
     if norm == "layernorm":
         inp["b"] = randn(n, std=0.1)
-    if mode == "res-fwd":
+    if mode in ("res-fwd", "res-fp8"):
         inp["r"] = randn(m, n)
     if mode == "fwd+bwd":
         inp["dy"] = randn(m, n)
-    if mode in ("fp8-delayed", "fp8-T", "cast-T"):
+    if mode in ("fp8-delayed", "fp8-T", "res-fp8", "cast-T"):
         inp["scale"] = torch.full((1,), DELAYED_SCALE, dtype=torch.float32, device=dev)
         inp["amax"] = torch.zeros(1, dtype=torch.float32, device=dev)
     return inp
@@ -161,6 +164,12 @@ def peer_fn(norm: str, mode: str) -> Callable:
             amax.copy_(torch.maximum(amax, y.abs().amax().reshape(1)))
             q = _quantize(y, scale)
             return (q, scale.reciprocal(), q.t().contiguous()) if transposed else (q, scale.reciprocal())
+    elif mode == "res-fp8":
+        def f(x, w, b, r, scale, amax):
+            z = x + r
+            y = _norm_f32(z, w, b, rms)
+            amax.copy_(torch.maximum(amax, y.abs().amax().reshape(1)))
+            return _quantize(y, scale), scale.reciprocal(), z
     elif mode == "fp8-current":
         def f(x, w, b):
             y = _norm_f32(x, w, b, rms)
@@ -281,6 +290,14 @@ def build(spec: Spec, inp: Dict[str, Tensor]) -> Case:
             return {"dx": g[0]}
     elif mode == "res-fwd":
         fn, outputs = fwd, (lambda t: {"y": t[0], "res": t[1]})
+    elif mode == "res-fp8":
+        fn = fwd
+        if impl in ENGINE_IMPLS:  # (Float8Tensor, residual_out)
+            def outputs(t):
+                return {**_fp8_outputs(t[0]), "res": t[1]}
+        else:  # (data, scale_inv, z)
+            def outputs(t):
+                return {"q": t[0], "scale_inv": t[1], "res": t[2]}
     else:
         fn = fwd
         outputs = _fp8_outputs if impl in ENGINE_IMPLS else _tuple_fp8_outputs
@@ -302,9 +319,9 @@ def _forward(spec: Spec, inp: Dict[str, Tensor]) -> Callable[[], object]:
             q = engine.Float8Quantizer(scale, amax, FP8, rowwise=True, columnwise=True)
             return lambda: engine.cast_transpose(x, q)
         kw = {}
-        if mode == "res-fwd":
+        if mode in ("res-fwd", "res-fp8"):
             kw["residual"] = r
-        elif mode in ("fp8-delayed", "fp8-T"):
+        if mode in ("fp8-delayed", "fp8-T", "res-fp8"):
             kw["quantizer"] = engine.Float8Quantizer(scale, amax, FP8, columnwise=mode == "fp8-T")
         elif mode == "fp8-current":
             kw["quantizer"] = engine.Float8CurrentScalingQuantizer(FP8)
@@ -343,6 +360,8 @@ def _forward(spec: Spec, inp: Dict[str, Tensor]) -> Callable[[], object]:
         return lambda: f(x, w, b)
     if mode == "res-fwd":
         return lambda: f(x, w, b, r)
+    if mode == "res-fp8":
+        return lambda: f(x, w, b, r, scale, amax)
     if mode == "cast-T":
         return lambda: f(x, scale, amax)
     return lambda: f(x, w, b, scale, amax)

@@ -22,7 +22,8 @@ BACKENDS = ("cuda", "triton")
 MODES = (
     ("rmsnorm", "fwd"), ("rmsnorm", "fwd+bwd"), ("rmsnorm", "res-fwd"),
     ("layernorm", "fwd"), ("layernorm", "fwd+bwd"), ("layernorm", "res-fwd"),
-    ("rmsnorm", "fp8-delayed"), ("rmsnorm", "fp8-current"), ("rmsnorm", "fp8-T"), ("rmsnorm", "cast-T"),
+    ("rmsnorm", "fp8-delayed"), ("rmsnorm", "fp8-current"), ("rmsnorm", "fp8-T"), ("rmsnorm", "res-fp8"),
+    ("rmsnorm", "cast-T"),
 )
 
 
