@@ -111,6 +111,17 @@ def run(external: str) -> int:
                         torch.allclose(y.float().cpu(), ref.float(), rtol=2e-2, atol=2e-2)):
                     print(f"residual mismatch {m}x{n} rms={is_rms} stream knob={knob}")
                     bad += 1
+                # the same rows to e4m3 with the transposed copy: by default the register kernel
+                # at 2K-8K, the blocked kernel at 32K-64K (NOTES P103), the stream under its knob
+                q = Float8Quantizer(torch.ones(1, device="cuda"), torch.zeros(1, device="cuda"), E4M3,
+                                    columnwise=True)
+                with torch.no_grad():
+                    t, res_out8 = (engine.rmsnorm(x, w, 1e-5, residual=r, quantizer=q) if is_rms
+                                   else engine.layernorm(x, w, b, 1e-5, residual=r, quantizer=q))
+                if not (torch.equal(res_out8, z) and
+                        torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())):
+                    print(f"residual e4m3 mismatch {m}x{n} rms={is_rms} stream knob={knob}")
+                    bad += 1
     # the streamed forward over many rows per cluster, so that its ring of shared-memory stages
     # and its exchange slots wrap many times (a row's sums are awaited one iteration after they
     # are sent: four slots), bf16 and e4m3 outputs

@@ -338,8 +338,8 @@ def norm_fwd_blocked_from(n: int):
     the other outputs keep the register path, so that the FP8 output is within one FP8 step of
     the fp32 output's cast), and from 32K, whatever the output dtype,
     where the streamed kernel does not take it (``norm_fwd_stream_from``; by default it does not
-    take a residual of x's dtype to a non-FP8 output at 32K-64K) (benchmarks/NOTES.md, P44, P45,
-    P53, P89, P91, P96, P100 and P102); an
+    take a residual of x's dtype at 32K-64K) (benchmarks/NOTES.md, P44, P45,
+    P53, P89, P91, P96, P100, P102 and P103); an
     ``n > 0`` takes precedence over the streamed kernel. For tests and A/B benchmarks of the paths on one
     GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` (not an
     int, or negative) raises ValueError at the call."""
@@ -392,13 +392,12 @@ def norm_fwd_stream_from(n: int):
     with a residual or without. ``n = 0``, the default, is the launcher's choice
     (``fwd_take_stream``: from 32768 columns, both norms (P101, P102); RMSNorm's FP8 outputs,
     delayed and current scaling, past 16384, below which the blocked kernel takes them from 4096
-    (``norm_fwd_blocked_from``); a residual of x's dtype from 16384, both norms,
-    before the blocked kernel, except a non-FP8 output at 32K-64K (the blocked kernel there: an
-    ``n > 0`` keeps the stream); benchmarks/NOTES.md P56, P89, P90, P96, and NOTES P59/P67/P68
-    measurements (RMSNorm 16K e4m3 75.0 -> 81.7)). At RMSNorm 4K-32K, and with a residual at
-    32K-64K, an FP8 output is then within
-    one FP8 step of the cast of the same call's fp32 output (which takes another kernel), not
-    its exact cast. For tests and A/B
+    (``norm_fwd_blocked_from``); a residual of x's dtype from 16384, both norms, before the
+    blocked kernel, except at 32K-64K (the blocked kernel there, every output dtype: an ``n > 0``
+    keeps the stream); benchmarks/NOTES.md P56, P89, P90, P96, P103, and NOTES P59/P67/P68
+    measurements (RMSNorm 16K e4m3 75.0 -> 81.7)). At RMSNorm 4K-32K an FP8 output is then
+    within one FP8 step of the cast of the same call's fp32 output (which takes another kernel),
+    not its exact cast. For tests and A/B
     benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` (not an int, or negative) raises ValueError at the call."""
     if type(n) is not int or n < 0:

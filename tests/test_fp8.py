@@ -3,9 +3,10 @@
 Exactness: a backend's FP8 bytes must equal torch's saturating round-to-nearest-even cast of the
 *same backend's* fp32 output times the scale (run with out_dtype=fp32), bit for bit, where both
 outputs add a row's sums in one order (same_row_sums); amax must equal max|y| of that output and
-scale_inv = 1/scale exactly. Where they do not (Triton; CUDA's streamed forward at the widths it
-takes for FP8 outputs only, and its blocked forward at the widths it takes for the fused residual
-add to other outputs only) the bytes may differ from that cast by one step at rounding boundaries.
+scale_inv = 1/scale exactly. Where they do not (Triton; CUDA's blocked and streamed forwards at
+the widths they take for RMSNorm's FP8 outputs only, and its blocked forward at the widths it takes
+for the fused residual add to other outputs only: cuda_fp8_own_path) the bytes may differ from
+that cast by one step at rounding boundaries.
 Against the float64 oracle the bytes may differ by one FP8 step where the fp32 value sits within
 rounding error of a tie between two FP8 values (the fp32 and float64 results round differently
 there), so that check allows one step.
@@ -71,14 +72,13 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False):
     takes the register path; LayerNorm's FP8 outputs take the fp32 output's kernel at every
     width (NOTES P101 / P102). With a residual of x's dtype (``residual``): at 2K-8K the blocked
     kernel for the fp32 output and the register kernel for an FP8 one (fwd_take_blocked; NOTES
-    P91), at 32K-64K the blocked kernel for the fp32 output and, on sm_90, the streamed one for
-    an FP8 one (fwd_take_stream; NOTES P96). All only for a 16-bit x and rows of 16-byte vectors
-    (n a multiple of 8)."""
+    P91; at 32K-64K both take the blocked kernel since P103). All only for a 16-bit x and rows of
+    16-byte vectors (n a multiple of 8)."""
     if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
         return False
     sm90 = torch.cuda.get_device_capability()[0] >= 9
     if residual:
-        return 2048 <= n < 16384 or (sm90 and 32768 <= n < 65536)
+        return 2048 <= n < 16384
     lo, mid, hi = FP8_OWN_RMS
     return is_rms and (lo <= n <= mid or (sm90 and mid < n < hi))
 
@@ -91,8 +91,8 @@ def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
     output) except where the FP8 output takes another kernel than the fp32 one
     (cuda_fp8_own_path: without a residual its blocked or streamed kernel for FP8 only at
     RMSNorm 4K-32K, NOTES P100, P102 / P59/P67/P68; with a residual of x's dtype its
-    blocked kernel for the fp32 output only at 2K-8K and 32K-64K, NOTES P91 / P96), whose sums
-    add in another order. Triton does not: its tiles
+    blocked kernel for the fp32 output only at 2K-8K, NOTES P91), whose sums add in another
+    order. Triton does not: its tiles
     are tuned per output kind (engine.triton_kernels.norms_common), and even where the FP8 tile's
     shape equals the high-precision one, Triton lays the FP8 tile out with 16 values per thread
     (its store's 16-byte vectors) against 8 for a bf16 input with a 16- or 32-bit output, so
@@ -330,23 +330,19 @@ def test_fp8_own_kernel_widths(n, fp8_dtype):
 
 @pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [2048, 4096, 8200, 32768, 40000])
+@pytest.mark.parametrize("n", [2048, 4096, 8200])
 @pytest.mark.parametrize("fp8_dtype", FP8)
 def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
-    """By default the CUDA forward takes its blocked kernel for the fused residual add of a 16-bit x
-    to a non-FP8 output at 2K-8K (NOTES P91), and at 32K-64K before the streamed kernel
-    (fwd_take_stream, NOTES P96), while an FP8 output keeps another kernel: the register
-    kernel at 2K-8K (fwd_take_blocked), the streamed one at 32K-64K on sm_90 (8200 and 40000
-    leave the last chunk partly past the row). Over 67 rows with a bf16 residual: the fp32
-    output is the blocked kernel's (its knob at n) bit for bit and not the FP8 output's kernel's
-    (the blocked knob at 1 << 30, or the stream's knob at n); the FP8 bytes, delayed scaling,
-    are the exact cast of that kernel's fp32 output with its exact amax, and within one step of
+    """By default the CUDA forward takes its blocked kernel for the fused residual add of a 16-bit
+    x to a non-FP8 output at 2K-8K (NOTES P91), while an FP8 output keeps the register kernel
+    there (fwd_take_blocked; 8200 leaves the last chunk partly past the row). Over 67 rows with
+    a bf16 residual: the fp32 output is the blocked kernel's (its knob at n) bit for bit and not
+    the register kernel's (the blocked knob at 1 << 30); the FP8 bytes, delayed scaling, are the
+    exact cast of the register kernel's fp32 output with its exact amax, and within one step of
     the default fp32 output's cast at rounding boundaries only; residual_out is the same rounded
     sum on every path."""
     from engine import cuda_backend
 
-    if n >= 32768 and torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
     use_backend("cuda")
     try:
         assert not same_row_sums("cuda", is_rms, n, residual=True)  # the case this test is for
@@ -356,9 +352,7 @@ def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
         y32, ro = call(is_rms, x, w, b, residual=r, out_dtype=F32)
         with cuda_backend.norm_fwd_blocked_from(n):
             y32b, rob = call(is_rms, x, w, b, residual=r, out_dtype=F32)
-        fp8_path = (cuda_backend.norm_fwd_blocked_from(1 << 30) if n < 16384
-                    else cuda_backend.norm_fwd_stream_from(n))
-        with fp8_path:
+        with cuda_backend.norm_fwd_blocked_from(1 << 30):
             y32o, roo = call(is_rms, x, w, b, residual=r, out_dtype=F32)
         assert torch.equal(ro, z) and torch.equal(rob, z) and torch.equal(roo, z)
         assert torch.equal(y32, y32b) and not torch.equal(y32, y32o)
@@ -370,6 +364,24 @@ def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
         assert_cast_of(t.data, y32, 3.0, b, exact=False)
     finally:
         engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [16384, 32768, 40000, 131072])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_fp8_residual_default_wide(is_rms, n, fp8_dtype):
+    """From 16K the CUDA forward takes one kernel for the fused residual add (a bf16 residual)
+    whatever the output dtype: the streamed kernel at 16K and from 64K on sm_90, the blocked
+    kernel at 32K-64K (fwd_take_stream; NOTES P96, and P103 for FP8 outputs, which took the
+    stream there before: 40000 leaves its last chunk partly past the row). So by default,
+    over 67 rows, delayed scaling with the transposed copy and current scaling are each the exact
+    cast of the default fp32 output with its exact amax (check_fp8_path with no knob);
+    test_norm_contract.py::test_fwd_stream_residual_taken checks which kernel runs."""
+    if n != 32768 and n != 40000 and torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
+    assert same_row_sums("cuda", is_rms, n, residual=True)
+    check_fp8_path(is_rms, fp8_dtype, n, contextlib.nullcontext(), residual=True)
 
 
 @pytest.mark.parametrize("is_rms", NORMS)

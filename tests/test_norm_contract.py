@@ -612,16 +612,17 @@ def test_fwd_stream(is_rms, threads, n):
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [8192, 16384, 32768, 131072])
-def test_fwd_stream_residual_taken(is_rms, n):
+@pytest.mark.parametrize("out_dtype", [BF16, torch.float8_e4m3fn], ids=["bf16", "e4m3"])
+def test_fwd_stream_residual_taken(is_rms, n, out_dtype):
     """A row with a residual of x's dtype takes the streamed kernel under its knob
     (norm_fwd_stream_from(n)), before the blocked kernel of the residual rows: over 301 rows the
-    statistics agree within rounding with the other paths' (the stream's knob off: the blocked
-    kernel at 8K and from 32K, the register kernel at 16K) but not bit for bit (another order of
-    the row sums), while
+    statistics agree within rounding with the other paths' (the stream's knob off: at 8K the
+    blocked kernel for bf16, the register kernel for e4m3; the register kernel at 16K; the
+    blocked kernel from 32K) but not bit for bit (another order of the row sums), while
     residual_out, the same rounded sum on every path, is equal bit for bit. The default takes the
     stream for these rows from 16K, both norms (fwd_stream_from_default; NOTES P89, P90), instead of
     the register kernel at 16K and the blocked kernel from 64K; at 32K-64K the blocked kernel
-    (fwd_take_stream; NOTES P96)."""
+    (fwd_take_stream; NOTES P96; for an FP8 output since P103)."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -630,7 +631,7 @@ def test_fwd_stream_residual_taken(is_rms, n):
         runs = []
         for knob in (n, 1 << 30, 0):
             with cuda_backend.norm_fwd_stream_from(knob):
-                _, res_out, mu, rsigma = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
+                _, res_out, mu, rsigma = run_fwd(is_rms, x, w, b, r, 1e-5, False, out_dtype)
             runs.append((res_out, rsigma if is_rms else torch.cat([mu, rsigma])))
         (ro_s, st_s), (ro_o, st_o), (ro_d, st_d) = runs
         assert torch.equal(ro_s, residual_sum(x, r)) and torch.equal(ro_o, ro_s) and torch.equal(ro_d, ro_s)

@@ -244,14 +244,14 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
  *     cluster's barrier per row cost it (bf16 out 75 -> 78), and the st.async exchange turned
  *     that round (P53, one call: clusters 81.3 / 82.3 against blocked 77.8 / 76.8); LayerNorm's
  *     per-chunk Chan merge never won (57 M instructions against RMSNorm's 37 M at 32K, ncu); with
- *     CTAs sized to the row the plain forward lost 3-10 points at 2K-8K (P91), and with P95's
- *     registers still 2-20 (P100: bf16 out, RMSNorm 4K 94.6 -> 88.4, 64K 86.4 -> 66.8).
+ *     CTAs sized to the row the plain forward lost 3-10 points at 2K-8K (P91), and after P95
+ *     still 3-20 (P100, H100: bf16 out, RMSNorm 4K 94.6 -> 88.4, 64K 86.5 -> 66.8).
  * Where the streamed forward applies (a 16-bit x without a residual, from 32K, RMSNorm's FP8
  * outputs from 16K, NOTES P59/P67/P68, P101, P102; a residual of x's dtype from 16K, NOTES P89 /
  * P90: fwd_take_stream) it runs instead of the register path and the clusters, unless this says
  * blocked (an RMSNorm FP8 output at 16K unless the stream's knob is set; the blocked knob);
- * fwd_take_stream leaves a residual at 32K-64K to a non-FP8 output to the blocked kernel (NOTES
- * P96 / P97). */
+ * fwd_take_stream leaves a residual at 32K-64K to the blocked kernel (NOTES P96 / P97 /
+ * P103). */
 inline bool fwd_take_blocked(int cols, bool has_res, int knob, bool fp8_out, bool x16, bool rms) {
   if (knob != 0) return cols >= knob;
   if (!has_res) return rms && x16 && fp8_out && cols >= 4096 && cols <= 16384;

@@ -380,9 +380,11 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
  * (RMSNorm 16K bf16 86.3 -> 82.7, LayerNorm 8K bf16 80.0 -> 76.5), so FP8 from 16K (RMSNorm) /
  * 8K (LayerNorm), the others from 32K / 16K. Session 30 (H100, two alternations each; NOTES
  * P101, P102) measured the register path ahead of the stream for LayerNorm below 32K (bf16 16K
- * 84.3 -> 91.9; e4m3 16K / 32K 76.8 / 77.9 -> 84.4 / 83.5, 8K 85.9 against the stream's 74-79;
- * current scaling 1.5-3.5 behind, the transposed copy within 2), so LayerNorm takes it from 32K
- * for every output, as RMSNorm's non-FP8 outputs; RMSNorm's FP8 outputs keep it from 16K, where
+ * 84.3 -> 91.9; e4m3 16K 76.8 -> 84.4, 8K 85.9 against the stream's 74-79; current scaling 2.1
+ * behind at 16K, the transposed copy 1.0 ahead); at 32K the register path gained for e4m3 alone
+ * (77.9 -> 83.5) and lost with the transposed copy (-2.1) and current scaling (-3.5). So
+ * LayerNorm takes the stream from 32K for every output, as RMSNorm's non-FP8 outputs; RMSNorm's
+ * FP8 outputs keep it from 16K, where
  * the launcher asks fwd_take_blocked first, which takes 4K-16K (P100), so the stream's RMSNorm
  * FP8 rows start just above 16K. The path fixes the order of a row's sums: at RMSNorm 16K-32K an
  * FP8 output is no longer the exact cast of the same call's fp32 output (the register path's)
@@ -391,17 +393,17 @@ inline int fwd_stream_from_default(bool rms, bool fp8, bool res) {
   if (res) return 16384; /* the fused residual add, before the blocked kernel (NOTES P89, P90) */
   return fp8 && rms ? 16384 : 32768;
 }
-/* The default's one gap: the fused residual add to a non-FP8 output at 32K-64K goes to the
- * blocked kernel (fwd_take_blocked), which, since it loads a chunk's residual before its stores
- * (P96), beat the stream there (H200, kernel time, % of copy, two alternations,
- * h200_ab_s29_p96_stream.log: 32K RMSNorm 86.3 -> 87.5, LayerNorm 82.5 -> 86.8; at 64K the
- * stream wins, 87.9 / 83.2 against 77.9 / 76.5; at 16K they tie, 85.8 / 81.3 against 84.9 /
- * 81.3). An FP8 output keeps the stream there, so at 32K-64K it is within one FP8 step of the
- * fp32 output's cast (another order of the row's sums), as at 2K-8K
- * (tests/test_fp8.py::cuda_fp8_own_path). The knob (stream_from != 0) has no gap. */
+/* The default's one gap: the fused residual add at 32K-64K goes to the blocked kernel
+ * (fwd_take_blocked), which, since it loads a chunk's residual before its stores (P96), beat the
+ * stream there (H200, kernel time, % of copy, two alternations, h200_ab_s29_p96_stream.log, bf16
+ * out: 32K RMSNorm 86.3 -> 87.5, LayerNorm 82.5 -> 86.8; at 64K the stream wins, 87.9 / 83.2
+ * against 77.9 / 76.5; at 16K they tie, 85.8 / 81.3 against 84.9 / 81.3), for every output dtype
+ * since P103 (H100, e4m3 out, two alternations, h100_ab_s30_p103_knob.log: 32K RMSNorm 89.1 ->
+ * 89.1, LayerNorm 82.7 -> 87.0; an FP8 output had kept the stream, within one FP8 step of the
+ * fp32 output's cast; now its exact cast). The knob (stream_from != 0) has no gap. */
 inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res) {
   if (stream_from != 0) return cols >= stream_from;
-  if (res && !fp8 && cols >= 32768 && cols < 65536) return false; /* NOTES P96 / P97 */
+  if (res && cols >= 32768 && cols < 65536) return false; /* NOTES P96 / P97 / P103 */
   return cols >= fwd_stream_from_default(rms, fp8, res);
 }
 

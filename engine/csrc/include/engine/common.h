@@ -82,7 +82,7 @@ int engine_set_norm_fwd_general_loop(int n);
  * fwd_take_blocked: the fused residual add of a 16-bit x to a non-FP8 output at 2K-8K, an FP8
  * output of RMSNorm of a 16-bit x without a residual at 4K-16K (NOTES P100), and
  * from 32K where the streamed kernel does not take it, which by default leaves it a residual of
- * x's dtype to a non-FP8 output at 32K-64K, NOTES P96). For A/B runs
+ * x's dtype at 32K-64K, NOTES P96 / P103). For A/B runs
  * of the paths on one device. Process-wide; returns the previous value, or -1 (and changes
  * nothing) for n < 0. */
 int engine_set_norm_fwd_blocked_from(int n);
@@ -118,11 +118,12 @@ int engine_set_norm_bwd_stream_threads(int n);
  * (cp.async) while it reduces one and writes an earlier one (norm_fwd_stream.cuh). n > 0 from n
  * columns for every output dtype (e.g. 1 << 30: never, the paths before session 18), 0 (the
  * default) the launcher's choice (fwd_take_stream: from 32K, both norms, NOTES P101 / P102; a
- * residual of x's dtype from 16K, NOTES P89 / P90, but for a non-FP8 output not at 32K-64K
- * (fwd_take_stream, NOTES P96); RMSNorm's FP8 outputs, both scalings, past 16K, below which the
+ * residual of x's dtype from 16K, NOTES P89 / P90, but not at 32K-64K (fwd_take_stream, NOTES
+ * P96 / P103); RMSNorm's FP8 outputs, both scalings, past 16K, below which the
  * blocked kernel takes them from 4K (NOTES P59/P67/P68, P100), where an FP8 output is then
- * within one FP8 step of the fp32 output's cast instead of its exact cast). For A/B runs of the paths on one device. Process-wide; returns the previous
- * value, or -1 (and changes nothing) for n < 0. */
+ * within one FP8 step of the fp32 output's cast instead of its exact cast). For A/B runs of the
+ * paths on one device. Process-wide; returns the previous value, or -1 (and changes nothing) for
+ * n < 0. */
 int engine_set_norm_fwd_stream_from(int n);
 
 /* Largest CTA of the streamed forward (above): n = 128, 256 or 512 threads (the cluster is the
