@@ -33,8 +33,8 @@ FP8 = [pytest.param(E4M3, id="e4m3"), pytest.param(E5M2, id="e5m2")]
 SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
 # On the GPU also rows that CUDA splits over thread-block clusters (2 and 8 CTAs; more rows than
 # resident clusters at 24584): the FP8 epilogue, amax and the transposed copy on that path. By
-# default CUDA's FP8 outputs take its streamed kernel at both widths, its fp32 outputs only at
-# 131072 (same_row_sums).
+# default every CUDA output takes its streamed kernel at 131072; at 24584 RMSNorm's FP8 output
+# does and its fp32 output not (same_row_sums), LayerNorm's outputs neither.
 WIDE = [(301, 24584), (37, 131072)] if ON_GPU else []
 # CUDA's RMSNorm FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): the
 # blocked kernel from the first width to the second, the streamed kernel above it up to the
@@ -301,8 +301,8 @@ def test_fp8_own_kernel_widths(n, fp8_dtype):
     paths taken). There, over 67 rows (16392 and 24584 on the stream: rows not a power of two),
     the FP8 bytes, delayed scaling, are the exact cast of that kernel's fp32 output (its knob at
     n) with its exact amax, and within one step of the default fp32 output's cast (another order
-    of the row sums) at rounding boundaries only; current scaling's bytes are delayed scaling's at its scale (its
-    statistics pass on the same kernel, its output pass from them)."""
+    of the row sums) at rounding boundaries only; current scaling's bytes are delayed scaling's
+    at its scale (its statistics pass on the same kernel, its output pass from them)."""
     if n > FP8_OWN_RMS[1] and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
     use_backend("cuda")
@@ -449,9 +449,8 @@ def test_fp8_vector_layouts(is_rms, vectors, m, n):
     """Every thread layout of the CUDA forward's register path (cuda_backend.norm_fwd_vectors): the
     FP8 bytes are the cast of the same layout's fp32 output bit for bit, amax its max, and the
     in-kernel transposed copy (a tile of rows a multiple of the layout's row groups) equals
-    data.T bitwise. The streamed and blocked kernels are off (register_path: FP8 outputs take
-    them by default from 4K for RMSNorm), so that every width here runs the
-    register path."""
+    data.T bitwise. The streamed and blocked kernels are off (register_path: RMSNorm's FP8
+    outputs take them by default from 4K), so that every width here runs the register path."""
     from engine import cuda_backend
 
     use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
@@ -475,9 +474,8 @@ def test_fp8_grid_per_sm(is_rms, n):
     """The CUDA forward's register path to e4m3 at 1, 3, 16 and 64 CTAs per SM
     (cuda_backend.norm_fwd_grid_per_sm) over 3001 rows: the FP8 bytes and amax equal the default
     grid's bit for bit (the grid changes no row's arithmetic; every block's amax reaches the one
-    global max). The streamed and blocked kernels are off (register_path: FP8 outputs take them
-    by default from 4K for RMSNorm), so that every width here runs the register
-    path."""
+    global max). The streamed and blocked kernels are off (register_path: RMSNorm's FP8 outputs
+    take them by default from 4K), so that every width here runs the register path."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -517,10 +515,10 @@ def test_fwd_fast_loop_same_bits(is_rms, m, n):
     bits: e4m3 and e5m2 bytes, amax and the in-kernel transposed copy, with and without a bf16
     residual (LayerNorm with a bias). 1032, 5120 and 8200 leave slots outside the row (zeros
     there in the fast loop), 16384 reads gamma from global memory, 40000 splits rows over a
-    cluster (and so does 40000 with its residual); m is odd where row groups share a CTA, so a
-    row block ends in masked rows. The streamed and blocked kernels are off (register_path: FP8
-    outputs without a residual take them by default from 4K for RMSNorm), so
-    that 4096-16384 run the register path without a residual too. The fast loop runs in every
+    cluster, with its residual too; m is odd where row groups share a CTA, so a row block ends in
+    masked rows. The streamed and blocked kernels are off (register_path: RMSNorm's FP8 outputs
+    without a residual take them by default from 4K), so that 4096-16384 run the register path
+    without a residual too. The fast loop runs in every
     FP8 test of the default against float64 and the fp32 output's cast where neither takes the
     row."""
     from engine import cuda_backend
