@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GPU call for an A/B of two CUDA builds: A = a carried tree (.carry/base.tgz, e.g.
 # `git archive HEAD | gzip > .carry/base.tgz`), B = this working tree. Both are built in parallel,
-# then optional tests run on B's build, then benchmarks/profile_kernels.py runs on A and B
-# alternated AB_REPS times (kernel time: compare only within one call). Logs under $OUT.
+# then optional tests run on B's build, then benchmarks/profile_kernels.py (this tree's, on both
+# sides) runs on A and B alternated AB_REPS times (kernel time: compare only within one call).
+# Logs under $OUT.
 #
 #   AB_ARGS="--impls cuda --n 16384 32768 --modes fwd+bwd" AB_REPS=2 \
 #   AB_TESTS="tests/test_norm_contract.py" AB_K="stream or cluster" AB_SANITIZE="memcheck racecheck" bash ci/ab.sh
@@ -28,6 +29,9 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 A=/tmp/ab_base
 rm -rf "$A" && mkdir -p "$A" && tar xzf .carry/base.tgz -C "$A" || { log "no .carry/base.tgz"; exit 2; }
+# Both sides measure with this tree's harness (benchmarks/*.py: the modes, the byte counts, the
+# timing), so that an A/B compares engine code only and A runs the modes added since.
+cp benchmarks/*.py "$A/benchmarks/"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/ab_session.log"
 # build_side SIDE DIR JOBS: setup.py build_ext in DIR, logged to $OUT/build_SIDE.log (last line
 # "SIDE build rc N"), the extension handed back as $OUT/SIDE_<name>.xz.NN.
