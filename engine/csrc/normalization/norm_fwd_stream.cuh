@@ -44,7 +44,7 @@
  * statistics back and computes y with the same formula (norm_y) on the register path: the same
  * bits as this kernel's kFull output, so current scaling's FP8 output is delayed scaling's at the
  * same scale, and the cast of the fp32 output wherever that output takes this kernel too
- * (fwd_take_stream: FP8 outputs take it one width earlier).
+ * (fwd_take_stream: RMSNorm's FP8 outputs take it from 16K, the other rows from 32K).
  */
 #ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_STREAM_CUH_
 #define ENGINE_CSRC_NORMALIZATION_NORM_FWD_STREAM_CUH_
@@ -384,11 +384,11 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
  * behind at 16K, the transposed copy 1.0 ahead); at 32K the register path gained for e4m3 alone
  * (77.9 -> 83.5) and lost with the transposed copy (-2.1) and current scaling (-3.5). So
  * LayerNorm takes the stream from 32K for every output, as RMSNorm's non-FP8 outputs; RMSNorm's
- * FP8 outputs keep it from 16K, where
- * the launcher asks fwd_take_blocked first, which takes 4K-16K (P100), so the stream's RMSNorm
- * FP8 rows start just above 16K. The path fixes the order of a row's sums: at RMSNorm 16K-32K an
- * FP8 output is no longer the exact cast of the same call's fp32 output (the register path's)
- * but within one FP8 step of it, at rounding boundaries only (tests/test_fp8.py::cuda_fp8_own_path). */
+ * FP8 outputs keep it from 16K, where the launcher asks fwd_take_blocked first, which takes
+ * 4K-16K (P100), so the stream's RMSNorm FP8 rows start just above 16K. The path fixes the order
+ * of a row's sums: at RMSNorm 16K-32K an FP8 output is no longer the exact cast of the same
+ * call's fp32 output (the register path's) but within one FP8 step of it, at rounding
+ * boundaries only (tests/test_fp8.py::cuda_fp8_own_path). */
 inline int fwd_stream_from_default(bool rms, bool fp8, bool res) {
   if (res) return 16384; /* the fused residual add, before the blocked kernel (NOTES P89, P90) */
   return fp8 && rms ? 16384 : 32768;
