@@ -74,7 +74,8 @@ _KERNEL_OPS = (("rmsnorm", "fwd", "rms fwd"), ("rmsnorm", "fwd+bwd", "rms f+b"),
                ("layernorm", "fwd", "ln fwd"), ("layernorm", "fwd+bwd", "ln f+b"),
                ("layernorm", "res-fwd", "ln +res fwd"), ("layernorm", "fp8-delayed", "ln >e4m3 dly"),
                ("rmsnorm", "fp8-T", "rms >e4m3+T"), ("layernorm", "fp8-T", "ln >e4m3+T"),
-               ("rmsnorm", "cast-T", "castT e4m3"))
+               ("rmsnorm", "res-fp8", "rms +res>e4m3"), ("layernorm", "res-fp8", "ln +res>e4m3"),
+               ("rmsnorm", "cast-T", "castT e4m3"))  # a row only where the JSON has the mode
 
 
 def kernel_table(data):
