@@ -144,6 +144,12 @@ def _quantize(y: Tensor, scale: Tensor) -> Tensor:
     return (y * scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
 
 
+def _quantize_delayed(y: Tensor, scale: Tensor, amax: Tensor) -> Tensor:
+    """Delayed scaling: amax max-updated with max|y| (before scaling), y cast at the given scale."""
+    amax.copy_(torch.maximum(amax, y.abs().amax().reshape(1)))
+    return _quantize(y, scale)
+
+
 @functools.lru_cache(maxsize=None)
 def peer_fn(norm: str, mode: str) -> Callable:
     """The eager function of (norm, mode); one object per key, so its compiled twin is reused."""
@@ -160,16 +166,12 @@ def peer_fn(norm: str, mode: str) -> Callable:
         transposed = mode == "fp8-T"
 
         def f(x, w, b, scale, amax):
-            y = _norm_f32(x, w, b, rms)
-            amax.copy_(torch.maximum(amax, y.abs().amax().reshape(1)))
-            q = _quantize(y, scale)
+            q = _quantize_delayed(_norm_f32(x, w, b, rms), scale, amax)
             return (q, scale.reciprocal(), q.t().contiguous()) if transposed else (q, scale.reciprocal())
     elif mode == "res-fp8":
         def f(x, w, b, r, scale, amax):
             z = x + r
-            y = _norm_f32(z, w, b, rms)
-            amax.copy_(torch.maximum(amax, y.abs().amax().reshape(1)))
-            return _quantize(y, scale), scale.reciprocal(), z
+            return _quantize_delayed(_norm_f32(z, w, b, rms), scale, amax), scale.reciprocal(), z
     elif mode == "fp8-current":
         def f(x, w, b):
             y = _norm_f32(x, w, b, rms)
@@ -177,9 +179,7 @@ def peer_fn(norm: str, mode: str) -> Callable:
             return _quantize(y, scale), scale.reciprocal()
     elif mode == "cast-T":
         def f(x, scale, amax):
-            xf = x.float()
-            amax.copy_(torch.maximum(amax, xf.abs().amax().reshape(1)))
-            q = _quantize(xf, scale)
+            q = _quantize_delayed(x.float(), scale, amax)
             return q, scale.reciprocal(), q.t().contiguous()
     else:
         raise ValueError(f"unknown mode {mode!r}")
