@@ -132,13 +132,17 @@ def _impl(is_rms_norm: bool, device: torch.device):
     return backend.select(_FAMILY[is_rms_norm], device)
 
 
-def external_transpose(impl, n: int) -> bool:
+def external_transpose(impl, n: int, is_rms_norm: bool) -> Optional[bool]:
     """Whether the FP8 transposed norm output of rows of ``n`` on backend module ``impl`` comes
-    from a tiled transpose after the norm (True) or from the norm kernel itself (False):
-    ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` where it is set, else the path measured faster at that
-    width, the norm kernel for rows of at most ``impl.IN_KERNEL_TRANSPOSE_MAX_N``."""
+    from a tiled transpose after the norm (True), from the norm kernel itself (False), or from
+    whichever the backend measured faster for the call (None: ``out_t_auto``):
+    ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` where it is set; else True for rows wider than the norm's
+    ``impl.IN_KERNEL_TRANSPOSE_MAX_N``, None for the others."""
     flag = backend.settings().norm_external_transpose
-    return flag if flag is not None else n > impl.IN_KERNEL_TRANSPOSE_MAX_N
+    if flag is not None:
+        return flag
+    widest = impl.IN_KERNEL_TRANSPOSE_MAX_N["rmsnorm" if is_rms_norm else "layernorm"]
+    return True if n > widest else None
 
 
 def _stats(m: int, is_rms_norm: bool, device) -> Tuple[Optional[Tensor], Tensor]:
@@ -200,12 +204,14 @@ def norm_fwd_fp8(
     res_out = None if residual is None else torch.empty((m, n), dtype=residual.dtype, device=dev)
     mu, rsigma = _stats(m, is_rms_norm, dev)
     impl = _impl(is_rms_norm, dev)
-    external = columnwise and external_transpose(impl, n)
+    how = external_transpose(impl, n, is_rms_norm) if columnwise else False
+    external = how is True
     impl.norm_fwd(
         x, weight, bias, residual, eps, data, res_out, mu, rsigma, scale, amax, scale_inv,
         None if external else data_t,
         is_rms_norm=is_rms_norm, zero_centered_gamma=zero_centered_gamma,
         current_scaling=current_scaling, amax_epsilon=amax_epsilon, sm_margin=sm_margin,
+        out_t_auto=how is None,
     )
     if external:
         impl.fp8_transpose(data, data_t)

@@ -19,7 +19,7 @@ selection stable under CUDA-graph capture and ``torch.compile``):
 ``ENGINE_NORM_EXTERNAL_TRANSPOSE``  1: FP8 transposed norm output by a separate tiled transpose
                                     kernel; 0: transposed stores inside the norm kernel.
                                     Unset: per row width, the path measured faster (each
-                                    backend's IN_KERNEL_TRANSPOSE_MAX_N; see README)
+                                    backend's IN_KERNEL_TRANSPOSE_MAX_N per norm; see README)
 ``ENGINE_TRITON_AUTOTUNE``          1: autotune Triton kernels (keyed on N, dtypes, flags);
                                     0 or unset: heuristic configs
 ``ENGINE_CUDA_ARCHS``               archs for the JIT build of the extension (default ``9.0``)

@@ -32,15 +32,18 @@ __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_tr
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
-           "norm_fwd_stream_threads",
+           "norm_fwd_stream_threads", "norm_fwd_band",
            "IN_KERNEL_TRANSPOSE_MAX_N"]
 
-#: Rows of at most this many elements get the FP8 transposed norm output from the norm kernel when
-#: ENGINE_NORM_EXTERNAL_TRANSPOSE is unset, wider rows from the tiled transpose after it: measured
-#: on the H200 (README, benchmarks/results/h200_bench_{all,ln_fp8}.* at 614a269), in-kernel
-#: against external 72 / 65 % of copy at 1K for RMSNorm and 66 / 62 % for LayerNorm, 59 / 64 %
-#: and 52 / 63 % at 2K, 28-30 against 51-64 % at 4K-8K.
-IN_KERNEL_TRANSPOSE_MAX_N = 1024
+#: Per norm, with ENGINE_NORM_EXTERNAL_TRANSPOSE unset: rows of at most this many elements ask the
+#: norm kernel for the FP8 transposed copy with ``out_t_auto`` (the extension then takes the faster
+#: path: the band kernel at 1025-8192 where it applies; the register path's tile up to 1024,
+#: in-kernel against external 72 / 65 % of copy on the H200 for RMSNorm at 1K; the tiled transpose
+#: after the norm elsewhere), wider rows take the tiled transpose directly. LayerNorm stops at 1024:
+#: its band kernel lost to the tiled transpose at 2K-8K (H100, kernel time, % of copy: 71 / 68 /
+#: 60 against 71 / 71 / 69), RMSNorm's won (80-83 / 80-83 / 79 against 72 / 72 / 71;
+#: benchmarks/NOTES.md P104).
+IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 8192, "layernorm": 1024}
 
 _log = logging.getLogger("engine.cuda_backend")
 _lock = threading.Lock()
@@ -174,13 +177,18 @@ def norm_fwd(
     current_scaling: bool,
     amax_epsilon: float,
     sm_margin: int,
+    out_t_auto: bool = False,
 ) -> None:
-    """Norm forward; see :func:`engine.reference.norm_fwd` for the contract."""
+    """Norm forward; see :func:`engine.reference.norm_fwd` for the contract. With ``out_t_auto``
+    the transposed copy comes from the band kernel where it applies (FP8 with delayed scaling, a
+    16-bit x without a residual, rows of 1025-8192; :func:`norm_fwd_band`), the register path's
+    tile for rows of up to 1024, the tiled transpose after the norm otherwise."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_fwd", "x", x)
     err = (_ext or _ext_or_load()).norm_fwd(
         x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
         out_t, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin,
+        out_t_auto,
     )
     if err:
         _raise(err)
@@ -416,6 +424,22 @@ def norm_fwd_stream_threads(n: int):
     if type(n) is not int or n not in (0, 128, 256, 512):
         raise ValueError(f"norm_fwd_stream_threads: n must be 0, 128, 256 or 512, got {n!r}")
     return _knob("set_norm_fwd_stream_threads", n)
+
+
+def norm_fwd_band(n: int):
+    """Context manager: inside the ``with`` block the CUDA forward's band kernel (an FP8 output
+    with its transposed copy written by the norm kernel, delayed scaling, a 16-bit x without a
+    residual; engine/csrc/normalization/norm_fwd_band.cuh) runs as ``n`` says: ``1`` never (the
+    register path's tile or the tiled transpose after the norm, as before it), ``2`` at every width
+    whose cluster fits (512 columns per CTA, at most 16 CTAs: rows of up to 8192), ``0`` (the
+    default) the launcher's choice (from 1025 columns; benchmarks/NOTES.md P104). It
+    applies only where the transposed copy is asked of the norm kernel (``data_t`` passed to
+    :func:`norm_fwd`; ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` and ``engine._norm_ops.external_transpose``
+    decide). For tests and A/B benchmarks. Process-wide, not thread-safe; restores the previous
+    value on exit. A bad ``n`` raises ValueError at the call."""
+    if type(n) is not int or n not in (0, 1, 2):
+        raise ValueError(f"norm_fwd_band: n must be 0, 1 or 2, got {n!r}")
+    return _knob("set_norm_fwd_band", n)
 
 
 def norm_bwd_stream_threads(n: int):

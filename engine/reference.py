@@ -21,7 +21,10 @@ to the format's finite range. Delayed scaling (``current_scaling=False``) reads 
 max-updates ``amax`` with ``max|y|`` (before scaling). Current scaling first computes
 ``amax = max|y|`` (written to ``amax``), then ``scale = fp8_max / max(amax, amax_epsilon)`` (1 when
 that is 0 or not finite), written to ``scale``, and quantizes with it. Both write
-``scale_inv = 1 / scale``. ``out_t``, if given, receives the FP8 data transposed, ``[N, M]``.
+``scale_inv = 1 / scale``. ``out_t``, if given, receives the FP8 data transposed, ``[N, M]``;
+with ``out_t_auto`` a backend writes it by whichever of its paths is faster at that width (its norm
+kernel or a tiled transpose after it), without it by its norm kernel where that can; the bytes are
+the same either way (here there is one path).
 
 Norm backward: ``dz = d(norm)/dz . dy + dresidual``; ``dx`` receives ``dz`` (and ``dres``, when
 given, the same values in the residual's dtype); ``dweight = sum_rows(dy * xhat)``,
@@ -46,7 +49,7 @@ __all__ = ["norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose", "compute_s
 
 #: The reference writes both layouts either way (bitwise the same); with
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE unset the transposed copy comes from fp8_transpose, as on GPUs.
-IN_KERNEL_TRANSPOSE_MAX_N = 0
+IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 0, "layernorm": 0}
 
 
 def compute_scale(amax: Tensor, fp8_max: float, amax_epsilon: float) -> Tensor:
@@ -115,9 +118,11 @@ def norm_fwd(
     current_scaling: bool,
     amax_epsilon: float,
     sm_margin: int,
+    out_t_auto: bool = False,
 ) -> None:
-    """Norm forward (see the module docstring). ``sm_margin`` is accepted and unused here."""
-    del sm_margin
+    """Norm forward (see the module docstring). ``sm_margin`` and ``out_t_auto`` are accepted and
+    unused here (one path)."""
+    del sm_margin, out_t_auto
     z = x.float()
     if residual is not None:
         z = z + residual.float()

@@ -34,20 +34,24 @@ def test_flag_values_select_backends():
 
 @pytest.mark.parametrize("flag", [None, "0", "1"])
 def test_external_transpose_by_width(flag):
-    """ENGINE_NORM_EXTERNAL_TRANSPOSE set decides for every width and backend; unset, each
-    backend's IN_KERNEL_TRANSPOSE_MAX_N does (the path measured faster: CUDA's norm kernel up to
-    1024, the tiled transpose beyond and always on Triton and the reference)."""
+    """ENGINE_NORM_EXTERNAL_TRANSPOSE set decides for every width and backend (True: the tiled
+    transpose after the norm, False: the norm kernel); unset, rows wider than the backend's
+    IN_KERNEL_TRANSPOSE_MAX_N take the tiled transpose (True) and the others leave the choice to
+    the backend (None: ``out_t_auto``): CUDA up to 8192 for RMSNorm (its band kernel, its tile at
+    1K) and 1024 for LayerNorm (its tile), never on Triton and the reference (0)."""
     from engine import _norm_ops, cuda_backend, reference, triton_kernels
 
     engine.backend.reset_for_tests({} if flag is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": flag})
     assert engine.backend.settings().norm_external_transpose is (None if flag is None else flag == "1")
     shown = engine.backend.describe()["settings"]["norm_external_transpose"]
     assert shown == ("by row width" if flag is None else str(flag == "1"))
-    for impl, n, unset in [(cuda_backend, 64, False), (cuda_backend, 1024, False),
-                           (cuda_backend, 1032, True), (cuda_backend, 8192, True),
-                           (triton_kernels, 64, True), (triton_kernels, 1024, True),
-                           (reference, 1024, True)]:
-        assert _norm_ops.external_transpose(impl, n) is (unset if flag is None else flag == "1")
+    for impl, n, is_rms, unset in [(cuda_backend, 64, True, None), (cuda_backend, 1024, True, None),
+                                   (cuda_backend, 8192, True, None), (cuda_backend, 8200, True, True),
+                                   (cuda_backend, 1024, False, None), (cuda_backend, 2048, False, True),
+                                   (cuda_backend, 131072, True, True),
+                                   (triton_kernels, 64, True, True), (triton_kernels, 1024, False, True),
+                                   (reference, 1024, True, True)]:
+        assert _norm_ops.external_transpose(impl, n, is_rms) is (unset if flag is None else flag == "1")
 
 
 def test_cpu_without_interpreter_takes_reference():
@@ -142,6 +146,8 @@ KNOBS = {
                              [-1, -2, 16384.0, "16384", True], "int >= 0"),
     "norm_fwd_stream_threads": ("set_norm_fwd_stream_threads", 256, 512, 0, 64,
                                 [1, 64, 1024, 256.0, "256", True], "0, 128, 256 or 512"),
+    "norm_fwd_band": ("set_norm_fwd_band", 2, 1, 0, 3,
+                      [-1, 3, 256, 2.0, "2", True], "0, 1 or 2"),
 }
 
 

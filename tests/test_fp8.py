@@ -105,9 +105,11 @@ def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
     return not (backend == "cuda" and cuda_fp8_own_path(is_rms, n, x_dtype, residual))
 
 
-def assert_cast_of(data, y32, scale, bias, *, exact):
+def assert_cast_of(data, y32, scale, bias, *, exact, terms=None):
     """FP8 ``data`` against the cast of the fp32 output ``y32`` times ``scale``: bit for bit when
-    ``exact``; otherwise at most one step, and only for values on a rounding boundary."""
+    ``exact``; otherwise at most one step, and only for values on a rounding boundary: within
+    1e-5 of the magnitude of y's addends (``terms``, |y| by default, or |y - bias| + |bias| with a
+    bias) of it."""
     expect = fp8_quantize(y32, scale, data.dtype)
     if exact:
         assert torch.equal(data.view(torch.uint8), expect.view(torch.uint8))
@@ -120,7 +122,11 @@ def assert_cast_of(data, y32, scale, bias, *, exact):
     # y = xhat * g + b: last-bit differences of the statistics move y by a fraction of its
     # addends, not of y, which is near 0 where the bias cancels xhat * g (LayerNorm; seen on
     # the GPU at 301 x 24584, e5m2: y * scale = -0.0016, 3.7e-7 from the boundary).
-    terms = y32.abs() if bias is None else (y32 - bias.float()).abs() + bias.float().abs()
+    # LayerNorm's (z - mean) loses the mean's last bits relative to |z| + |mean|, not to |z - mean|:
+    # callers with rows of a large mean pass those addends (seen on the H100 at 45 x 7800, the band
+    # kernel, rows of mean 8: y * scale = 0.07, 5e-6 from the boundary).
+    if terms is None:
+        terms = y32.abs() if bias is None else (y32 - bias.float()).abs() + bias.float().abs()
     ts = (terms * scale)[moved]
     assert ((ys - mid).abs() <= 1e-5 * ts).all(), "a moved byte is not at a rounding boundary"
 
@@ -186,9 +192,13 @@ def check_fp8_path(is_rms, fp8_dtype, n, knob, residual=False):
     scaling's bytes delayed scaling's at its scale, and the delayed bytes within one step of the
     float64 oracle's (rarely). With ``residual`` the norm's input is x + r (bf16), whose stored
     sum (residual_out, equal to the oracle's rounding bit for bit in every call) is normalised."""
+    from engine import cuda_backend
+
     use_backend("cuda")
     try:
-        with knob:
+        # the band kernel off: by default it writes RMSNorm's FP8 + transposed rows of 1025-8192
+        # (with its own row sums), before the kernel under test
+        with knob, cuda_backend.norm_fwd_band(1):
             x, w, b = inputs(67, n, is_rms)
             if residual:
                 r = torch.randn_like(x)
@@ -582,20 +592,131 @@ def test_fwd_loop_taken(general):
         engine.backend.reset_for_tests()
 
 
+# (rows, cols, band knob): the band kernel (512 columns per CTA; knob 2: wherever it fits, 0: the
+# launcher's default) on a partial band (29 rows, M % 16 != 0: the transposed copy's byte
+# stores), one row, a last slice shorter than the CTA's (1000, 1032, 7800), a 16-CTA cluster (8192,
+# 7800) and more bands than resident clusters (6000 / 2100 / 700 rows: several bands per cluster,
+# every exchange slot reused and its mbarrier phase flipped).
+BAND_CASES = [(29, 1000, 2), (1, 4096, 2), (6000, 2048, 0), (33, 1032, 0), (2100, 4096, 0),
+              (45, 7800, 2), (700, 8192, 0), (64, 512, 2)]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the band kernel of the CUDA forward (sm_90 clusters)")
+@pytest.mark.parametrize("is_rms,zc,bias", [(True, False, False), (True, True, False),
+                                            (False, False, True), (False, True, False)],
+                         ids=["rms", "rms-zc", "ln", "ln-nobias-zc"])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+@pytest.mark.parametrize("m,n,band", BAND_CASES)
+def test_fp8_band_kernel(is_rms, zc, bias, fp8_dtype, m, n, band):
+    """The band kernel (FP8 output and its transposed copy in one kernel, norm_fwd_band.cuh),
+    asked for by ENGINE_NORM_EXTERNAL_TRANSPOSE=0: it runs (its name among the launched kernels),
+    transpose_data is data.T bit for bit, the bytes are within one FP8 step of the cast of the
+    same call's fp32 output (another kernel: another order of the row sums), at rounding
+    boundaries only, amax is that output's max|y| to the last bits, scale_inv = 1 / scale, and the
+    bytes are within one step of the float64 oracle's (rarely). Poisoned outputs: every byte of
+    both copies is written."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters need sm_90")
+    from engine import cuda_backend
+
+    use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
+    try:
+        x = torch.randn(m, n, device=DEVICE, dtype=BF16)
+        if not is_rms:
+            x[: m // 2] += 8.0  # rows of a large mean against their spread: the centred pass
+        w = (torch.rand(n, device=DEVICE) + 0.5).to(BF16)
+        b = torch.randn(n, device=DEVICE).to(BF16) if bias else None
+        kw = dict(zero_centered_gamma=zc)
+        with cuda_backend.norm_fwd_band(band):
+            y32 = call(is_rms, x, w, b, out_dtype=F32, **kw)
+            q = delayed(fp8_dtype, scale=3.0, amax=0.25, columnwise=True)
+            out = []
+            names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b, quantizer=q, **kw)))
+        assert any("norm_fwd_band_kernel" in name for name in names), names
+        assert not any("byte_transpose_kernel" in name for name in names)
+        t = out[0]
+        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+        ref = ref_fwd(x, w, b, 1e-5, is_rms, zero_centered_gamma=zc)
+        # the addends of y = (z - mean) * rsigma * g + b, which the statistics' last bits move
+        g = w.double() + 1.0 if zc else w.double()
+        terms = (x.double().abs() + ref["mu"].abs()[:, None]) * ref["rsigma"][:, None] * g.abs()
+        if b is not None:
+            terms = terms + b.double().abs()
+        assert_cast_of(t.data, y32, 3.0, b, exact=False, terms=terms.float())
+        ymax = y32.abs().max().item()
+        assert abs(q.amax.item() - max(0.25, ymax)) <= 1e-6 * ymax
+        assert torch.equal(t.scale_inv, torch.tensor([1.0 / 3.0], device=DEVICE))
+        # every byte written: a second call into poisoned buffers gives the same bytes
+        data = torch.full((m, n), 0x7F, dtype=torch.uint8, device=DEVICE).view(fp8_dtype)
+        data_t = torch.full((n, m), 0x7F, dtype=torch.uint8, device=DEVICE).view(fp8_dtype)
+        with cuda_backend.norm_fwd_band(band):
+            mu = torch.empty(m, device=DEVICE) if not is_rms else None
+            rs = torch.full((m,), float("nan"), device=DEVICE)
+            cuda_backend.norm_fwd(x, w, b, None, 1e-5, data, None, mu, rs,
+                                  torch.tensor([3.0], device=DEVICE), torch.zeros(1, device=DEVICE),
+                                  torch.empty(1, device=DEVICE), data_t, is_rms_norm=is_rms,
+                                  zero_centered_gamma=zc, current_scaling=False, amax_epsilon=0.0,
+                                  sm_margin=0)
+        assert torch.equal(data.view(torch.uint8), t.data.view(torch.uint8))
+        assert torch.equal(data_t.view(torch.uint8), t.transpose_data.view(torch.uint8))
+        torch.testing.assert_close(rs, ref["rsigma"].float(), rtol=1e-5, atol=0)
+        if not is_rms:
+            torch.testing.assert_close(mu, ref["mu"].float(), rtol=1e-5, atol=1e-5)
+        oracle = fp8_quantize(ref["y"], 3.0, fp8_dtype)
+        steps = fp8_steps(t.data, oracle)
+        assert steps.max().item() <= 1
+        assert (steps > 0).float().mean().item() < 0.01
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the band kernel of the CUDA forward")
+def test_fp8_band_kernel_off():
+    """norm_fwd_band(1): the band kernel does not run; 2K's transposed copy in-kernel then comes
+    from the register path's tile, data.T bit for bit."""
+    from engine import cuda_backend
+
+    use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
+    try:
+        x, w, _ = inputs(64, 2048, True)
+        q = delayed(E4M3, columnwise=True)
+        out = []
+        with cuda_backend.norm_fwd_band(1):
+            names = cuda_kernel_names(lambda: out.append(call(True, x, w, quantizer=q)))
+        assert not any("norm_fwd_band_kernel" in name for name in names)
+        t = out[0]
+        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
-@pytest.mark.parametrize("n,external", [(1024, False), (2048, True)])
-def test_default_transpose_path_by_width(n, external):
-    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset the CUDA backend writes the transposed copy in the
-    norm kernel for rows of 1024 (no tiled-transpose kernel is launched) and with the tiled
-    transpose for rows of 2048; both are data.T bitwise."""
+@pytest.mark.parametrize("n,kernel", [(1024, None), (2048, "band"), (8192, "band"),
+                                      (8200, "transpose"), (16384, "transpose"),
+                                      (4096, "transpose-residual"), (4096, "transpose-current"),
+                                      (2048, "transpose-ln")])
+def test_default_transpose_path_by_width(n, kernel):
+    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset the CUDA backend writes the transposed copy of
+    rows of 1024 in the norm kernel (the register path's tile: no other kernel), of 2048-8192 in
+    the band kernel (delayed scaling, no residual; sm_90), and otherwise with the tiled transpose
+    after the norm: wider rows, at 4096 the residual form and current scaling, which the band
+    kernel does not take (out_t_auto: not the register path's 16-row tile, 30 % of copy), and
+    LayerNorm from 1025 (its band kernel lost there; cuda_backend.IN_KERNEL_TRANSPOSE_MAX_N). Each
+    is data.T bitwise."""
     use_backend("cuda")
     try:
-        x, w, _ = inputs(64, n, True)
+        is_rms = kernel != "transpose-ln"
+        x, w, b = inputs(64, n, is_rms)
+        r = torch.randn_like(x) if kernel == "transpose-residual" else None
         out = []
-        q = delayed(E4M3, columnwise=True)
-        names = cuda_kernel_names(lambda: out.append(call(True, x, w, quantizer=q)))
-        assert any("byte_transpose_kernel" in name for name in names) is external
-        t = out[0]
+        q = (Float8CurrentScalingQuantizer(E4M3, columnwise=True) if kernel == "transpose-current"
+             else delayed(E4M3, columnwise=True))
+        kw = {} if r is None else {"residual": r}
+        names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b, quantizer=q, **kw)))
+        band = kernel == "band" and torch.cuda.get_device_capability()[0] >= 9
+        assert any("byte_transpose_kernel" in name for name in names) is (kernel is not None and not band)
+        assert any("norm_fwd_band_kernel" in name for name in names) is band
+        t = out[0] if r is None else out[0][0]
         assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
     finally:
         engine.backend.reset_for_tests()

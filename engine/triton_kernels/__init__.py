@@ -11,4 +11,4 @@ __all__ = ["norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose", "IN_KERNEL
 #: The FP8 transposed norm output comes from the norm kernel at no width when
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE is unset: Triton's in-kernel path (_norm_fwd_kernel_t, compiled
 #: without N's specialisation) measured 4-30 % of copy against 44-65 % external (README).
-IN_KERNEL_TRANSPOSE_MAX_N = 0
+IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 0, "layernorm": 0}

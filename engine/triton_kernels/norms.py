@@ -887,11 +887,20 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
 
 
 def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
-             out_t, *, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin):
-    """Norm forward; the contract of :func:`engine.reference.norm_fwd`."""
+             out_t, *, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin,
+             out_t_auto=False):
+    """Norm forward; the contract of :func:`engine.reference.norm_fwd`. With ``out_t_auto`` the
+    transposed copy comes from the tiled transpose after the norm, Triton's faster path at every
+    width (engine.triton_kernels.IN_KERNEL_TRANSPOSE_MAX_N)."""
+    external = out_t is not None and out_t_auto
     launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
-               out_t, is_rms_norm=is_rms_norm, zero_centered_gamma=zero_centered_gamma,
-               current_scaling=current_scaling, amax_epsilon=amax_epsilon, sm_margin=sm_margin)
+               None if external else out_t, is_rms_norm=is_rms_norm,
+               zero_centered_gamma=zero_centered_gamma, current_scaling=current_scaling,
+               amax_epsilon=amax_epsilon, sm_margin=sm_margin)
+    if external:
+        from engine.triton_kernels.transpose import fp8_transpose
+
+        fp8_transpose(out, out_t)
 
 
 def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_rms_norm,

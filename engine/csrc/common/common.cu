@@ -52,6 +52,7 @@ std::atomic<int> g_norm_bwd_stream_from{0};
 std::atomic<int> g_norm_bwd_stream_threads{0};
 std::atomic<int> g_norm_fwd_stream_from{0};
 std::atomic<int> g_norm_fwd_stream_threads{0};
+std::atomic<int> g_norm_fwd_band{0};
 
 /* Compiled like every kernel of the library: its PTX version tells whether the device code the
  * driver loads for this device was compiled for sm_90+ (where clusters exist), e.g. not when only
@@ -172,6 +173,8 @@ int norm_bwd_stream_from() { return g_norm_bwd_stream_from.load(std::memory_orde
 int norm_bwd_stream_threads() { return g_norm_bwd_stream_threads.load(std::memory_order_relaxed); }
 int norm_fwd_stream_from() { return g_norm_fwd_stream_from.load(std::memory_order_relaxed); }
 int norm_fwd_stream_threads() { return g_norm_fwd_stream_threads.load(std::memory_order_relaxed); }
+
+int norm_fwd_band() { return g_norm_fwd_band.load(std::memory_order_relaxed); }
 
 engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out) {
   int dev = 0;
@@ -322,6 +325,11 @@ int engine_set_norm_fwd_stream_from(int n) {
 int engine_set_norm_fwd_stream_threads(int n) {
   if (n != 0 && n != 128 && n != 256 && n != 512) return -1;
   return engine::g_norm_fwd_stream_threads.exchange(n);
+}
+
+int engine_set_norm_fwd_band(int n) {
+  if (n < 0 || n > 2) return -1;
+  return engine::g_norm_fwd_band.exchange(n);
 }
 
 }  // extern "C"

@@ -80,6 +80,8 @@ int norm_bwd_stream_threads();
 int norm_fwd_stream_from();
 /* engine_set_norm_fwd_stream_threads's value now (0: the launcher's default). */
 int norm_fwd_stream_threads();
+/* engine_set_norm_fwd_band's value now (0: the launcher's default). */
+int norm_fwd_band();
 
 /*
  * Clusters of `cluster` CTAs of `func` (block threads, dyn_smem bytes) resident on the device at

@@ -59,6 +59,7 @@ struct FwdArgs {
   int tile_rows;     /* rows per transposed tile (0: no in-kernel transpose) */
   int tile_pitch;    /* bytes per shared-memory tile row */
   int t_vec16;       /* out_t rows are 16-byte aligned runs */
+  int t_auto;        /* out_t by the faster path (engine_norm_fwd_params::out_t_auto) */
   int cluster;       /* CTAs per thread-block cluster sharing each row (1: none; register path) */
   int grid_clusters; /* gridDim.x / cluster, the row loop's stride (a parameter, not a register) */
   int gb_off;        /* register path: byte offset in dynamic shared memory of gamma (+ the
@@ -123,6 +124,8 @@ struct LaunchCtx {
                            engine_set_norm_fwd_stream_from) */
   int fwd_stream_threads; /* forward, streamed kernel: largest CTA (0: the default;
                              engine_set_norm_fwd_stream_threads) */
+  int fwd_band;           /* forward, band kernel (FP8 + transposed): 0 the default, 1 never, 2
+                             wherever it fits (engine_set_norm_fwd_band) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

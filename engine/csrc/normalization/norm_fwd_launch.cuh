@@ -7,6 +7,7 @@
 #define ENGINE_CSRC_NORMALIZATION_NORM_FWD_LAUNCH_CUH_
 
 #include "normalization/norm_fwd.cuh"
+#include "normalization/norm_fwd_band.cuh"
 #include "normalization/norm_fwd_stream.cuh"
 
 namespace engine {
@@ -109,6 +110,7 @@ engine_status launch_fwd_reg_k(const FwdArgs& a, const LaunchCtx& ctx, int block
 /* Register path, one row over one CTA: NV vectors of x per thread in row groups
  * (row_group_tpr, row_groups_per_cta); with an FP8 output and out_t, the transposed tile when it
  * fits shared memory (*transposed). */
+constexpr int kTileAutoMaxCols = 1024;
 template <typename X, typename R, typename O, int NV>
 engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   constexpr int VEC = 16 / sizeof(X);
@@ -124,7 +126,10 @@ engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed)
   a.tile_pitch = 0;
   a.t_vec16 = 0;
   size_t smem = 0;
-  if (kFp8 && a.out_t != nullptr && a.mode != kStats) {
+  /* out_t_auto: the tile only where it beat the tiled transpose after the norm (rows of up to
+   * kTileAutoMaxCols; H200, NOTES P76 / P77: 1K 75 against 69 %, 2K 61 against 68, 4K-8K 30 against
+   * 67, 16-row tiles there) */
+  if (kFp8 && a.out_t != nullptr && a.mode != kStats && (a.t_auto == 0 || cols <= kTileAutoMaxCols)) {
     /* Tile of T rows x cols bytes; T = 32 gives whole 32-byte sectors per output column run,
      * 16 halves the tile for wide rows; beyond that the caller transposes `out` afterwards. */
     const int64_t budget = (int64_t)ctx.max_smem_optin - 1024; /* static smem of the kernel */
@@ -282,6 +287,15 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
 
   a.cluster = 1;
   a.gb_off = -1; /* launch_fwd_reg decides */
+  /* an FP8 output with its transposed copy: the band kernel where it applies (launch_fwd_band),
+   * before every other path */
+  if constexpr (is_fp8_v<O> && sizeof(X) == 2 && std::is_same<X, R>::value) {
+    engine_status st = ENGINE_SUCCESS;
+    if (vec && launch_fwd_band<X>(a, ctx, &st)) {
+      *transposed = st == ENGINE_SUCCESS;
+      return st;
+    }
+  }
   const bool wide_blocked =
       vec && fwd_blocked_packed<X, R, VEC>() &&
       fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from, is_fp8_v<O>, sizeof(X) == 2,

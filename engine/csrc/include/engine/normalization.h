@@ -70,6 +70,11 @@ typedef struct {
   int is_rms_norm;
   int zero_centered_gamma;
   int current_scaling;
+  int out_t_auto;         /* with out_t: 1 writes it by the faster path measured at this width
+                             (the norm kernel where it writes the copy faster: the band kernel,
+                             the register path's tile up to 1024 columns; else the tiled transpose
+                             after the norm), 0 by the norm kernel wherever its path can; the same
+                             bytes either way */
 } engine_norm_fwd_params;
 
 typedef struct {

@@ -1,0 +1,437 @@
+/*
+ * Band forward (sm_90): a norm of a 16-bit x to an FP8 output and its transposed copy in one
+ * kernel, each value read once (NOTES P104). The FP8 + transposed rows were the product's last
+ * ones under the bar: the external path (the norm's rowwise bytes, then the tiled transpose reading
+ * them back) moves 5 bytes per value against the minimum 4 and stayed at 65-72 % of copy; the
+ * in-kernel designs measured before (P76: a streamed row per iteration over a cluster, P77: whole
+ * rows per CTA sharing a band over a cluster) paid a barrier or an exchange per row or per few
+ * rows with nothing in flight.
+ *
+ * Here the work unit is a band of kBandRows (32) consecutive rows: whole 32-byte sectors in every
+ * run of the transposed copy. The band's row slices are spread over a thread-block cluster of C
+ * CTAs, CTA `rank` owning columns [rank * S, rank * S + S), S = kBandCols (512: rows of up to 8K
+ * over at most 16 CTAs). A CTA of 8 warps holds the band's slice in shared memory (32 x S values of
+ * x: 32 KB, a ring of kBandStages stages filled by cp.async one band ahead); warp w owns rows
+ * 4w .. 4w + 3 of the band, lane l the 16-byte vectors l and l + 32 of each, so a row's partial
+ * sums need only the warp's butterfly. One exchange per band (not per row): every warp sends its four
+ * rows' partial sums (RMSNorm: sum of z^2; LayerNorm: sum of z and the sum of squares about the
+ * slice's mean, Chan's formula over the slices, no E[z^2] - E[z]^2) by st.async into every CTA of
+ * the cluster, counted by an mbarrier, and waits for the band's totals one phase later:
+ *
+ *   iteration k:  copy band k+1;  wait for band k's copies;
+ *                 phase A of band k: its partial sums, sent;
+ *                 phase B of band k-1: y, the FP8 bytes (rowwise to global memory, 8 bytes per
+ *                   lane: 256-byte runs per warp; and into a shared-memory tile of 32 rows x S),
+ *                   a CTA barrier, the tile stored transposed (store_tile_transposed: 32-byte runs
+ *                   of out_t, one per column), amax;
+ *                 wait for band k's totals: rsigma (and the mean) of its rows, for phase B in the
+ *                   next iteration.
+ * The exchange's round trip between SMs hides behind phase B of the previous band. Two tiles
+ * alternate by band parity, so one CTA barrier per band orders the tile's writes and reads (a
+ * tile is rewritten two bands later, after the next band's barrier). Exchange slot k % 2: a CTA
+ * sends band k + 2 only after its wait for band k + 1, which needs every warp of every CTA to have
+ * sent band k + 1, which each does after its reads of band k's totals.
+ * The totals are added in the same order in every CTA (the butterfly over lanes 0 .. C-1 of each
+ * rank's partial): the same rsigma in every CTA and every run. The sums' order is not the register
+ * path's, so the FP8 bytes are within one FP8 step of the cast of the fp32 output (another path),
+ * at rounding boundaries only (tests/test_fp8.py::cuda_fp8_own_path), and transpose_data is the
+ * rowwise data transposed bit for bit. Delayed scaling (kFull) only; current scaling's second pass
+ * reads the statistics back (the register path, or the tiled transpose after the norm).
+ * Measured (H100, NOTES P104): RMSNorm e4m3 + transposed 80-83 % of copy at 1K-8K, against
+ * 71-72 % for the tiled transpose after the norm; LayerNorm 60-71 %, under it from 4K.
+ * Vectors past the row are zero-filled by the copy (they add zeros; gamma = beta = 0 there, y =
+ * 0), rows past the matrix too (rsigma 0 there, y = 0: no NaN into amax with eps = 0); their stores
+ * are predicated off.
+ */
+#ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_BAND_CUH_
+#define ENGINE_CSRC_NORMALIZATION_NORM_FWD_BAND_CUH_
+
+#include "common/common.cuh"
+#include "common/dtype.cuh"
+#include "common/reduce.cuh"
+#include "common/tile.cuh"
+#include "common/vec.cuh"
+#include "normalization/norm_common.cuh"
+#include "normalization/norm_fwd.cuh"
+
+namespace engine {
+namespace norm {
+
+constexpr int kBandRows = 32;                       /* rows per band: a 32-byte sector per run */
+constexpr int kBandThreads = 256;                   /* CTA threads: 8 warps */
+constexpr int kBandRPW = kBandRows / (kBandThreads / 32); /* rows per warp and band: 4 */
+constexpr int kBandMaxCluster = 16;
+constexpr int kBandDepth = 1;                  /* bands copied ahead of phase A's */
+constexpr int kBandStages = kBandDepth + 2;    /* the copy's, phase A's and phase B's band */
+constexpr int kBandSlots = 2;                  /* exchange slots (the header: why two) */
+/* 16-byte vectors (8 values) per lane and row: a CTA's slice is S = 512 columns. Slices of 256
+ * (one vector, 66 KB of shared memory: 3 CTAs per SM) lost 3-8 points to these at 1K-4K (RMSNorm,
+ * H100: twice the exchanges and barriers per byte; NOTES P104). */
+constexpr int kBandNVL = 2;
+constexpr int kBandCols = kBandNVL * 32 * 8;
+/* Bytes per row of the FP8 tile: S + 4, so that store_tile_transposed's two 16-row halves (read
+ * by one warp) fall on different banks. */
+constexpr int kBandPitch = kBandCols + 4;
+constexpr int kBandStageBytes = kBandRows * kBandCols * 2;
+/* dynamic shared memory: the stages and two tiles, 131 KB (one CTA per SM) */
+constexpr int kBandSmemBytes = kBandStages * kBandStageBytes + 2 * kBandRows * kBandPitch;
+
+template <typename X, bool kRms, bool kBias>
+__global__ void __launch_bounds__(kBandThreads, 1) norm_fwd_band_kernel(const FwdArgs a) {
+  static_assert(sizeof(X) == 2, "the band forward takes a 16-bit x");
+  constexpr int VEC = 8;
+  constexpr int NVL = kBandNVL;
+  constexpr int RPW = kBandRPW;
+  constexpr int T = kBandThreads;
+  constexpr int S = kBandCols;
+  constexpr int P = kBandPitch;
+  constexpr int kVals = kRms ? 1 : 2; /* values per row in the exchange */
+  constexpr int kWarpVals = RPW * kVals;
+  static_assert(kWarpVals % 4 == 0, "a warp's values go out as float4 sends");
+  constexpr uint32_t kStageBytes = (uint32_t)kBandStageBytes;
+  /* [slot][source rank][row of the band][value]: every CTA's partial sums, by st.async */
+  __shared__ __align__(16) float recv[kBandSlots][kBandMaxCluster][kBandRows * kVals];
+  __shared__ __align__(8) uint64_t mbar[kBandSlots];
+  __shared__ int amax_buf[32];
+  extern __shared__ __align__(16) uint8_t smem[]; /* kBandStages stages, then two FP8 tiles */
+
+  const int t = threadIdx.x;
+  const int lane = t & 31;
+  const int warp = t >> 5;
+  const int C = a.cluster;
+  const int rank = cluster_rank();
+  const int nvec = a.cols / VEC;
+  const int64_t M = a.rows;
+  const int64_t cid = blockIdx.x / C;
+  const int64_t gstride = a.grid_clusters;
+  const int64_t nbands = (M + kBandRows - 1) / kBandRows;
+  /* bands of this cluster: cid, cid + gstride, ... (fewer than 2^31) */
+  const uint32_t count = cid < nbands ? (uint32_t)((nbands - 1 - cid) / gstride + 1) : 0u;
+  const int v0 = rank * NVL * 32 + lane; /* this lane's first vector of the row */
+  bool in_col[NVL];
+#pragma unroll
+  for (int m = 0; m < NVL; ++m) in_col[m] = v0 + m * 32 < nvec;
+  /* LayerNorm: values of each rank's slice (the same for every row), for Chan's merge */
+  const int n_own = min(max(a.cols - rank * S, 0), S);
+
+  float g[NVL][VEC];
+  float be[kBias ? NVL : 1][VEC];
+  const float g_add = a.zero_centered ? 1.0f : 0.0f;
+#pragma unroll
+  for (int m = 0; m < NVL; ++m) {
+    if (in_col[m]) {
+      load_vec_dt<VEC>(a.weight, (int64_t)(v0 + m * 32) * VEC, a.w_dtype, g[m]);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) g[m][j] += g_add;
+      if constexpr (kBias) load_vec_dt<VEC>(a.bias, (int64_t)(v0 + m * 32) * VEC, a.w_dtype, be[m]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        g[m][j] = 0.0f;
+        if constexpr (kBias) be[m][j] = 0.0f;
+      }
+    }
+  }
+  const float scale = fwd_fp8_scale<true>(a);
+  float amax = 0.0f;
+
+  if (t == 0) {
+#pragma unroll
+    for (int q = 0; q < kBandSlots; ++q) mbar_init(&mbar[q], 1);
+    mbar_init_fence();
+  }
+  cluster_sync(); /* every CTA's mbarriers are initialised before any send */
+  const uint32_t bar0 = smem_u32(&mbar[0]);
+  /* lane r < C sends this warp's values to rank r (lanes from C send nothing) */
+  const int dst = lane < C ? lane : rank;
+  const uint32_t to_recv = mapa_u32(smem_u32(&recv[0][rank][warp * kWarpVals]), dst);
+  const uint32_t to_bar = mapa_u32(bar0, dst);
+  constexpr uint32_t kRecvSlotBytes = (uint32_t)sizeof(recv[0]);
+
+  /* This thread's vector (j, m) of a stage: ((j * NVL + m) * T + t) * 16 bytes in; it copies and
+   * reads only its own vectors, so cp.async's per-thread completion is the only synchronisation
+   * the stages need. */
+  const uint32_t ring_s = smem_u32(smem) + (uint32_t)t * 16u;
+  const StageRing stages{ring_s, ring_s + (uint32_t)kBandStages * kStageBytes, kStageBytes};
+  uint32_t st_copy = ring_s, st_a = ring_s, st_b = ring_s;
+  uint8_t* const tiles = smem + kBandStages * kStageBytes;
+
+  /* the next copy's band (its first row of this warp), and phase B's */
+  const int64_t row_step = gstride * kBandRows;
+  int64_t row_copy = cid * kBandRows + warp * RPW;
+  int64_t row_b = row_copy;
+  const X* const x = static_cast<const X*>(a.x);
+  auto issue = [&](uint32_t k) {
+    if (k < count) {
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) {
+        const int64_t r = row_copy + j;
+        const X* src = x + r * a.x_stride + (int64_t)v0 * VEC;
+#pragma unroll
+        for (int m = 0; m < NVL; ++m) {
+          const bool full = r < M && in_col[m];
+          cp_async16(st_copy + (uint32_t)((j * NVL + m) * T) * 16u,
+                     full ? static_cast<const void*>(src + m * 32 * VEC) : a.x, full);
+        }
+      }
+      row_copy += row_step;
+      st_copy = stages.next(st_copy);
+    }
+    cp_async_commit();
+  };
+
+  /* Phase B's statistics (set by the gather of the previous iteration): rsigma and LayerNorm's
+   * mean (0 for RMSNorm) of each row of the warp. t = (z - mean) * rsigma: the register path's
+   * FMA form for LayerNorm (ln_fma_row) doubled the row body (one per form, a uniform branch per
+   * row); without it LayerNorm gained 1-2 points here (NOTES P104), and the bytes are bound to no
+   * other path's bits. */
+  float rs_b[RPW], mean_b[RPW];
+#pragma unroll
+  for (int j = 0; j < RPW; ++j) {
+    rs_b[j] = 0.0f;
+    mean_b[j] = 0.0f;
+  }
+
+  auto phase_a = [&](uint32_t k) {
+    const uint32_t sa = st_a;
+    st_a = stages.next(st_a);
+    float vals[kWarpVals];
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) {
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int m = 0; m < NVL; ++m) {
+        float z[VEC];
+        lds_vec8<X>(sa + (uint32_t)((j * NVL + m) * T) * 16u, z);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          if constexpr (kRms) {
+            s0 = fmaf(z[e], z[e], s0);
+          } else {
+            s0 += z[e];
+            s1 = fmaf(z[e], z[e], s1);
+          }
+        }
+      }
+      vals[j * kVals] = s0;
+      if constexpr (!kRms) vals[j * kVals + 1] = s1;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+      for (int i = 0; i < kWarpVals; ++i) vals[i] += __shfl_xor_sync(kFullMask, vals[i], off);
+    }
+    if constexpr (!kRms) {
+      /* the slice's sum of squares about its own mean: one pass where that loses at most 2 bits
+       * (ln_one_pass_m2), else a centred pass over the stage (past the row: zeros about 0) */
+      const float inv_own = n_own > 0 ? 1.0f / (float)n_own : 0.0f;
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) {
+        float m2;
+        if (!ln_one_pass_m2(vals[2 * j], vals[2 * j + 1], inv_own, m2)) {
+          const float mw = vals[2 * j] * inv_own;
+          float q = 0.0f;
+#pragma unroll
+          for (int m = 0; m < NVL; ++m) {
+            const float mm = in_col[m] ? mw : 0.0f;
+            float z[VEC];
+            lds_vec8<X>(sa + (uint32_t)((j * NVL + m) * T) * 16u, z);
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              const float d = z[e] - mm;
+              q = fmaf(d, d, q);
+            }
+          }
+#pragma unroll
+          for (int off = 16; off > 0; off >>= 1) q += __shfl_xor_sync(kFullMask, q, off);
+          m2 = q;
+        }
+        vals[2 * j + 1] = m2;
+      }
+    }
+    const int q = (int)(k % (uint32_t)kBandSlots);
+    if (t == 0) mbar_arrive_expect_tx(bar0 + (uint32_t)q * 8u, (unsigned)(C * kBandRows * kVals * 4));
+    if (lane < C) {
+#pragma unroll
+      for (int i = 0; i < kWarpVals; i += 4) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile(
+            "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
+            ::"r"(to_recv + (uint32_t)q * kRecvSlotBytes + (uint32_t)i * 4u), "f"(vals[i]),
+            "f"(vals[i + 1]), "f"(vals[i + 2]), "f"(vals[i + 3]), "r"(to_bar + (uint32_t)q * 8u)
+            : "memory");
+#endif
+      }
+    }
+  };
+
+  /* The band's totals of this warp's rows, in the same order in every CTA: lane l < C holds rank
+   * l's partial, then the xor butterfly. */
+  auto gather = [&](uint32_t k, int64_t row0) {
+    const int q = (int)(k % (uint32_t)kBandSlots);
+    mbar_wait(bar0 + (uint32_t)q * 8u, (k / (uint32_t)kBandSlots) & 1u);
+    const float* src = &recv[q][lane < C ? lane : 0][warp * kWarpVals];
+    float v[kWarpVals];
+#pragma unroll
+    for (int i = 0; i < kWarpVals; ++i) v[i] = lane < C ? src[i] : 0.0f;
+    if constexpr (kRms) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+        for (int j = 0; j < RPW; ++j) v[j] += __shfl_xor_sync(kFullMask, v[j], off);
+      }
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) {
+        rs_b[j] = row0 + j < M ? 1.0f / sqrtf(v[j] * a.inv_n + a.eps) : 0.0f;
+      }
+    } else {
+      /* Chan: mean = sum / N; M2 = sum_r (M2_r + n_r (sum_r / n_r - mean)^2) */
+      const int n_l = lane < C ? min(max(a.cols - lane * S, 0), S) : 0;
+      const float nf = (float)n_l, inv_l = n_l > 0 ? 1.0f / (float)n_l : 0.0f;
+      float mean[RPW], m2[RPW];
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) mean[j] = v[2 * j];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+        for (int j = 0; j < RPW; ++j) mean[j] += __shfl_xor_sync(kFullMask, mean[j], off);
+      }
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) {
+        mean[j] *= a.inv_n;
+        const float d = v[2 * j] * inv_l - mean[j];
+        m2[j] = lane < C ? fmaf(nf * d, d, v[2 * j + 1]) : 0.0f;
+      }
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+        for (int j = 0; j < RPW; ++j) m2[j] += __shfl_xor_sync(kFullMask, m2[j], off);
+      }
+#pragma unroll
+      for (int j = 0; j < RPW; ++j) {
+        const bool in = row0 + j < M;
+        const float rs = in ? 1.0f / sqrtf(m2[j] * a.inv_n + a.eps) : 0.0f;
+        if (rank == 0 && lane == j && in) a.mu[row0 + j] = mean[j];
+        mean_b[j] = in ? mean[j] : 0.0f;
+        rs_b[j] = rs;
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) {
+      if (rank == 0 && lane == j && row0 + j < M) a.rsigma[row0 + j] = rs_b[j];
+    }
+  };
+
+  const bool vec16 = a.t_vec16 != 0;
+  /* Phase B of the band whose first row (of this warp) is row_b, in stage st_b, tile `tb`. */
+  auto phase_b = [&](uint32_t kb, auto fmt_tag) {
+    constexpr bool kE5M2 = decltype(fmt_tag)::value;
+    const uint32_t sb = st_b;
+    st_b = stages.next(st_b);
+    uint8_t* tile = tiles + (kb & 1u) * (uint32_t)(kBandRows * P);
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) {
+      const int64_t r = row_b + j;
+      const bool row_in = r < M;
+      uint8_t* orow = static_cast<uint8_t*>(a.out) + r * a.out_stride + (int64_t)v0 * VEC;
+      uint8_t* trow = tile + (warp * RPW + j) * P + lane * VEC;
+#pragma unroll
+      for (int m = 0; m < NVL; ++m) {
+        float z[VEC], y[VEC];
+        lds_vec8<X>(sb + (uint32_t)((j * NVL + m) * T) * 16u, z);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          y[e] = norm_y<false>(z[e], mean_b[j], rs_b[j], g[m][e], kBias ? be[kBias ? m : 0][e] : 0.0f, kBias);
+          amax = amax_update(amax, y[e]);
+          y[e] *= scale;
+        }
+        uint32_t w[VEC / 4];
+        pack_fp8_fmt<VEC, kE5M2 ? __NV_E5M2 : __NV_E4M3>(y, w);
+        store_words_if<VEC>(orow + m * 32 * VEC, w, row_in && in_col[m]);
+        uint32_t* tw = reinterpret_cast<uint32_t*>(trow + m * 32 * VEC);
+        tw[0] = w[0];
+        tw[1] = w[1];
+      }
+    }
+    __syncthreads(); /* the tile's rows, from every warp */
+    const int64_t band_row0 = row_b - warp * RPW;
+    const int nr = (int)min((int64_t)kBandRows, M - band_row0);
+    const int nc = min(max(a.cols - rank * S, 0), S);
+    store_tile_transposed(tile, P, nr, nc, a.out_t, M, band_row0, (int64_t)rank * S, vec16, t, T);
+    row_b += row_step;
+  };
+
+  const bool e5m2 = a.e5m2 != 0;
+#pragma unroll
+  for (int d = 0; d < kBandDepth; ++d) issue((uint32_t)d);
+  int64_t row_g = cid * kBandRows + warp * RPW; /* the gather's band (this warp's first row) */
+  for (uint32_t k = 0; k < count + 1u; ++k) {
+    issue(k + kBandDepth);
+    cp_async_wait<kBandDepth>();
+    if (k < count) phase_a(k);
+    if (k >= 1u) {
+      if (e5m2) {
+        phase_b(k - 1u, std::true_type{});
+      } else {
+        phase_b(k - 1u, std::false_type{});
+      }
+    }
+    if (k < count) {
+      gather(k, row_g);
+      row_g += row_step;
+    }
+  }
+  cluster_sync(); /* no CTA exits while a send to it may be in flight */
+  block_amax_atomic(amax, a.amax, amax_buf);
+}
+
+/* Whether the band kernel takes rows of `cols`: engine_set_norm_fwd_band's value where set (1:
+ * never; 2: at every width whose cluster fits), else above 1K, up to 8K, the widest row of a
+ * 16-CTA cluster. H100, kernel time, % of copy (NOTES P104), RMSNorm e4m3: 80-83 / 80-83 / 79 at
+ * 2K / 4K / 8K against the register path's tile 78 / 72 (16-row tile) / 72 and the tiled transpose
+ * after the norm 72 / 72 / 71; at 1K a tie with the tile (81 / 81), which stays. LayerNorm's band
+ * rows lost to the tiled transpose (71 / 68 / 60 against 71 / 71 / 69): with out_t_auto the
+ * Python layer asks LayerNorm's norm kernel for the copy only up to 1K
+ * (engine.cuda_backend.IN_KERNEL_TRANSPOSE_MAX_N); asked in-kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE
+ * = 0) it takes the band kernel, ahead of the 16-row tile (36 %). */
+inline bool fwd_take_band(int cols, int knob) {
+  if (knob != 0) return knob == 2;
+  return cols > 1024;
+}
+
+/* Launch the band kernel where it applies: an FP8 output with out_t in mode kFull (delayed
+ * scaling), a 16-bit x without a residual whose rows allow 16-byte vectors (the caller's check),
+ * fwd_take_band, and a cluster of C = max(2, ceil(cols / S)) CTAs within ctx.max_cluster (16:
+ * rows of up to 8192). Returns false where it launched nothing. */
+template <typename X>
+bool launch_fwd_band(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
+  if (a.mode != kFull || a.out_t == nullptr || a.residual != nullptr || a.rows == 0) return false;
+  if (!fwd_take_band(a.cols, ctx.fwd_band)) return false;
+  int c = (int)ceil_div(a.cols, kBandCols);
+  if (c < 2) c = 2; /* the exchange's sends and barriers are cluster instructions */
+  if (c > ctx.max_cluster || c > kBandMaxCluster) return false;
+  const size_t smem = (size_t)kBandSmemBytes;
+  if (smem + 12288 > (size_t)ctx.max_smem_optin) return false; /* static: up to ~8.3 KB */
+  void (*kernel)(FwdArgs) = a.is_rms != 0 ? &norm_fwd_band_kernel<X, true, false>
+                                          : (a.bias != nullptr ? &norm_fwd_band_kernel<X, false, true>
+                                                               : &norm_fwd_band_kernel<X, false, false>);
+  int active = 0;
+  *st = active_clusters(reinterpret_cast<const void*>(kernel), kBandThreads, smem, c, &active);
+  if (*st != ENGINE_SUCCESS) return true;
+  const int64_t grid = persistent_clusters(ceil_div(a.rows, kBandRows), active, ctx.sm_count, ctx.sm_margin);
+  a.cluster = c;
+  a.tpr = kBandThreads;
+  a.rows_per_iter = kBandRows;
+  a.tile_rows = kBandRows;
+  a.tile_pitch = kBandPitch;
+  a.t_vec16 = (ptr_aligned(a.out_t, 16) && a.rows % 16 == 0) ? 1 : 0;
+  a.gb_off = -1;
+  a.grid_clusters = (int)grid;
+  *st = launch_in_clusters(kernel, grid * c, kBandThreads, smem, c, ctx.stream, a);
+  return true;
+}
+
+}  // namespace norm
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_NORMALIZATION_NORM_FWD_BAND_CUH_
