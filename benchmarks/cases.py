@@ -13,9 +13,11 @@ A case is (norm, mode, impl). Modes:
 ``cast-T``      x -> e4m3 rowwise + transposed, delayed scaling (no norm)
 =============== ==================================================================================
 
-Impls: ``cuda`` / ``triton`` (engine's public API on that backend; for ``fp8-T`` with the external
-transpose kernel, ``ENGINE_NORM_EXTERNAL_TRANSPOSE=1``), ``cuda-int`` / ``triton-int`` (``fp8-T``
-with the transposed stores inside the norm kernel, ``=0``), and the peers ``eager`` (hand-written
+Impls: ``cuda`` / ``triton`` (engine's public API on that backend, at its defaults; for ``fp8-T``
+``ENGINE_NORM_EXTERNAL_TRANSPOSE`` unset: the transposed copy from the path the backend measured
+faster at the width), ``cuda-int`` / ``triton-int`` (``fp8-T`` with the transposed stores inside
+the norm kernel, ``=0``), ``cuda-ext`` / ``triton-ext`` (``fp8-T`` with the tiled transpose after
+the norm, ``=1``), and the peers ``eager`` (hand-written
 fp32 math), ``F`` (``torch.nn.functional.rms_norm`` / ``layer_norm``), ``compile`` (``torch.compile``
 of the eager function, static shapes, one compile per shape) and ``liger`` (Liger-Kernel, when
 installed). Each case checks its output against the test oracle (``tests/reference.py``, float64)
@@ -53,7 +55,7 @@ TOL = {"y": 2e-2, "res": 1e-2, "dx": 3e-2, "q": 0.1, "qt": 0.0}
 
 NORM_MODES = ("fwd", "fwd+bwd", "res-fwd")
 FP8_MODES = ("fp8-delayed", "fp8-current", "fp8-T", "res-fp8", "cast-T")
-ENGINE_IMPLS = ("cuda", "triton", "cuda-int", "triton-int")
+ENGINE_IMPLS = ("cuda", "triton", "cuda-int", "triton-int", "cuda-ext", "triton-ext")
 PEERS = ("eager", "F", "compile", "liger")
 IMPL_ORDER = ENGINE_IMPLS + PEERS
 
@@ -233,12 +235,10 @@ class Case:
 
 
 def _engine_backend(spec: Spec) -> str:
-    base = spec.impl.split("-")[0]
-    external = None
-    if spec.mode == "fp8-T":
-        external = not spec.impl.endswith("-int")
-    elif spec.impl.endswith("-int"):
+    base, _, path = spec.impl.partition("-")
+    if path and spec.mode != "fp8-T":
         raise Skip(f"{spec.impl} applies to fp8-T only")
+    external = {"int": False, "ext": True}.get(path)  # None: the flag unset, the default
     fam = OpFamily.CAST_TRANSPOSE if spec.mode == "cast-T" else (
         OpFamily.RMSNORM if spec.is_rms else OpFamily.LAYERNORM)
     return H.use_backend(base, external_transpose=external, families=(fam,)).value

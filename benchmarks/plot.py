@@ -16,7 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-IMPL_COLOR = {"cuda": "C0", "triton": "C1", "cuda-int": "C9", "triton-int": "C3", "eager": "0.55",
+IMPL_COLOR = {"cuda": "C0", "triton": "C1", "cuda-int": "C9", "triton-int": "C3", "cuda-ext": "C8",
+              "triton-ext": "C5", "eager": "0.55",
               "F": "C4", "compile": "C2", "liger": "C6"}
 STYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D")

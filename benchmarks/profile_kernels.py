@@ -108,6 +108,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fwd-stream-threads", type=int, choices=[0, 128, 256, 512],
                     help="CUDA: largest CTA of the forward's streamed kernel (0: the default; "
                          "engine.cuda_backend.norm_fwd_stream_threads), for A/B runs")
+    ap.add_argument("--fwd-band", type=int, choices=[0, 1, 2],
+                    help="CUDA: the forward's band kernel for FP8 + transposed (0: the default, 1: "
+                         "never, 2: wherever it fits; engine.cuda_backend.norm_fwd_band), for A/B "
+                         "runs")
     args = ap.parse_args(argv)
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
@@ -115,7 +119,7 @@ def main(argv=None) -> int:
              ("fwd_general", "norm_fwd_general_loop"), ("fwd_blocked_from", "norm_fwd_blocked_from"),
              ("fwd_grid_per_sm", "norm_fwd_grid_per_sm"), ("bwd_stream_from", "norm_bwd_stream_from"),
              ("bwd_stream_threads", "norm_bwd_stream_threads"), ("fwd_stream_from", "norm_fwd_stream_from"),
-             ("fwd_stream_threads", "norm_fwd_stream_threads"))
+             ("fwd_stream_threads", "norm_fwd_stream_threads"), ("fwd_band", "norm_fwd_band"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:
             if getattr(args, arg) is not None and H.on_gpu():

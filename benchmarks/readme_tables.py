@@ -105,7 +105,8 @@ def main(argv=None) -> int:
     print()
     print(large_table(rows, ["rms >e4m3 dly", "rms >e4m3 cur", "rms >e4m3+T", "ln >e4m3 dly",
                              "ln >e4m3 cur", "ln >e4m3+T", "castT e4m3"],
-                      eng + [("cuda-int", "cuda-int"), ("triton-int", "triton-int")], ("compile", "eager")))
+                      eng + [("cuda-int", "cuda-int"), ("triton-int", "triton-int"), ("cuda-ext", "cuda-ext"),
+                             ("triton-ext", "triton-ext")], ("compile", "eager")))
     print()
     print(small_table(rows))
     return 0

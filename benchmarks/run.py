@@ -32,6 +32,7 @@ from benchmarks import harness as H  # noqa: E402
 
 SUITES = ("rmsnorm", "layernorm", "fp8")
 _HEADER = {"cuda": "cuda", "triton": "triton", "cuda-int": "cu-int", "triton-int": "tr-int",
+           "cuda-ext": "cu-ext", "triton-ext": "tr-ext",
            "eager": "eager", "F": "F", "compile": "compile", "liger": "liger"}
 
 
