@@ -108,10 +108,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fwd-stream-threads", type=int, choices=[0, 128, 256, 512],
                     help="CUDA: largest CTA of the forward's streamed kernel (0: the default; "
                          "engine.cuda_backend.norm_fwd_stream_threads), for A/B runs")
-    ap.add_argument("--fwd-band", type=int, choices=[0, 1, 2],
+    ap.add_argument("--fwd-band", type=int, choices=[0, 1, 2, 3],
                     help="CUDA: the forward's band kernel for FP8 + transposed (0: the default, 1: "
-                         "never, 2: wherever it fits; engine.cuda_backend.norm_fwd_band), for A/B "
-                         "runs")
+                         "never, 2 / 3: wherever it fits, tiles of their own / the tile in the "
+                         "stage; engine.cuda_backend.norm_fwd_band), for A/B runs")
     args = ap.parse_args(argv)
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),

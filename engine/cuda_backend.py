@@ -40,9 +40,10 @@ __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_tr
 #: path: the band kernel at 1025-8192 where it applies; the register path's tile up to 1024,
 #: in-kernel against external 72 / 65 % of copy on the H200 for RMSNorm at 1K; the tiled transpose
 #: after the norm elsewhere), wider rows take the tiled transpose directly. LayerNorm stops at 1024:
-#: its band kernel lost to the tiled transpose at 2K-8K (H100, kernel time, % of copy: 71 / 68 /
-#: 60 against 71 / 71 / 69), RMSNorm's won (80-83 / 80-83 / 79 against 72 / 72 / 71;
-#: benchmarks/NOTES.md P104).
+#: its band kernel lost to the tiled transpose at 2K-8K (kernel time, % of copy, H100: 71-74 /
+#: 68-70 / 60-62 against 71-72 / 70-71 / 69; H200: 52-54 / 49-52 / 43-46 against 66 / 63 / 57),
+#: RMSNorm's won (H100: 79 / 78 / 76 against 72; H200: 72-74 / 74-75 / 70 against 65-66 / 62 /
+#: 60; benchmarks/NOTES.md P104, P105).
 IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 8192, "layernorm": 1024}
 
 _log = logging.getLogger("engine.cuda_backend")
@@ -430,15 +431,17 @@ def norm_fwd_band(n: int):
     """Context manager: inside the ``with`` block the CUDA forward's band kernel (an FP8 output
     with its transposed copy written by the norm kernel, delayed scaling, a 16-bit x without a
     residual; engine/csrc/normalization/norm_fwd_band.cuh) runs as ``n`` says: ``1`` never (the
-    register path's tile or the tiled transpose after the norm, as before it), ``2`` at every width
-    whose cluster fits (512 columns per CTA, at most 16 CTAs: rows of up to 8192), ``0`` (the
-    default) the launcher's choice (from 1025 columns; benchmarks/NOTES.md P104). It
+    register path's tile or the tiled transpose after the norm, as before it), ``2`` or ``3`` at
+    every width whose cluster fits (512 columns per CTA, at most 16 CTAs: rows of up to 8192), ``2``
+    in the layout whose FP8 tiles have shared memory of their own (one CTA per SM), ``3`` with the
+    tile written over its band's stage (two CTAs per SM), ``0`` (the default) the launcher's choice
+    (from 1025 columns; benchmarks/NOTES.md P104). It
     applies only where the transposed copy is asked of the norm kernel (``data_t`` passed to
     :func:`norm_fwd`; ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` and ``engine._norm_ops.external_transpose``
     decide). For tests and A/B benchmarks. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` raises ValueError at the call."""
-    if type(n) is not int or n not in (0, 1, 2):
-        raise ValueError(f"norm_fwd_band: n must be 0, 1 or 2, got {n!r}")
+    if type(n) is not int or n not in (0, 1, 2, 3):
+        raise ValueError(f"norm_fwd_band: n must be 0, 1, 2 or 3, got {n!r}")
     return _knob("set_norm_fwd_band", n)
 
 

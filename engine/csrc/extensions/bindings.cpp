@@ -494,8 +494,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_norm_fwd_band", &engine_set_norm_fwd_band,
-        "The norm forward's band kernel for an FP8 output with its transposed copy: 1 never, 2 "
-        "wherever its cluster fits (rows of up to 8192), 0 for the default "
+        "The norm forward's band kernel for an FP8 output with its transposed copy: 1 never, 2 / 3 "
+        "wherever its cluster fits (rows of up to 8192; tiles of their own / the tile in the "
+        "stage), 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_norm_bwd_stream_threads", &engine_set_norm_bwd_stream_threads,

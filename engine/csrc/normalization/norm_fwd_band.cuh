@@ -13,8 +13,8 @@
  * over at most 16 CTAs). A CTA of 8 warps holds the band's slice in shared memory (32 x S values of
  * x: 32 KB, a ring of kBandStages stages filled by cp.async one band ahead); warp w owns rows
  * 4w .. 4w + 3 of the band, lane l the 16-byte vectors l and l + 32 of each, so a row's partial
- * sums need only the warp's butterfly. One exchange per band (not per row): every warp sends its four
- * rows' partial sums (RMSNorm: sum of z^2; LayerNorm: sum of z and the sum of squares about the
+ * sums need only the warp's butterfly. One exchange per band (not per row): every warp sends its
+ * four rows' partial sums (RMSNorm: sum of z^2; LayerNorm: sum of z and the sum of squares about the
  * slice's mean, Chan's formula over the slices, no E[z^2] - E[z]^2) by st.async into every CTA of
  * the cluster, counted by an mbarrier, and waits for the band's totals one phase later:
  *
@@ -26,19 +26,24 @@
  *                   of out_t, one per column), amax;
  *                 wait for band k's totals: rsigma (and the mean) of its rows, for phase B in the
  *                   next iteration.
- * The exchange's round trip between SMs hides behind phase B of the previous band. Two tiles
- * alternate by band parity, so one CTA barrier per band orders the tile's writes and reads (a
- * tile is rewritten two bands later, after the next band's barrier). Exchange slot k % 2: a CTA
- * sends band k + 2 only after its wait for band k + 1, which needs every warp of every CTA to have
- * sent band k + 1, which each does after its reads of band k's totals.
+ * The exchange's round trip between SMs hides behind phase B of the previous band. The FP8 tile
+ * has two layouts (kTileInStage, P105): written over its band's stage once every thread has read
+ * its x there (a CTA barrier before the tile's writes and one after the transposed store, before
+ * the next copy refills the stage: 96 KB of shared memory, two CTAs per SM), or two tiles of their
+ * own alternating by band parity, one CTA barrier per band ordering the tile's writes and reads (a
+ * tile is rewritten two bands later, after the next band's barrier; 131 KB, one CTA per SM).
+ * Exchange slot k % 2: a CTA sends band k + 2 only after its wait for band k + 1, which needs
+ * every warp of every CTA to have sent band k + 1, which each does after its reads of band k's
+ * totals.
  * The totals are added in the same order in every CTA (the butterfly over lanes 0 .. C-1 of each
  * rank's partial): the same rsigma in every CTA and every run. The sums' order is not the register
  * path's, so the FP8 bytes are within one FP8 step of the cast of the fp32 output (another path),
  * at rounding boundaries only (tests/test_fp8.py::cuda_fp8_own_path), and transpose_data is the
  * rowwise data transposed bit for bit. Delayed scaling (kFull) only; current scaling's second pass
  * reads the statistics back (the register path, or the tiled transpose after the norm).
- * Measured (H100, NOTES P104): RMSNorm e4m3 + transposed 80-83 % of copy at 1K-8K, against
- * 71-72 % for the tiled transpose after the norm; LayerNorm 60-71 %, under it from 4K.
+ * Measured (kernel time, NOTES P104 / P105; fwd_band_layout has the numbers): RMSNorm e4m3 +
+ * transposed at 2K-8K 76-79 % of copy on the H100 and 70-75 % on the H200, against 72 % and
+ * 60-66 % for the tiled transpose after the norm; LayerNorm under the tiled transpose on both.
  * Vectors past the row are zero-filled by the copy (they add zeros; gamma = beta = 0 there, y =
  * 0), rows past the matrix too (rsigma 0 there, y = 0: no NaN into amax with eps = 0); their stores
  * are predicated off.
@@ -73,11 +78,16 @@ constexpr int kBandCols = kBandNVL * 32 * 8;
  * by one warp) fall on different banks. */
 constexpr int kBandPitch = kBandCols + 4;
 constexpr int kBandStageBytes = kBandRows * kBandCols * 2;
-/* dynamic shared memory: the stages and two tiles, 131 KB (one CTA per SM) */
-constexpr int kBandSmemBytes = kBandStages * kBandStageBytes + 2 * kBandRows * kBandPitch;
 
-template <typename X, bool kRms, bool kBias>
-__global__ void __launch_bounds__(kBandThreads, 1) norm_fwd_band_kernel(const FwdArgs a) {
+/* kTileInStage: the FP8 tile of a band is written over its own stage once every thread has read
+ * its x there (two more CTA barriers per band), so the CTA needs the stages alone (96 KB: two CTAs
+ * per SM at up to 128 registers); otherwise two tiles of their own (131 KB: one CTA per SM). */
+__host__ __device__ constexpr int band_smem_bytes(bool in_stage) {
+  return kBandStages * kBandStageBytes + (in_stage ? 0 : 2 * kBandRows * kBandPitch);
+}
+
+template <typename X, bool kRms, bool kBias, bool kTileInStage>
+__global__ void __launch_bounds__(kBandThreads, kTileInStage ? 2 : 1) norm_fwd_band_kernel(const FwdArgs a) {
   static_assert(sizeof(X) == 2, "the band forward takes a 16-bit x");
   constexpr int VEC = 8;
   constexpr int NVL = kBandNVL;
@@ -328,13 +338,12 @@ __global__ void __launch_bounds__(kBandThreads, 1) norm_fwd_band_kernel(const Fw
     constexpr bool kE5M2 = decltype(fmt_tag)::value;
     const uint32_t sb = st_b;
     st_b = stages.next(st_b);
-    uint8_t* tile = tiles + (kb & 1u) * (uint32_t)(kBandRows * P);
+    uint32_t wq[RPW][NVL][VEC / 4]; /* the FP8 bytes, for the tile */
 #pragma unroll
     for (int j = 0; j < RPW; ++j) {
       const int64_t r = row_b + j;
       const bool row_in = r < M;
       uint8_t* orow = static_cast<uint8_t*>(a.out) + r * a.out_stride + (int64_t)v0 * VEC;
-      uint8_t* trow = tile + (warp * RPW + j) * P + lane * VEC;
 #pragma unroll
       for (int m = 0; m < NVL; ++m) {
         float z[VEC], y[VEC];
@@ -345,12 +354,25 @@ __global__ void __launch_bounds__(kBandThreads, 1) norm_fwd_band_kernel(const Fw
           amax = amax_update(amax, y[e]);
           y[e] *= scale;
         }
-        uint32_t w[VEC / 4];
-        pack_fp8_fmt<VEC, kE5M2 ? __NV_E5M2 : __NV_E4M3>(y, w);
-        store_words_if<VEC>(orow + m * 32 * VEC, w, row_in && in_col[m]);
+        pack_fp8_fmt<VEC, kE5M2 ? __NV_E5M2 : __NV_E4M3>(y, wq[j][m]);
+        store_words_if<VEC>(orow + m * 32 * VEC, wq[j][m], row_in && in_col[m]);
+      }
+    }
+    uint8_t* tile;
+    if constexpr (kTileInStage) {
+      __syncthreads(); /* every thread's reads of the stage: the tile overwrites its x */
+      tile = smem + (sb - ring_s);
+    } else {
+      tile = tiles + (kb & 1u) * (uint32_t)(kBandRows * P);
+    }
+#pragma unroll
+    for (int j = 0; j < RPW; ++j) {
+      uint8_t* trow = tile + (warp * RPW + j) * P + lane * VEC;
+#pragma unroll
+      for (int m = 0; m < NVL; ++m) {
         uint32_t* tw = reinterpret_cast<uint32_t*>(trow + m * 32 * VEC);
-        tw[0] = w[0];
-        tw[1] = w[1];
+        tw[0] = wq[j][m][0];
+        tw[1] = wq[j][m][1];
       }
     }
     __syncthreads(); /* the tile's rows, from every warp */
@@ -358,6 +380,8 @@ __global__ void __launch_bounds__(kBandThreads, 1) norm_fwd_band_kernel(const Fw
     const int nr = (int)min((int64_t)kBandRows, M - band_row0);
     const int nc = min(max(a.cols - rank * S, 0), S);
     store_tile_transposed(tile, P, nr, nc, a.out_t, M, band_row0, (int64_t)rank * S, vec16, t, T);
+    /* in the stage: its reads before the stage is refilled (the next iteration's copy) */
+    if constexpr (kTileInStage) __syncthreads();
     row_b += row_step;
   };
 
@@ -385,36 +409,52 @@ __global__ void __launch_bounds__(kBandThreads, 1) norm_fwd_band_kernel(const Fw
   block_amax_atomic(amax, a.amax, amax_buf);
 }
 
-/* Whether the band kernel takes rows of `cols`: engine_set_norm_fwd_band's value where set (1:
- * never; 2: at every width whose cluster fits), else above 1K, up to 8K, the widest row of a
- * 16-CTA cluster. H100, kernel time, % of copy (NOTES P104), RMSNorm e4m3: 80-83 / 80-83 / 79 at
- * 2K / 4K / 8K against the register path's tile 78 / 72 (16-row tile) / 72 and the tiled transpose
- * after the norm 72 / 72 / 71; at 1K a tie with the tile (81 / 81), which stays. LayerNorm's band
- * rows lost to the tiled transpose (71 / 68 / 60 against 71 / 71 / 69): with out_t_auto the
- * Python layer asks LayerNorm's norm kernel for the copy only up to 1K
- * (engine.cuda_backend.IN_KERNEL_TRANSPOSE_MAX_N); asked in-kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE
- * = 0) it takes the band kernel, ahead of the 16-row tile (36 %). */
-inline bool fwd_take_band(int cols, int knob) {
-  if (knob != 0) return knob == 2;
-  return cols > 1024;
+/* Which band kernel takes rows of `cols`: 0 none, 1 the layout with tiles of their own (one CTA
+ * per SM), 2 the tile in the stage (two CTAs per SM). engine_set_norm_fwd_band's value where set
+ * (1: never; 2 / 3: layout 1 / 2 at every width whose cluster fits), else the default layout above
+ * 1K, up to 8K, the widest row of a 16-CTA cluster. Kernel time, % of copy, RMSNorm e4m3 at 2K /
+ * 4K / 8K (NOTES P104, P105), layout 1 / layout 2 / the tiled transpose after the norm:
+ *   H200: 66 / 64 / 58, 72-74 / 74-75 / 70, 65-66 / 62 / 60;
+ *   H100: 80 / 81 / 80, 79 / 78 / 76, 72 / 72 / 72 (the register path's tile: 78 / 72 / 72).
+ * The cards disagree (the H200's bandwidth wants the second CTA's copies in flight; on the H100
+ * the extra barriers cost more than they bring); layout 2 is the default: above the tiled
+ * transpose on both, by 7-13 points on the H200, and above the bar of 75 on the H100. At 1K the
+ * register path's tile stays (H100 82 against the band's 82-83; H200 77 against 71-72).
+ * LayerNorm's band rows lost to the tiled transpose on both cards (H100 74 / 70 / 62 against 72 /
+ * 70 / 69; H200 52-54 / 49-52 / 43-46 against 66 / 63 / 57): with out_t_auto the Python layer asks
+ * LayerNorm's norm kernel for the copy only up to 1K
+ * (engine.cuda_backend.IN_KERNEL_TRANSPOSE_MAX_N); asked in-kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE = 0) it takes the band kernel, ahead of the
+ * 16-row tile (36 %). */
+constexpr int kBandDefaultLayout = 2;
+inline int fwd_band_layout(int cols, int knob) {
+  if (knob != 0) return knob - 1;
+  return cols > 1024 ? kBandDefaultLayout : 0;
+}
+
+template <typename X, bool kInStage>
+auto fwd_band_kernel(bool rms, bool bias) -> void (*)(FwdArgs) {
+  return rms ? &norm_fwd_band_kernel<X, true, false, kInStage>
+             : (bias ? &norm_fwd_band_kernel<X, false, true, kInStage>
+                     : &norm_fwd_band_kernel<X, false, false, kInStage>);
 }
 
 /* Launch the band kernel where it applies: an FP8 output with out_t in mode kFull (delayed
  * scaling), a 16-bit x without a residual whose rows allow 16-byte vectors (the caller's check),
- * fwd_take_band, and a cluster of C = max(2, ceil(cols / S)) CTAs within ctx.max_cluster (16:
- * rows of up to 8192). Returns false where it launched nothing. */
+ * fwd_band_layout != 0, and a cluster of C = max(2, ceil(cols / S)) CTAs within ctx.max_cluster
+ * (16: rows of up to 8192). Returns false where it launched nothing. */
 template <typename X>
 bool launch_fwd_band(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
   if (a.mode != kFull || a.out_t == nullptr || a.residual != nullptr || a.rows == 0) return false;
-  if (!fwd_take_band(a.cols, ctx.fwd_band)) return false;
+  const int layout = fwd_band_layout(a.cols, ctx.fwd_band);
+  if (layout == 0) return false;
   int c = (int)ceil_div(a.cols, kBandCols);
   if (c < 2) c = 2; /* the exchange's sends and barriers are cluster instructions */
   if (c > ctx.max_cluster || c > kBandMaxCluster) return false;
-  const size_t smem = (size_t)kBandSmemBytes;
+  const bool in_stage = layout == 2;
+  const size_t smem = (size_t)band_smem_bytes(in_stage);
   if (smem + 12288 > (size_t)ctx.max_smem_optin) return false; /* static: up to ~8.3 KB */
-  void (*kernel)(FwdArgs) = a.is_rms != 0 ? &norm_fwd_band_kernel<X, true, false>
-                                          : (a.bias != nullptr ? &norm_fwd_band_kernel<X, false, true>
-                                                               : &norm_fwd_band_kernel<X, false, false>);
+  const bool rms = a.is_rms != 0, bias = a.bias != nullptr;
+  void (*kernel)(FwdArgs) = in_stage ? fwd_band_kernel<X, true>(rms, bias) : fwd_band_kernel<X, false>(rms, bias);
   int active = 0;
   *st = active_clusters(reinterpret_cast<const void*>(kernel), kBandThreads, smem, c, &active);
   if (*st != ENGINE_SUCCESS) return true;
