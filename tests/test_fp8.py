@@ -723,6 +723,38 @@ def test_default_transpose_path_by_width(n, kernel):
 
 
 @pytest.mark.parametrize("is_rms", NORMS)
+def test_out_t_auto_on_each_backend(backend, is_rms):
+    """The backends' norm_fwd with ``out_t_auto=True`` (ENGINE_NORM_EXTERNAL_TRANSPOSE unset):
+    whichever path each takes (the reference's one path, Triton's tiled transpose after the norm,
+    CUDA's band kernel at 2048 or the register path's tile at 64), out_t is out.T bit for bit and
+    out is the bytes of the call without a transposed copy."""
+    from engine import _norm_ops
+
+    use_backend(backend)
+    try:
+        for n in (64, 2048):
+            x, w, b = inputs(37, n, is_rms)
+            impl = _norm_ops._impl(is_rms, x.device)
+            outs = []
+            for with_t in (True, False):
+                data = torch.empty(37, n, dtype=E4M3, device=DEVICE)
+                data_t = torch.empty(n, 37, dtype=E4M3, device=DEVICE) if with_t else None
+                mu = None if is_rms else torch.empty(37, device=DEVICE)
+                impl.norm_fwd(x, w, b, None, 1e-5, data, None, mu, torch.empty(37, device=DEVICE),
+                              torch.tensor([2.0], device=DEVICE), torch.zeros(1, device=DEVICE),
+                              torch.empty(1, device=DEVICE), data_t, is_rms_norm=is_rms,
+                              zero_centered_gamma=False, current_scaling=False, amax_epsilon=0.0,
+                              sm_margin=0, out_t_auto=True)
+                outs.append((data, data_t))
+            (data, data_t), (plain, _) = outs
+            assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
+            steps = fp8_steps(data, plain)  # the band kernel's own row sums: one step at most
+            assert steps.max().item() <= 1 and (steps > 0).float().mean().item() < 0.01
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
 def test_fp8_with_residual(backend, is_rms):
     x, w, b = inputs(29, 760, is_rms)
     r = torch.randn(29, 760, device=DEVICE)

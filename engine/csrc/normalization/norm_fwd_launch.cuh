@@ -107,10 +107,12 @@ engine_status launch_fwd_reg_k(const FwdArgs& a, const LaunchCtx& ctx, int block
               : launch_fwd_reg_w<X, R, O, false, false, NV>(a, ctx, block, smem);
 }
 
+/* With out_t_auto, the widest row whose transposed copy the register path's tile writes. */
+constexpr int kTileAutoMaxCols = 1024;
+
 /* Register path, one row over one CTA: NV vectors of x per thread in row groups
  * (row_group_tpr, row_groups_per_cta); with an FP8 output and out_t, the transposed tile when it
  * fits shared memory (*transposed). */
-constexpr int kTileAutoMaxCols = 1024;
 template <typename X, typename R, typename O, int NV>
 engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   constexpr int VEC = 16 / sizeof(X);
