@@ -593,10 +593,11 @@ def test_fwd_loop_taken(general):
 
 
 # (rows, cols, band knob): the band kernel (512 columns per CTA; knob 2 / 3: wherever it fits, in
-# the layout with tiles of their own / the tile in the stage; 0: the launcher's default) on a partial band (29 rows, M % 16 != 0: the transposed copy's byte
-# stores), one row, a last slice shorter than the CTA's (1000, 1032, 7800), a 16-CTA cluster (8192,
-# 7800) and more bands than resident clusters (6000 / 2100 / 700 rows: several bands per cluster,
-# every exchange slot reused and its mbarrier phase flipped).
+# the layout with tiles of their own / the tile in the stage; 0: the launcher's default) on a
+# partial band (29 rows, M % 16 != 0: the transposed copy's byte stores), one row, a last slice
+# shorter than the CTA's (1000, 1032, 7800), a 16-CTA cluster (8192, 7800) and more bands than
+# resident clusters (6000 / 2100 / 700 rows: several bands per cluster, every exchange slot reused
+# and its mbarrier phase flipped).
 BAND_CASES = [(29, 1000, 2), (1, 4096, 3), (6000, 2048, 0), (33, 1032, 0), (2100, 4096, 2),
               (2100, 4096, 3), (45, 7800, 3), (700, 8192, 0), (64, 512, 2), (29, 1000, 3)]
 

@@ -14,9 +14,9 @@
  * x: 32 KB, a ring of kBandStages stages filled by cp.async one band ahead); warp w owns rows
  * 4w .. 4w + 3 of the band, lane l the 16-byte vectors l and l + 32 of each, so a row's partial
  * sums need only the warp's butterfly. One exchange per band (not per row): every warp sends its
- * four rows' partial sums (RMSNorm: sum of z^2; LayerNorm: sum of z and the sum of squares about the
- * slice's mean, Chan's formula over the slices, no E[z^2] - E[z]^2) by st.async into every CTA of
- * the cluster, counted by an mbarrier, and waits for the band's totals one phase later:
+ * four rows' partial sums (RMSNorm: sum of z^2; LayerNorm: sum of z and the sum of squares about
+ * the slice's mean, Chan's formula over the slices, no E[z^2] - E[z]^2) by st.async into every
+ * CTA of the cluster, counted by an mbarrier, and waits for the band's totals one phase later:
  *
  *   iteration k:  copy band k+1;  wait for band k's copies;
  *                 phase A of band k: its partial sums, sent;
@@ -38,7 +38,7 @@
  * The totals are added in the same order in every CTA (the butterfly over lanes 0 .. C-1 of each
  * rank's partial): the same rsigma in every CTA and every run. The sums' order is not the register
  * path's, so the FP8 bytes are within one FP8 step of the cast of the fp32 output (another path),
- * at rounding boundaries only (tests/test_fp8.py::cuda_fp8_own_path), and transpose_data is the
+ * at rounding boundaries only (tests/test_fp8.py::test_fp8_band_kernel), and transpose_data is the
  * rowwise data transposed bit for bit. Delayed scaling (kFull) only; current scaling's second pass
  * reads the statistics back (the register path, or the tiled transpose after the norm).
  * Measured (kernel time, NOTES P104 / P105; fwd_band_layout has the numbers): RMSNorm e4m3 +
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(kBandThreads, kTileInStage ? 2 : 1) norm_fwd_b
   __shared__ __align__(16) float recv[kBandSlots][kBandMaxCluster][kBandRows * kVals];
   __shared__ __align__(8) uint64_t mbar[kBandSlots];
   __shared__ int amax_buf[32];
-  extern __shared__ __align__(16) uint8_t smem[]; /* kBandStages stages, then two FP8 tiles */
+  extern __shared__ __align__(16) uint8_t smem[]; /* the stages, then (!kTileInStage) two tiles */
 
   const int t = threadIdx.x;
   const int lane = t & 31;
@@ -421,10 +421,11 @@ __global__ void __launch_bounds__(kBandThreads, kTileInStage ? 2 : 1) norm_fwd_b
  * transpose on both, by 7-13 points on the H200, and above the bar of 75 on the H100. At 1K the
  * register path's tile stays (H100 82 against the band's 82-83; H200 77 against 71-72).
  * LayerNorm's band rows lost to the tiled transpose on both cards (H100 74 / 70 / 62 against 72 /
- * 70 / 69; H200 52-54 / 49-52 / 43-46 against 66 / 63 / 57): with out_t_auto the Python layer asks
- * LayerNorm's norm kernel for the copy only up to 1K
- * (engine.cuda_backend.IN_KERNEL_TRANSPOSE_MAX_N); asked in-kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE = 0) it takes the band kernel, ahead of the
- * 16-row tile (36 %). */
+ * 70 / 69; H200 52-54 / 49-52 / 43-46 against 66 / 63 / 57): with out_t_auto the Python layer
+ * asks LayerNorm's norm kernel for the copy only up to 1K
+ * (engine.cuda_backend.IN_KERNEL_TRANSPOSE_MAX_N); asked in-kernel
+ * (ENGINE_NORM_EXTERNAL_TRANSPOSE = 0) it takes the band kernel, ahead of the 16-row tile (36 %).
+ */
 constexpr int kBandDefaultLayout = 2;
 inline int fwd_band_layout(int cols, int knob) {
   if (knob != 0) return knob - 1;
