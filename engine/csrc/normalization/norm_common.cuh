@@ -342,6 +342,13 @@ engine_status fwd_out_bf16(engine_dtype x_dtype, engine_dtype r_dtype, FwdArgs& 
                            const LaunchCtx& ctx, bool* transposed);
 engine_status fwd_out_fp8(engine_dtype x_dtype, engine_dtype r_dtype, FwdArgs& a,
                           const LaunchCtx& ctx, bool* transposed);
+/* fwd_out_fp8's units by x dtype (norm_fwd_fp8_x*.cu); r_dtype: x's own or fp32 */
+engine_status fwd_out_fp8_x_f32(engine_dtype r_dtype, FwdArgs& a, const LaunchCtx& ctx,
+                                bool* transposed);
+engine_status fwd_out_fp8_x_f16(engine_dtype r_dtype, FwdArgs& a, const LaunchCtx& ctx,
+                                bool* transposed);
+engine_status fwd_out_fp8_x_bf16(engine_dtype r_dtype, FwdArgs& a, const LaunchCtx& ctx,
+                                 bool* transposed);
 
 /* Launch the backward main kernel; *num_ctas receives the grid size (rows of partials written to
  * the workspace). The workspace pointers in `a` are laid out by the caller from max_ctas. */

@@ -1,17 +1,28 @@
 /*
- * Norm forward instantiations for output dtype fp8 (see norm_fwd.cuh for the kernels' design).
- * One translation unit per output dtype so that a parallel build compiles them concurrently; each
- * holds the (x, residual) dtype pairs {f32/f32, f16/f16, f16/f32, bf16/bf16, bf16/f32} x
- * {register, blocked-vector, blocked-scalar} kernels.
+ * Norm forward for FP8 outputs: the dispatch over x's dtype. The instantiations are split by x
+ * dtype over three translation units (norm_fwd_fp8_x*.cu), so that a parallel build compiles them
+ * concurrently: the FP8 forward (register, blocked, streamed and band kernels, each in its
+ * current-scaling and transposed forms) was the build's longest unit, about 320 s on its own.
  */
-#include "normalization/norm_fwd_launch.cuh"
+#include "normalization/norm_common.cuh"
 
 namespace engine {
 namespace norm {
 
 engine_status fwd_out_fp8(engine_dtype x_dtype, engine_dtype r_dtype, FwdArgs& a,
                           const LaunchCtx& ctx, bool* transposed) {
-  return dispatch_fwd_xr<fp8>(x_dtype, r_dtype, a, ctx, transposed);
+  switch (x_dtype) {
+    case ENGINE_DTYPE_FLOAT32:
+      return fwd_out_fp8_x_f32(r_dtype, a, ctx, transposed);
+    case ENGINE_DTYPE_FLOAT16:
+      return fwd_out_fp8_x_f16(r_dtype, a, ctx, transposed);
+    case ENGINE_DTYPE_BFLOAT16:
+      return fwd_out_fp8_x_bf16(r_dtype, a, ctx, transposed);
+    default:
+      break;
+  }
+  return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm forward: unsupported x dtype %s",
+                   dtype_name(x_dtype));
 }
 
 }  // namespace norm

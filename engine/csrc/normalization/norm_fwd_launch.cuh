@@ -1,10 +1,12 @@
 /*
  * Norm forward launchers: configuration of the register / cluster / blocked paths from (cols,
- * dtypes, alignment) and the per-dtype dispatch called by norm_fwd_{f32,f16,bf16,fp8}.cu. The
+ * dtypes, alignment) and the per-dtype dispatch called by norm_fwd_{f32,f16,bf16,fp8_x*}.cu. The
  * kernels are in norm_fwd.cuh.
  */
 #ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_LAUNCH_CUH_
 #define ENGINE_CSRC_NORMALIZATION_NORM_FWD_LAUNCH_CUH_
+
+#include <type_traits>
 
 #include "normalization/norm_fwd.cuh"
 #include "normalization/norm_fwd_band.cuh"
@@ -341,20 +343,28 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   return launch_fwd_blocked<X, R, O, 1, NVB, float, kBlkRuntime>(a, ctx, block);
 }
 
+/* Dispatch over the residual dtype for one x and output type: x's own or fp32 (16-bit x). */
+template <typename X, typename O>
+engine_status dispatch_fwd_r(engine_dtype rt, FwdArgs& a, const LaunchCtx& ctx, bool* transposed) {
+  if constexpr (std::is_same<X, float>::value) {
+    return launch_fwd<float, float, O>(a, ctx, transposed);
+  } else {
+    return rt == ENGINE_DTYPE_FLOAT32 ? launch_fwd<X, float, O>(a, ctx, transposed)
+                                      : launch_fwd<X, X, O>(a, ctx, transposed);
+  }
+}
+
 /* Dispatch over (x dtype, residual dtype) for one output type. */
 template <typename O>
 engine_status dispatch_fwd_xr(engine_dtype xt, engine_dtype rt, FwdArgs& a, const LaunchCtx& ctx,
                               bool* transposed) {
   switch (xt) {
     case ENGINE_DTYPE_FLOAT32:
-      return launch_fwd<float, float, O>(a, ctx, transposed);
+      return dispatch_fwd_r<float, O>(rt, a, ctx, transposed);
     case ENGINE_DTYPE_FLOAT16:
-      return rt == ENGINE_DTYPE_FLOAT32 ? launch_fwd<__half, float, O>(a, ctx, transposed)
-                                        : launch_fwd<__half, __half, O>(a, ctx, transposed);
+      return dispatch_fwd_r<__half, O>(rt, a, ctx, transposed);
     case ENGINE_DTYPE_BFLOAT16:
-      return rt == ENGINE_DTYPE_FLOAT32
-                 ? launch_fwd<__nv_bfloat16, float, O>(a, ctx, transposed)
-                 : launch_fwd<__nv_bfloat16, __nv_bfloat16, O>(a, ctx, transposed);
+      return dispatch_fwd_r<__nv_bfloat16, O>(rt, a, ctx, transposed);
     default:
       break;
   }
