@@ -112,7 +112,20 @@ def main(argv=None) -> int:
                     help="CUDA: the forward's band kernel for FP8 + transposed (0: the default, 1: "
                          "never, 2 / 3: wherever it fits, tiles of their own / the tile in the "
                          "stage; engine.cuda_backend.norm_fwd_band), for A/B runs")
+    ap.add_argument("--triton-band", type=int, choices=[0, 16, 32],
+                    help="Triton: rows per band of the in-kernel transposed FP8 copy (engine."
+                         "triton_kernels.norms.BAND_ROWS; 0: the tile's own transposed stores), for "
+                         "A/B runs of triton-int")
+    ap.add_argument("--triton-band-cols", type=int, choices=[64, 128, 256, 512, 1024],
+                    help="Triton: columns per chunk of a band's transposition (engine.triton_kernels."
+                         "norms.BAND_COLS), for A/B runs of triton-int")
     args = ap.parse_args(argv)
+    from engine.triton_kernels import norms as triton_norms
+
+    if args.triton_band is not None:
+        triton_norms.BAND_ROWS = args.triton_band
+    if args.triton_band_cols is not None:
+        triton_norms.BAND_COLS = args.triton_band_cols
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
              ("bwd_elems", "norm_bwd_elems"), ("bwd_cta_threads", "norm_bwd_cta_threads"),

@@ -22,7 +22,9 @@ stage 3 num_stages in {1, 2, 4} (3 is the default) for the best one. Candidates:
 * blocked two-pass (N >= 4K): chunk ``block_n`` in {2048, 4096, 8192, 16384, 32768} up to N,
   ``block_m`` in {1, 2} (torch.compile's kernels at 8K-32K are this shape: one row per program,
   pass 2 re-reading from L2; ci/inductor_code.py, h200_inductor_configs.log), for bwd {1, 2, 4, 8};
-* fwd-fp8T: ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8};
+* fwd-fp8T: by bands (``--band-rows``, default ``norms.BAND_ROWS``) the fwd-fp8 candidates with
+  ``block_m`` dividing the band; with ``--band-rows 0`` (the tile's own transposed stores)
+  ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8};
 * the split backward (bwd from 16K; ``split=True``): slices of 4096, 8192 or 16384
   columns at 8-64 elements per thread, one program per SM (no stage 2); ``--kinds split`` tries
   only these.
@@ -69,6 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n", type=str, default=None, help="comma-separated N list (default: the sweep)")
     p.add_argument("--ops", type=str, default=",".join(OPS), help=f"subset of {','.join(OPS)}")
     p.add_argument("--norm", choices=("rmsnorm", "layernorm"), default="rmsnorm")
+    p.add_argument("--band-rows", type=int, choices=(0, 16, 32), default=None,
+                   help="fwd-fp8T: rows per band of the transposed copy (engine.triton_kernels.norms."
+                        "BAND_ROWS; 0: the tile's own transposed stores, the path before bands)")
     p.add_argument("--warmup-ms", type=float, default=5.0)
     p.add_argument("--rep-ms", type=float, default=20.0)
     p.add_argument("--kinds", choices=("all", "split"), default="all",
@@ -117,17 +122,18 @@ def candidates(op: str, n: int, dry: bool, kinds: str = "all") -> list:
     if kinds == "split":
         return split
     out = []
-    if op == "fwd-fp8T":
+    if op == "fwd-fp8T" and not norms.BAND_ROWS:  # the tile's own transposed stores
         for bm in (16, 32, 64):
             for bn in (64, 128, 256):
                 for w in (4, 8):
                     out.append(NormConfig(bm, min(bn, p2), n > min(bn, p2), w, 2))
     else:
+        # fwd-fp8T by bands (norms.BAND_ROWS): the rowwise FP8 tiles, then each band transposed
         max_tile, (lo, hi) = {"fwd": (32768, (8, 64)), "fwd-res": (32768, (8, 64)),
-                              "fwd-fp8": (32768, (4, 32))}.get(op, (16384, (4, 32)))
+                              "fwd-fp8": (32768, (4, 32)), "fwd-fp8T": (32768, (4, 32))}.get(op, (16384, (4, 32)))
         if p2 <= max_tile:
             for bm in (1, 2, 4, 8, 16):
-                if bm * p2 <= max_tile:
+                if bm * p2 <= max_tile and (op != "fwd-fp8T" or norms.BAND_ROWS % bm == 0):
                     out += [NormConfig(bm, p2, False, w, _stage1_pps(w))
                             for w in _warps(bm * p2, lo, hi, dry)]
         chunks = (64, 128) if dry else (2048, 4096, 8192, 16384, 32768)
@@ -147,7 +153,7 @@ def candidates(op: str, n: int, dry: bool, kinds: str = "all") -> list:
 def heuristic(op: str, n: int, rms: bool) -> NormConfig:
     if op == "bwd":
         return nc.bwd_config(n, torch.bfloat16, rms)
-    return nc.fwd_config(n, torch.bfloat16, op == "fwd-fp8T", fp8=op.startswith("fwd-fp8"), rms=rms,
+    return nc.fwd_config(n, torch.bfloat16, op == "fwd-fp8T" and not norms.BAND_ROWS, fp8=op.startswith("fwd-fp8"), rms=rms,
                          residual=op == "fwd-res")
 
 
@@ -280,7 +286,8 @@ def tune_one(op: str, m: int, n: int, args, copy_gbps: float, t_start: float) ->
     # Stage 1: the candidate grid at two programs per SM.
     measure(candidates(op, n, args.dry_run, args.kinds))
     # Stage 2: programs per SM for the best three (not the split backward's: one per SM).
-    pps_values = (1, 2) if args.dry_run else ((1, 2, 4) if op == "fwd-fp8T" else (1, 2, 4, 8, 16, 32))
+    pps_values = (1, 2) if args.dry_run else ((1, 2, 4) if op == "fwd-fp8T" and not norms.BAND_ROWS
+                                              else (1, 2, 4, 8, 16, 32))
     measure([replace(base, programs_per_sm=pps)
              for base in [c for c in ranked() if not c.split][: 1 if args.dry_run else 3] for pps in pps_values])
     # Stage 3: pipelining depth of the best so far (a recompile each).
@@ -306,6 +313,8 @@ def main(argv=None) -> int:
     if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
         print("--dry-run needs TRITON_INTERPRET=1 before triton is imported", file=sys.stderr)
         return 2
+    if args.band_rows is not None:
+        norms.BAND_ROWS = args.band_rows
     t_start = time.perf_counter()
     ops = [o for o in args.ops.split(",") if o]
     if args.n:

@@ -730,9 +730,10 @@ def test_default_transpose_path_by_width(n, kernel):
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_out_t_auto_on_each_backend(backend, is_rms):
     """The backends' norm_fwd with ``out_t_auto=True`` (ENGINE_NORM_EXTERNAL_TRANSPOSE unset):
-    whichever path each takes (the reference's one path, Triton's tiled transpose after the norm,
-    CUDA's band kernel at 2048 or the register path's tile at 64), out_t is out.T bit for bit and
-    out is the bytes of the call without a transposed copy."""
+    whichever path each takes (the reference's one path, Triton's bands for RMSNorm and its tiled
+    transpose after the norm for LayerNorm, CUDA's band kernel at 2048 or the register path's tile
+    at 64), out_t is out.T bit for bit and out is the bytes of the call without a transposed
+    copy."""
     from engine import _norm_ops
 
     use_backend(backend)
@@ -755,6 +756,42 @@ def test_out_t_auto_on_each_backend(backend, is_rms):
             assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
             steps = fp8_steps(data, plain)  # the band kernel's own row sums: one step at most
             assert steps.max().item() <= 1 and (steps > 0).float().mean().item() < 0.01
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("residual,current", [(False, False), (True, False), (False, True)],
+                         ids=["plain", "residual", "current"])
+def test_triton_out_t_auto_path(is_rms, residual, current, monkeypatch):
+    """Triton's norm_fwd with ``out_t_auto``: bands in the norm kernel for RMSNorm up to
+    IN_KERNEL_TRANSPOSE_MAX_N with delayed scaling and no residual (the form measured faster, NOTES
+    P106), the tiled transpose after the norm otherwise (counted here); the copy is out.T either
+    way."""
+    use_backend("triton")  # skips on a CPU without the interpreter
+    from engine.triton_kernels import norms, transpose
+
+    calls = []
+    real = transpose.fp8_transpose
+    monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t: (calls.append(d.shape), real(d, t)))
+    try:
+        for n in (256, 4096, 4104):
+            m = 40
+            x, w, b = inputs(m, n, is_rms)
+            r = torch.randn(m, n, device=DEVICE, dtype=BF16) if residual else None
+            data = torch.empty(m, n, dtype=E4M3, device=DEVICE)
+            data_t = torch.empty(n, m, dtype=E4M3, device=DEVICE)
+            calls.clear()
+            norms.norm_fwd(x, w, b, r, 1e-5, data, torch.empty_like(x) if residual else None,
+                           None if is_rms else torch.empty(m, device=DEVICE), torch.empty(m, device=DEVICE),
+                           torch.tensor([2.0], device=DEVICE), torch.zeros(1, device=DEVICE),
+                           torch.empty(1, device=DEVICE), data_t, is_rms_norm=is_rms,
+                           zero_centered_gamma=False, current_scaling=current, amax_epsilon=0.0,
+                           sm_margin=0, out_t_auto=True)
+            bands = is_rms and n <= 4096 and not residual and not current
+            assert bands == norms.band_by_default(n, is_rms, residual, current)
+            assert calls == ([] if bands else [(m, n)]), n
+            assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
     finally:
         engine.backend.reset_for_tests()
 

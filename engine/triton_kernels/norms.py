@@ -8,7 +8,10 @@ output), the second re-reading x from L2; the configs (norms_common) take it for
 for registers and, where it measured faster, for rows that would fit (one chunk of 16K at 16K:
 no row held in registers across its reduction, so more rows in flight per SM). The LayerNorm
 forward runs without masks where every tile lies inside the tensor and converts bf16 by bit
-shifts (``_lean``: it is issue-bound; RMSNorm's is not, and keeps both).
+shifts (``_lean``: it is issue-bound; RMSNorm's is not, and keeps both). The FP8 transposed copy
+written in the norm kernel goes by bands (``BAND > 0``): a program owns bands of ``BAND_ROWS``
+rows, runs their rowwise tiles, then reads the band's FP8 bytes back (from L2) and stores them
+turned (``_transpose_band``), so DRAM sees each byte written once.
 Offsets are 64-bit. The launchers implement the op contract of ``engine.reference`` exactly.
 """
 
@@ -263,6 +266,149 @@ def _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N,
 
 
 @triton.jit
+def _transpose_band(Y, Y_T, band, M, N, stride_y, BAND: tl.constexpr, TBN: tl.constexpr):
+    """Write rows ``band * BAND ..`` of the FP8 output ``Y`` (just stored by this program, so read
+    back from L2) transposed into ``Y_T`` ([N, M]), ``TBN`` columns at a time: BAND contiguous
+    bytes per column, the tile turned by ``tl.trans`` through shared memory. The bytes move as
+    uint8 (no conversion)."""
+    rows = band * BAND + tl.arange(0, BAND)
+    rmask = rows < M
+    src = Y.to(tl.pointer_type(tl.uint8)) + tl.cast(rows, tl.int64)[:, None] * stride_y
+    dst = Y_T.to(tl.pointer_type(tl.uint8)) + rows[None, :]
+    for c0 in range(0, N, TBN):
+        cols = c0 + tl.arange(0, TBN)
+        t = tl.load(src + cols[None, :], mask=rmask[:, None] & (cols[None, :] < N), other=0,
+                    eviction_policy="evict_first")
+        tl.store(dst + tl.cast(cols, tl.int64)[:, None] * M, tl.trans(t),
+                 mask=(cols[:, None] < N) & rmask[None, :])
+
+
+@triton.jit
+def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N,
+              eps, inv_n, scale, fp8_max, g, b, cols, amax, IS_RMS_NORM: tl.constexpr,
+              HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ZERO_CENTERED: tl.constexpr,
+              IS_FP8: tl.constexpr, STORE_T: tl.constexpr, STORE_OUT: tl.constexpr,
+              LOAD_STATS: tl.constexpr, INTERPRETER: tl.constexpr, MANT: tl.constexpr,
+              MIN_EXP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              BLOCKED: tl.constexpr, AMAX_V: tl.constexpr, EVEN: tl.constexpr, BITS: tl.constexpr,
+              RELOAD_RES: tl.constexpr, X_EVICT: tl.constexpr):
+    """Row tile ``rb`` of _norm_fwd_kernel: its statistics, its output, and ``amax`` max-updated
+    with the tile's partial (FP8). ``g`` / ``b``: the hoisted gamma / beta (register path), whose x
+    loads take the eviction policy X_EVICT ("evict_first" under bands: the L2 is kept for them)."""
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows64 = tl.cast(rows, tl.int64)
+    rmask = rows < M
+    if not BLOCKED:
+        mask = rmask[:, None] & (cols[None, :] < N)
+        z = _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro,
+                    HAS_RES, True, INTERPRETER, X_EVICT, EVEN, BITS)
+        if LOAD_STATS:
+            mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
+        else:
+            if IS_RMS_NORM:
+                mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+                var = tl.sum(z * z, axis=1) * inv_n
+            else:
+                # The select keeps mean a rounded fp32 value: a bare product would be fused
+                # into z - mean as an FMA, and y would then differ in the last bit from the
+                # current-scaling apply pass, which reloads the stored mean.
+                # One two-operand reduction of (z, z^2) (masked lanes hold 0); var = E[z^2] -
+                # mean^2 where that loses at most 2 bits (_ln_one_pass), else, for a tile
+                # with such a row, the centred sum over the registers (NOTES P83).
+                s1, s2 = _row_sums(z, z * z, False, INTERPRETER)
+                mean = tl.where(rmask, s1 * inv_n, 0.0)
+                var, ok = _ln_one_pass(mean, s2 * inv_n)
+                if tl.min(ok.to(tl.int32), axis=0) == 0:
+                    var = tl.where(ok, var, _centred_sq_sum(z, mean, mask, EVEN) * inv_n)
+                tl.store(MU + rows, mean, mask=rmask)
+            rstd = tl.math.rsqrt(var + eps)
+            tl.store(RSTD + rows, rstd, mask=rmask)
+        a = _emit(z, mean, rstd, g, b, Y, Y_T, rows, rows64, cols, mask, stride_y, M, N, scale, fp8_max,
+                  IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T, INTERPRETER, MANT,
+                  MIN_EXP, AMAX_V, EVEN)
+        if IS_FP8:
+            amax = tl.maximum(amax, a, propagate_nan=tl.PropagateNan.ALL)
+    else:
+        if LOAD_STATS:
+            mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
+        else:
+            # Pass 1: statistics over column chunks. LayerNorm sums z and z^2 in one
+            # two-operand reduction per chunk, adds the chunk's shares of E[z] and E[z^2], and
+            # takes var = E[z^2] - mean^2 where that loses at most 2 bits (_ln_one_pass); a
+            # tile with a row past that line (a large mean against the spread, or NaN) walks
+            # the row again for the centred sum.
+            mean = tl.zeros([BLOCK_M], dtype=tl.float32)
+            acc = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum z^2 (RMSNorm), E[z^2] (LayerNorm)
+            for c0 in range(0, N, BLOCK_N):
+                cc = c0 + cols
+                mask = rmask[:, None] & (cc[None, :] < N)
+                if RELOAD_RES:  # x and the residual are read once (pass 2: residual_out)
+                    z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res,
+                                stride_ro, HAS_RES, True, INTERPRETER, "evict_first", EVEN, BITS)
+                else:  # read again in pass 2: kept in L2
+                    z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res,
+                                stride_ro, HAS_RES, True, INTERPRETER, "evict_last", EVEN, BITS)
+                if IS_RMS_NORM:
+                    acc += tl.sum(z * z, axis=1)
+                else:
+                    a1, a2 = _row_sums(z, z * z, False, INTERPRETER)
+                    mean += a1 * inv_n
+                    acc += a2 * inv_n
+            if RELOAD_RES:  # residual_out stored by every thread before any reads it back
+                tl.debug_barrier()
+            if IS_RMS_NORM:
+                var = acc * inv_n
+            else:
+                var, ok = _ln_one_pass(mean, acc)
+                if tl.min(ok.to(tl.int32), axis=0) == 0:
+                    m2c = tl.zeros([BLOCK_M], dtype=tl.float32)
+                    for c0 in range(0, N, BLOCK_N):
+                        cc = c0 + cols
+                        mask = rmask[:, None] & (cc[None, :] < N)
+                        z = _reload_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res,
+                                      stride_ro, HAS_RES, RELOAD_RES, INTERPRETER, "evict_last",
+                                      EVEN, BITS)
+                        m2c += _centred_sq_sum(z, mean, mask, EVEN)
+                    var = tl.where(ok, var, m2c * inv_n)
+            rstd = tl.math.rsqrt(var + eps)
+            tl.store(RSTD + rows, rstd, mask=rmask)
+            if not IS_RMS_NORM:
+                tl.store(MU + rows, mean, mask=rmask)
+        # Pass 2: normalise and write, chunk by chunk (x or residual_out re-read, from L2).
+        for c0 in range(0, N, BLOCK_N):
+            cc = c0 + cols
+            mask = rmask[:, None] & (cc[None, :] < N)
+            z = _reload_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
+                          HAS_RES, RELOAD_RES, INTERPRETER, "evict_first", EVEN, BITS)
+            # gamma and beta as [BLOCK_M, BLOCK_N] tiles (each row of the tile the same
+            # columns), so that they take the layout of x's tile: loaded as a 1-D chunk, they
+            # got a layout of 16-byte vectors of their own dtype, while an FP8 output gives the
+            # x tile 16 elements per thread (the store's 16-byte vectors), and every chunk went
+            # through a layout conversion in shared memory (4 x STS/LDS and 8 barriers per
+            # chunk at 16K; SASS of triton 3.6 for sm_90; NOTES P21). Triton broadcasts the
+            # row index away (one load per column). Only for FP8 outputs: a 16-bit output
+            # has no conversion to remove, and its 2-row tiles measured up to 4 points slower
+            # this way (one run, kernel time: LayerNorm 16K 84.8 -> 80.4 %, RMSNorm 64K
+            # 81.8 -> 77.7 %; h200_ab_s10_bf16_blocked.log). Nor with the in-kernel
+            # transposed store: with gamma in x's layout, triton 3.6 compiled that store into
+            # wrong bytes (the last rows of each tile; L1 on the H200, every shape), as it
+            # did once for N specialised (_norm_fwd_kernel_t below).
+            if STORE_T or not IS_FP8:
+                gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED, EVEN, BITS)
+                gc = gc[None, :]
+                bc = bc[None, :]
+            else:
+                cc2 = cc[None, :] + tl.zeros([BLOCK_M, 1], dtype=tl.int32)
+                gc, bc = _load_gamma_beta(W, B, cc2, N, HAS_BIAS, ZERO_CENTERED, EVEN, BITS)
+            a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, N, scale,
+                      fp8_max, IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T,
+                      INTERPRETER, MANT, MIN_EXP, AMAX_V, EVEN)
+            if IS_FP8:
+                amax = tl.maximum(amax, a, propagate_nan=tl.PropagateNan.ALL)
+    return amax
+
+
+@triton.jit
 def _norm_fwd_kernel(
     X,  # [M, N] input (PASS_APPLY: z, i.e. residual_out or x)
     RES,  # [M, N] residual or dummy
@@ -298,8 +444,11 @@ def _norm_fwd_kernel(
     EVEN: tl.constexpr,  # one row per tile and N a multiple of BLOCK_N: no masked access (_even)
     BITS: tl.constexpr,  # bf16 -> fp32 by bit shifts (_to_f32); with EVEN, launch_fwd's _lean
     RELOAD_RES: tl.constexpr,  # BLOCKED: pass 2 reads residual_out (_reload_z; _reload_res)
+    BAND: tl.constexpr,  # STORE_T by bands of BAND rows (_transpose_band); 0: from each tile (_emit)
+    TBN: tl.constexpr,  # BAND: columns per transposed chunk
 ):
     tl.static_assert(not STORE_T or IS_FP8)
+    tl.static_assert(BAND == 0 or (STORE_T and BAND % BLOCK_M == 0))
     tl.static_assert(PASS == 0 or IS_FP8)
     STORE_OUT: tl.constexpr = PASS != 1
     LOAD_STATS: tl.constexpr = PASS == 2
@@ -313,122 +462,35 @@ def _norm_fwd_kernel(
         else:
             scale = tl.load(SCALE)
     inv_n = 1.0 / N  # loop invariants: 1/N, the scale (above) and, when the row fits, gamma/beta
+    g = inv_n  # placeholders on the blocked path, which loads gamma and beta per chunk
+    b = inv_n
     if not BLOCKED:
         g, b = _load_gamma_beta(W, B, cols, N, HAS_BIAS, ZERO_CENTERED, EVEN, BITS)
+        g = g[None, :]
+        b = b[None, :]
     # Running max |y| per AMAX_V neighbouring columns of the tile (utils._abs_max_part:
     # NaN-propagating), reduced across the program once, after the row loop.
     amax = tl.zeros([BLOCK_M, BLOCK_N // AMAX_V], dtype=tl.float32)
-    for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
-        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows64 = tl.cast(rows, tl.int64)
-        rmask = rows < M
-        if not BLOCKED:
-            mask = rmask[:, None] & (cols[None, :] < N)
-            z = _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro,
-                        HAS_RES, True, INTERPRETER, "", EVEN, BITS)
-            if LOAD_STATS:
-                mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
-            else:
-                if IS_RMS_NORM:
-                    mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-                    var = tl.sum(z * z, axis=1) * inv_n
-                else:
-                    # The select keeps mean a rounded fp32 value: a bare product would be fused
-                    # into z - mean as an FMA, and y would then differ in the last bit from the
-                    # current-scaling apply pass, which reloads the stored mean.
-                    # One two-operand reduction of (z, z^2) (masked lanes hold 0); var = E[z^2] -
-                    # mean^2 where that loses at most 2 bits (_ln_one_pass), else, for a tile
-                    # with such a row, the centred sum over the registers (NOTES P83).
-                    s1, s2 = _row_sums(z, z * z, False, INTERPRETER)
-                    mean = tl.where(rmask, s1 * inv_n, 0.0)
-                    var, ok = _ln_one_pass(mean, s2 * inv_n)
-                    if tl.min(ok.to(tl.int32), axis=0) == 0:
-                        var = tl.where(ok, var, _centred_sq_sum(z, mean, mask, EVEN) * inv_n)
-                    tl.store(MU + rows, mean, mask=rmask)
-                rstd = tl.math.rsqrt(var + eps)
-                tl.store(RSTD + rows, rstd, mask=rmask)
-            a = _emit(z, mean, rstd, g[None, :], b[None, :], Y, Y_T, rows, rows64, cols, mask, stride_y, M, N, scale, fp8_max,
-                      IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T, INTERPRETER, MANT,
-                      MIN_EXP, AMAX_V, EVEN)
-            if IS_FP8:
-                amax = tl.maximum(amax, a, propagate_nan=tl.PropagateNan.ALL)
-        else:
-            if LOAD_STATS:
-                mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
-            else:
-                # Pass 1: statistics over column chunks. LayerNorm sums z and z^2 in one
-                # two-operand reduction per chunk, adds the chunk's shares of E[z] and E[z^2], and
-                # takes var = E[z^2] - mean^2 where that loses at most 2 bits (_ln_one_pass); a
-                # tile with a row past that line (a large mean against the spread, or NaN) walks
-                # the row again for the centred sum.
-                mean = tl.zeros([BLOCK_M], dtype=tl.float32)
-                acc = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum z^2 (RMSNorm), E[z^2] (LayerNorm)
-                for c0 in range(0, N, BLOCK_N):
-                    cc = c0 + cols
-                    mask = rmask[:, None] & (cc[None, :] < N)
-                    if RELOAD_RES:  # x and the residual are read once (pass 2: residual_out)
-                        z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res,
-                                    stride_ro, HAS_RES, True, INTERPRETER, "evict_first", EVEN, BITS)
-                    else:  # read again in pass 2: kept in L2
-                        z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res,
-                                    stride_ro, HAS_RES, True, INTERPRETER, "evict_last", EVEN, BITS)
-                    if IS_RMS_NORM:
-                        acc += tl.sum(z * z, axis=1)
-                    else:
-                        a1, a2 = _row_sums(z, z * z, False, INTERPRETER)
-                        mean += a1 * inv_n
-                        acc += a2 * inv_n
-                if RELOAD_RES:  # residual_out stored by every thread before any reads it back
-                    tl.debug_barrier()
-                if IS_RMS_NORM:
-                    var = acc * inv_n
-                else:
-                    var, ok = _ln_one_pass(mean, acc)
-                    if tl.min(ok.to(tl.int32), axis=0) == 0:
-                        m2c = tl.zeros([BLOCK_M], dtype=tl.float32)
-                        for c0 in range(0, N, BLOCK_N):
-                            cc = c0 + cols
-                            mask = rmask[:, None] & (cc[None, :] < N)
-                            z = _reload_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res,
-                                          stride_ro, HAS_RES, RELOAD_RES, INTERPRETER, "evict_last",
-                                          EVEN, BITS)
-                            m2c += _centred_sq_sum(z, mean, mask, EVEN)
-                        var = tl.where(ok, var, m2c * inv_n)
-                rstd = tl.math.rsqrt(var + eps)
-                tl.store(RSTD + rows, rstd, mask=rmask)
-                if not IS_RMS_NORM:
-                    tl.store(MU + rows, mean, mask=rmask)
-            # Pass 2: normalise and write, chunk by chunk (x or residual_out re-read, from L2).
-            for c0 in range(0, N, BLOCK_N):
-                cc = c0 + cols
-                mask = rmask[:, None] & (cc[None, :] < N)
-                z = _reload_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
-                              HAS_RES, RELOAD_RES, INTERPRETER, "evict_first", EVEN, BITS)
-                # gamma and beta as [BLOCK_M, BLOCK_N] tiles (each row of the tile the same
-                # columns), so that they take the layout of x's tile: loaded as a 1-D chunk, they
-                # got a layout of 16-byte vectors of their own dtype, while an FP8 output gives the
-                # x tile 16 elements per thread (the store's 16-byte vectors), and every chunk went
-                # through a layout conversion in shared memory (4 x STS/LDS and 8 barriers per
-                # chunk at 16K; SASS of triton 3.6 for sm_90; NOTES P21). Triton broadcasts the
-                # row index away (one load per column). Only for FP8 outputs: a 16-bit output
-                # has no conversion to remove, and its 2-row tiles measured up to 4 points slower
-                # this way (one run, kernel time: LayerNorm 16K 84.8 -> 80.4 %, RMSNorm 64K
-                # 81.8 -> 77.7 %; h200_ab_s10_bf16_blocked.log). Nor with the in-kernel
-                # transposed store: with gamma in x's layout, triton 3.6 compiled that store into
-                # wrong bytes (the last rows of each tile; L1 on the H200, every shape), as it
-                # did once for N specialised (_norm_fwd_kernel_t below).
-                if STORE_T or not IS_FP8:
-                    gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED, EVEN, BITS)
-                    gc = gc[None, :]
-                    bc = bc[None, :]
-                else:
-                    cc2 = cc[None, :] + tl.zeros([BLOCK_M, 1], dtype=tl.int32)
-                    gc, bc = _load_gamma_beta(W, B, cc2, N, HAS_BIAS, ZERO_CENTERED, EVEN, BITS)
-                a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, N, scale,
-                          fp8_max, IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T,
-                          INTERPRETER, MANT, MIN_EXP, AMAX_V, EVEN)
-                if IS_FP8:
-                    amax = tl.maximum(amax, a, propagate_nan=tl.PropagateNan.ALL)
+    if BAND == 0:
+        for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
+            amax = _fwd_tile(
+                rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
+                             IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T and BAND == 0, STORE_OUT, LOAD_STATS,
+                             INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
+                             "evict_first" if BAND else "")
+    else:
+        # The transposed copy by bands (_transpose_band): this program's BAND rows, written
+        # rowwise, then read back from L2 and written transposed.
+        tiles = tl.cdiv(M, BLOCK_M)
+        for band in tl.range(pid, tl.cdiv(M, BAND), nprog):
+            first = band * (BAND // BLOCK_M)
+            for rb in range(first, tl.minimum(first + BAND // BLOCK_M, tiles)):
+                amax = _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
+                             IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T and BAND == 0, STORE_OUT, LOAD_STATS,
+                             INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
+                             "evict_first" if BAND else "")
+            tl.debug_barrier()  # every thread's rowwise stores of the band before any reads them
+            _transpose_band(Y, Y_T, band, M, N, stride_y, BAND, TBN)
     if IS_FP8:
         if PASS != 2:
             _atomic_amax(AMAX, _abs_max_all(amax, INTERPRETER))
@@ -753,6 +815,33 @@ def _norm_bwd_split_kernel(
 # masked loads on this path, which is not the default (ENGINE_NORM_EXTERNAL_TRANSPOSE=1).
 _norm_fwd_kernel_t = triton.jit(_norm_fwd_kernel.fn, do_not_specialize=["N"])
 
+#: Rows per band of the in-kernel transposed FP8 output (_transpose_band): 32 one-byte rows make
+#: whole 32-byte sectors of every column's run in the [N, M] copy. 0: the tile's own transposed
+#: stores (_emit, _norm_fwd_kernel_t), the path before bands. Scripts that change it empty
+#: FWD_PLANS (engine.backend.reset_for_tests).
+BAND_ROWS = 32
+#: Columns per chunk of a band's transposition (a [BAND_ROWS, BAND_COLS] byte tile). Measured on
+#: an H100 (NOTES P106, kernel time, % of copy, RMSNorm e4m3 + T 1K / 2K / 4K / 8K, two runs):
+#: 128 columns 76.6 / 71.8 / 64.5 / 48.1, 256 76.2 / 73.8 / 68.3 / 57.8, 512 65 / 63.5 / 71.5 / 64,
+#: 1024 81.5 / 79.8 / 73.8 / 67.4.
+BAND_COLS = 1024
+
+#: The widest rows whose FP8 transposed copy the norm kernel writes (by bands) when
+#: ENGINE_NORM_EXTERNAL_TRANSPOSE is unset (engine._norm_ops.external_transpose); with
+#: ``out_t_auto`` only in the measured form, delayed scaling without a residual (band_by_default).
+#: H100, NOTES P106 (kernel time, % of copy, e4m3 + T, bands against the tiled transpose after the
+#: norm): RMSNorm 1K / 2K / 4K 81.5 / 79.8 / 73.8 against 73.2 / 72.4 / 70.2, 8K 67.4 against
+#: 72.3; LayerNorm lost at every width (57-68 against 70-73).
+IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 4096, "layernorm": 0}
+
+
+def band_by_default(n: int, is_rms_norm: bool, has_residual: bool, current_scaling: bool) -> bool:
+    """With ``out_t_auto``, whether the transposed copy comes from the norm kernel's bands (else
+    the tiled transpose after the norm): rows up to IN_KERNEL_TRANSPOSE_MAX_N in the form measured
+    (delayed scaling, no residual)."""
+    widest = IN_KERNEL_TRANSPOSE_MAX_N["rmsnorm" if is_rms_norm else "layernorm"]
+    return bool(BAND_ROWS) and n <= widest and not has_residual and not current_scaling
+
 #: Launch paths of the kernels (engine.triton_kernels.launch); scripts may swap in variants.
 _FWD = Launcher(_norm_fwd_kernel)
 _FWD_T = Launcher(_norm_fwd_kernel_t)
@@ -813,21 +902,29 @@ def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling
     if fp8:
         check_fp8_output(out_dtype, device)
     fp8_max, mant, min_exp = fp8_consts(out_dtype)
-    cfg = config or nc.fwd_config(n, x_dtype, store_t, fp8, is_rms_norm, has_res)
+    # the band path runs the rowwise FP8 tiles (BAND_ROWS = 0: the tile's own transposed stores,
+    # the transposed config); a band is at least one tile (both powers of two: a whole number)
+    if config is None and store_t and BAND_ROWS and not has_res:
+        config = nc.band_fwd_config(n, x_dtype, is_rms_norm)
+    cfg = config or nc.fwd_config(n, x_dtype, store_t and not BAND_ROWS, fp8, is_rms_norm, has_res)
+    band = max(BAND_ROWS, cfg.block_m) if store_t and BAND_ROWS else 0
+    tile_t = store_t and not band  # _emit's transposed stores (_norm_fwd_kernel_t)
     lean = _lean(is_rms_norm, has_res)
 
     def constexprs(pass_, res):
+        band_ = band if pass_ != PASS_AMAX else 0
         return _FWD.constexprs(
             IS_RMS_NORM=is_rms_norm, HAS_BIAS=has_bias, HAS_RES=res, ZERO_CENTERED=zero_centered_gamma,
-            IS_FP8=fp8, STORE_T=store_t, PASS=pass_, INTERPRETER=interpreter_rounding(), MANT=mant,
+            IS_FP8=fp8, STORE_T=store_t and (pass_ != PASS_AMAX or tile_t), PASS=pass_,
+            INTERPRETER=interpreter_rounding(), MANT=mant,
             MIN_EXP=min_exp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
-            AMAX_V=_amax_v(cfg, store_t) if fp8 else 1, EVEN=lean and _even(cfg, n, store_t), BITS=lean,
-            RELOAD_RES=_reload_res(cfg, n, res))
+            AMAX_V=_amax_v(cfg, tile_t) if fp8 else 1, EVEN=lean and _even(cfg, n, tile_t), BITS=lean,
+            RELOAD_RES=_reload_res(cfg, n, res), BAND=band_, TBN=BAND_COLS)
 
     passes = ((constexprs(PASS_AMAX, has_res), constexprs(PASS_APPLY, False)) if fp8 and current_scaling
               else (constexprs(PASS_FULL, has_res),))
     cap = persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm)
-    return cfg, cap, passes, fp8, float(fp8_max)
+    return cfg, cap, passes, fp8, float(fp8_max), tile_t, band
 
 
 #: Forward plans (:func:`_fwd_plan`) by everything they depend on, which is no tensor and not the
@@ -855,8 +952,8 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
                          current_scaling, x.device, sm_margin, is_rms_norm, zero_centered_gamma, config)
         if config is None:
             FWD_PLANS[key] = plan
-    cfg, cap, passes, fp8, fp8_max = plan
-    launcher = _FWD_T if store_t else _FWD
+    cfg, cap, passes, fp8, fp8_max, tile_t, band = plan
+    launcher = _FWD_T if tile_t else _FWD
     if m == 0:
         if fp8:
             if current_scaling:
@@ -866,7 +963,7 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
         return
     if residual is not None and residual_out is None:  # as the CUDA backend's check
         raise ValueError("norm forward: residual given without residual_out")
-    grid = min(-(-m // cfg.block_m), cap)
+    grid = min(-(-m // (band or cfg.block_m)), cap)
     dummy = rsigma
     rest = (weight, bias if bias is not None else weight, out)
     stats_q = (mu if mu is not None else dummy, rsigma) + (
@@ -890,9 +987,10 @@ def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scal
              out_t, *, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin,
              out_t_auto=False):
     """Norm forward; the contract of :func:`engine.reference.norm_fwd`. With ``out_t_auto`` the
-    transposed copy comes from the tiled transpose after the norm, Triton's faster path at every
-    width (engine.triton_kernels.IN_KERNEL_TRANSPOSE_MAX_N)."""
-    external = out_t is not None and out_t_auto
+    transposed copy comes from the norm kernel's bands where they measured faster
+    (:func:`band_by_default`), else from the tiled transpose after the norm."""
+    external = out_t is not None and out_t_auto and not band_by_default(
+        x.shape[1], is_rms_norm, residual is not None, current_scaling)
     launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
                None if external else out_t, is_rms_norm=is_rms_norm,
                zero_centered_gamma=zero_centered_gamma, current_scaling=current_scaling,

@@ -206,6 +206,25 @@ def _small_rows(p2: int, table: dict) -> tuple:
     return min(64, bm * 1024 // p2), w, p
 
 
+#: FP8 forward tiles of the transposed copy by bands (norms.BAND_ROWS), by width: 8-16 warps per
+#: program. The rowwise entries' 1- and 2-warp programs then turn each band with a few threads
+#: (tune.py --ops fwd-fp8T, H100, session 32: 1K 1x1024 w1 59.5 %, 8x1024 w8 p8 74.4 %; 4K the
+#: rowwise entry 56.0 %, 4x4096 w16 62.5 %; programs per SM within 1-2 points from 1 to 32).
+#: 2K and 8K are interpolated (not tuned); wider rows take the rowwise entries.
+_BAND_FWD_FP8 = {
+    1024: NormConfig(8, 1024, False, 8, 8),
+    2048: NormConfig(4, 2048, False, 8, 8),
+    4096: NormConfig(4, 4096, False, 16, 8),
+    8192: NormConfig(2, 8192, False, 16, 8),
+}
+
+
+def band_fwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
+    """Config of the FP8 forward whose transposed copy is written by bands: the tiles of
+    :data:`_BAND_FWD_FP8`, else the rowwise FP8 config."""
+    return _BAND_FWD_FP8.get(triton.next_power_of_2(n)) or fwd_config(n, dtype, False, True, rms)
+
+
 @functools.lru_cache(maxsize=None)
 def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
                rms: bool = True, residual: bool = False) -> NormConfig:
