@@ -108,11 +108,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fwd-stream-threads", type=int, choices=[0, 128, 256, 512],
                     help="CUDA: largest CTA of the forward's streamed kernel (0: the default; "
                          "engine.cuda_backend.norm_fwd_stream_threads), for A/B runs")
-    ap.add_argument("--fwd-band", type=int, choices=[0, 1, 2, 3, 4],
+    ap.add_argument("--fwd-band", type=int, choices=[0, 1, 2, 3],
                     help="CUDA: the forward's band kernel for FP8 + transposed (0: the default, 1: "
                          "never, 2 / 3: wherever it fits, tiles of their own / the tile in the "
-                         "stage, 4: never, the register path's tile read back from L2; "
-                         "engine.cuda_backend.norm_fwd_band), for A/B runs")
+                         "stage; engine.cuda_backend.norm_fwd_band), for A/B runs")
     ap.add_argument("--triton-band", type=int, choices=[0, 16, 32],
                     help="Triton: rows per band of the in-kernel transposed FP8 copy (engine."
                          "triton_kernels.norms.BAND_ROWS; 0: the tile's own transposed stores), for "

@@ -24,43 +24,37 @@ SHAPES = [(1, 1), (7, 17), (33, 760), (37, 2048), (1100, 4096), (5, 3571), (3, 8
 
 
 BAND_SHAPES = [(37, 2048), (300, 4096), (3, 8192), (200, 8192)]
-# The register path's transposed tile read back from L2 (cuda_backend.norm_fwd_band(4)): last
-# bands of 29 / 5 / 1 / 13 / 12 / 13 rows (the read-back reads no row past the last), 16K.
-L2_TILE_SHAPES = [(29, 1000), (37, 2048), (33, 4096), (45, 7800), (300, 8192), (13, 16384)]
 
 
 def run_band() -> int:
-    """Only the in-kernel FP8 + transposed paths of bands: the band kernel (one kernel, clusters
-    of 4 / 8 / 16 CTAs) and the register path's tile read back from L2 (knob 4); both norms, e4m3
-    and e5m2: a short run for racecheck, whose full run() exceeds its time limit. Each shape runs
-    twice: at the default grid, and on one or two clusters (sm_margin), where each cluster walks
-    every band: the stage ring refilled, the tiles and exchange slots reused."""
+    """Only the band kernel (FP8 + transposed in one kernel, clusters of 4 / 8 / 16 CTAs; both
+    norms, e4m3 and e5m2): a short run for racecheck, whose full run() exceeds its time limit.
+    Each shape runs twice: at the default grid, and on one or two clusters (sm_margin), where each
+    cluster walks every band: the stage ring refilled, the tiles and exchange slots reused."""
     engine.backend.reset_for_tests({"ENGINE_NORM_EXTERNAL_TRANSPOSE": "0"})
     bad = 0
-    cases = [(0, s) for s in BAND_SHAPES] + [(4, s) for s in L2_TILE_SHAPES]
     with torch.no_grad():
-        for (knob, (m, n)), is_rms, fmt in itertools.product(cases, (True, False), (E4M3, E5M2)):
-            with cuda_backend.norm_fwd_band(knob):
-                x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-                w = torch.randn(n, device="cuda")
-                b = None if is_rms else torch.randn(n, device="cuda")
-                q = Float8Quantizer(torch.ones(1, device="cuda"), torch.zeros(1, device="cuda"), fmt,
-                                    columnwise=True)
-                t = engine.rmsnorm(x, w, 1e-5, quantizer=q) if is_rms else engine.layernorm(x, w, b, 1e-5, quantizer=q)
-                if not torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t()):
-                    print(f"band: transpose mismatch {m}x{n} rms={is_rms}")
-                    bad += 1
-                data, data_t = torch.empty_like(t.data), torch.empty_like(t.transpose_data)
-                cuda_backend.norm_fwd(x, w, b, None, 1e-5, data, None,
-                                      None if is_rms else torch.empty(m, device="cuda"),
-                                      torch.empty(m, device="cuda"), torch.ones(1, device="cuda"),
-                                      torch.zeros(1, device="cuda"), torch.empty(1, device="cuda"), data_t,
-                                      is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
-                                      amax_epsilon=0.0, sm_margin=torch.cuda.get_device_properties(0).multi_processor_count - 4)
-                if not (torch.equal(data.view(torch.uint8), t.data.view(torch.uint8))
-                        and torch.equal(data_t.view(torch.uint8), t.transpose_data.view(torch.uint8))):
-                    print(f"band: a cut grid changed the bytes {m}x{n} rms={is_rms}")
-                    bad += 1
+        for (m, n), is_rms, fmt in itertools.product(BAND_SHAPES, (True, False), (E4M3, E5M2)):
+            x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+            w = torch.randn(n, device="cuda")
+            b = None if is_rms else torch.randn(n, device="cuda")
+            q = Float8Quantizer(torch.ones(1, device="cuda"), torch.zeros(1, device="cuda"), fmt,
+                                columnwise=True)
+            t = engine.rmsnorm(x, w, 1e-5, quantizer=q) if is_rms else engine.layernorm(x, w, b, 1e-5, quantizer=q)
+            if not torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t()):
+                print(f"band: transpose mismatch {m}x{n} rms={is_rms}")
+                bad += 1
+            data, data_t = torch.empty_like(t.data), torch.empty_like(t.transpose_data)
+            cuda_backend.norm_fwd(x, w, b, None, 1e-5, data, None,
+                                  None if is_rms else torch.empty(m, device="cuda"),
+                                  torch.empty(m, device="cuda"), torch.ones(1, device="cuda"),
+                                  torch.zeros(1, device="cuda"), torch.empty(1, device="cuda"), data_t,
+                                  is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
+                                  amax_epsilon=0.0, sm_margin=torch.cuda.get_device_properties(0).multi_processor_count - 4)
+            if not (torch.equal(data.view(torch.uint8), t.data.view(torch.uint8))
+                    and torch.equal(data_t.view(torch.uint8), t.transpose_data.view(torch.uint8))):
+                print(f"band: a cut grid changed the bytes {m}x{n} rms={is_rms}")
+                bad += 1
     return bad
 
 

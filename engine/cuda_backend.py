@@ -434,16 +434,14 @@ def norm_fwd_band(n: int):
     register path's tile or the tiled transpose after the norm, as before it), ``2`` or ``3`` at
     every width whose cluster fits (512 columns per CTA, at most 16 CTAs: rows of up to 8192), ``2``
     in the layout whose FP8 tiles have shared memory of their own (one CTA per SM), ``3`` with the
-    tile written over its band's stage (two CTAs per SM), ``4`` never, and the register path's
-    transposed tile read back from L2 (its rows stored rowwise, then read and stored turned; no
-    shared memory) at every width the register path takes, ``0`` (the default) the launcher's
-    choice (from 1025 columns; benchmarks/NOTES.md P104, P107). It
+    tile written over its band's stage (two CTAs per SM), ``0`` (the default) the launcher's choice
+    (from 1025 columns; benchmarks/NOTES.md P104). It
     applies only where the transposed copy is asked of the norm kernel (``data_t`` passed to
     :func:`norm_fwd`; ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` and ``engine._norm_ops.external_transpose``
     decide). For tests and A/B benchmarks. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` raises ValueError at the call."""
-    if type(n) is not int or n not in (0, 1, 2, 3, 4):
-        raise ValueError(f"norm_fwd_band: n must be 0, 1, 2, 3 or 4, got {n!r}")
+    if type(n) is not int or n not in (0, 1, 2, 3):
+        raise ValueError(f"norm_fwd_band: n must be 0, 1, 2 or 3, got {n!r}")
     return _knob("set_norm_fwd_band", n)
 
 

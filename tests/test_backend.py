@@ -148,8 +148,8 @@ KNOBS = {
                              [-1, -2, 16384.0, "16384", True], "int >= 0"),
     "norm_fwd_stream_threads": ("set_norm_fwd_stream_threads", 256, 512, 0, 64,
                                 [1, 64, 1024, 256.0, "256", True], "0, 128, 256 or 512"),
-    "norm_fwd_band": ("set_norm_fwd_band", 2, 4, 0, 5,
-                      [-1, 5, 256, 2.0, "2", True], "0, 1, 2, 3 or 4"),
+    "norm_fwd_band": ("set_norm_fwd_band", 2, 3, 0, 4,
+                      [-1, 4, 256, 2.0, "2", True], "0, 1, 2 or 3"),
 }
 
 

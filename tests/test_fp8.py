@@ -695,68 +695,6 @@ def test_fp8_band_kernel_off():
         engine.backend.reset_for_tests()
 
 
-# (rows, cols) of the register path's tile read back from L2: last bands of 29 / 5 / 1 / 13 / 12
-# rows (its reads stop at the last row), 7800 (a last chunk of 120 columns), 64 columns (CTAs of
-# more than 32 rows: the whole tile in shared memory instead), more bands than resident CTAs at
-# 2K (the balanced grid: several bands per CTA), 16K.
-L2_TILE_CASES = [(29, 1000), (37, 2048), (33, 4096), (45, 7800), (300, 8192), (300, 64),
-                 (4000, 2048), (40, 16384)]
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the register path's L2 tile of the CUDA forward")
-@pytest.mark.parametrize("is_rms,bias", [(True, False), (False, True), (False, False)],
-                         ids=["rms", "ln", "ln-nobias"])
-@pytest.mark.parametrize("fp8_dtype", FP8)
-@pytest.mark.parametrize("current", [False, True], ids=["delayed", "current"])
-@pytest.mark.parametrize("m,n", L2_TILE_CASES)
-def test_fp8_l2_tile(is_rms, bias, fp8_dtype, current, m, n):
-    """cuda_backend.norm_fwd_band(4): the register path stores its band's rows, then reads them
-    back (L2) and stores them transposed. Where the register path takes the row (LayerNorm at
-    every width here, RMSNorm's FP8 rows up to 2K: from 4K the blocked kernel takes them and the
-    tiled transpose follows), the register kernel runs and no transpose kernel; the copy is data.T
-    bit for bit and data is the bytes of the call without a copy (the same kernel); into poisoned
-    buffers on a grid cut by sm_margin (each CTA walks many bands) the same bytes again."""
-    from engine import cuda_backend
-
-    use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
-    try:
-        x, w, b = inputs(m, n, is_rms)
-        if not bias:
-            b = None
-
-        def quantizer(columnwise):
-            if current:
-                return Float8CurrentScalingQuantizer(fp8_dtype, columnwise=columnwise)
-            return delayed(fp8_dtype, scale=2.0, columnwise=columnwise)
-
-        out = []
-        with cuda_backend.norm_fwd_band(4):
-            names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b, quantizer=quantizer(True))))
-            plain = call(is_rms, x, w, b, quantizer=quantizer(False))
-        t = out[0]
-        if not is_rms or n <= 2048:
-            assert any("norm_fwd_reg_kernel" in name for name in names), names
-            assert not any("transpose" in name or "band" in name for name in names), names
-        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
-        assert torch.equal(t.data.view(torch.uint8), plain.data.view(torch.uint8))
-        if current:
-            return
-        margin = torch.cuda.get_device_properties(DEVICE).multi_processor_count - 2
-        data = torch.full((m, n), 0x7F, dtype=torch.uint8, device=DEVICE).view(fp8_dtype)
-        data_t = torch.full((n, m), 0x7F, dtype=torch.uint8, device=DEVICE).view(fp8_dtype)
-        with cuda_backend.norm_fwd_band(4):
-            cuda_backend.norm_fwd(x, w, b, None, 1e-5, data, None,
-                                  None if is_rms else torch.empty(m, device=DEVICE),
-                                  torch.empty(m, device=DEVICE), torch.tensor([2.0], device=DEVICE),
-                                  torch.zeros(1, device=DEVICE), torch.empty(1, device=DEVICE), data_t,
-                                  is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
-                                  amax_epsilon=0.0, sm_margin=margin)
-        assert torch.equal(data.view(torch.uint8), t.data.view(torch.uint8))
-        assert torch.equal(data_t.view(torch.uint8), t.transpose_data.view(torch.uint8))
-    finally:
-        engine.backend.reset_for_tests()
-
-
 @pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
 @pytest.mark.parametrize("n,kernel", [(1024, None), (2048, "band"), (8192, "band"),
                                       (8200, "transpose"), (16384, "transpose"),

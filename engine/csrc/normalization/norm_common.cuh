@@ -59,8 +59,6 @@ struct FwdArgs {
   int tile_rows;     /* rows per transposed tile (0: no in-kernel transpose) */
   int tile_pitch;    /* bytes per shared-memory tile row */
   int t_vec16;       /* out_t rows are 16-byte aligned runs */
-  int t_global;      /* register path: the tile is read back from `out` (L2) after the rows are
-                        stored, not staged in shared memory (fwd_tile_l2) */
   int t_auto;        /* out_t by the faster path (engine_norm_fwd_params::out_t_auto) */
   int cluster;       /* CTAs per thread-block cluster sharing each row (1: none; register path) */
   int grid_clusters; /* gridDim.x / cluster, the row loop's stride (a parameter, not a register) */
@@ -127,8 +125,7 @@ struct LaunchCtx {
   int fwd_stream_threads; /* forward, streamed kernel: largest CTA (0: the default;
                              engine_set_norm_fwd_stream_threads) */
   int fwd_band;           /* forward, band kernel (FP8 + transposed): 0 the default, 1 never, 2 / 3
-                             wherever it fits, in one layout, 4 never and the register path's
-                             tile read back from L2 (engine_set_norm_fwd_band) */
+                             wherever it fits, in one layout (engine_set_norm_fwd_band) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x
@@ -269,7 +266,7 @@ template <typename Args>
 engine_status launch_row_kernel(void (*narrow)(Args), void (*wide)(Args), Args a, int block,
                                 size_t smem, int64_t work, const LaunchCtx& ctx, int per_sm_cap,
                                 int64_t max_units, int64_t* units, const char* name,
-                                int per_sm_set = 0, bool balance = false) {
+                                int per_sm_set = 0) {
   void (*kernel)(Args) = block <= kClusterRowThreads ? narrow : wide;
   const void* fn = reinterpret_cast<const void*>(kernel);
   int64_t grid = 1;
@@ -288,9 +285,6 @@ engine_status launch_row_kernel(void (*narrow)(Args), void (*wide)(Args), Args a
     grid = persistent_grid(work, ctx.sm_count, ctx.sm_margin, per_sm);
   }
   if (grid > max_units) grid = max_units;
-  /* balance: as few CTAs as take the same number of rounds over `work`, each CTA the same share
-   * (within one unit), where the last round would leave most of the grid idle */
-  if (balance && grid > 0) grid = ceil_div(work, ceil_div(work, grid));
   *units = grid;
   a.grid_clusters = (int)grid;
   if (a.cluster > 1) {

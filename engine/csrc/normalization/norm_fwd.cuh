@@ -27,9 +27,7 @@
  *   - FP8 out: per-thread amax (a NaN-propagating float max of |y|, masked lanes contribute 0),
  *     one atomicMax of its bits per CTA; with out_t the CTA owns tiles of
  *     tile_rows rows, stages the FP8 bytes in shared memory and writes the transposed tile with
- *     16-byte stores (common/tile.cuh), or (t_global: rows too wide for a tile in shared memory)
- *     reads the tile's rows back from `out` after a CTA barrier, from L2 where they were just
- *     stored, a chunk of kL2TileCols columns at a time (store_band_transposed_l2, fwd_tile_l2); with delayed scaling in the 256-thread builds, a row loop
+ *     16-byte stores (common/tile.cuh); with delayed scaling in the 256-thread builds, a row loop
  *     without run-time tests per slot (FwdPath, below).
  * Cluster path (the same kernel, sm_90): a row wider than one 256-thread CTA's registers is split
  * over a thread-block cluster of 2, 4, 8 (or, on request, 16) such CTAs (FwdArgs::cluster;
@@ -135,40 +133,6 @@ __device__ __forceinline__ void load_gamma_beta_t(const FwdArgs& a, int64_t col,
   } else {
 #pragma unroll
     for (int j = 0; j < VEC; ++j) b[j] = 0.0f;
-  }
-}
-
-/* Columns per chunk of the register path's L2 tile (FwdArgs::t_global): a chunk of the band's
- * rows is copied from `out` into shared memory (8-byte loads, ld.global.cg: the rows were just
- * stored, so they come from L2), then stored transposed; 32 rows x 520 bytes per CTA. */
-constexpr int kL2TileCols = 512;
-/* 8-byte aligned rows for the copy's 8-byte stores (a pitch of 516 faulted: misaligned shared
- * stores on odd rows, caught by test_fp8_l2_tile and memcheck on the H100) */
-constexpr int kL2TilePitch = kL2TileCols + 8;
-static_assert(kL2TilePitch % 8 == 0, "the L2 tile's copy stores 8-byte words");
-
-/* The band's nr rows of `src` (its first row; `ld` bytes apart) stored transposed into dst
- * ([cols, ld_t]) from row r0 on, kL2TileCols columns at a time through `tile`; the CTA's
- * threads, a barrier after each copy and each store. src's rows are 8-byte aligned and cols a
- * multiple of 8 (the register path's 16-byte vectors of a 16-bit x: 8 FP8 bytes). */
-__device__ __forceinline__ void store_band_transposed_l2(const uint8_t* src, int64_t ld, int nr,
-                                                         int cols, uint8_t* tile, int pitch,
-                                                         uint8_t* dst, int64_t ld_t, int64_t r0,
-                                                         bool vec16) {
-  constexpr int kWords = kL2TileCols / 8; /* 8-byte words per chunk row */
-  for (int c0 = 0; c0 < cols; c0 += kL2TileCols) {
-    const int nc = cols - c0 < kL2TileCols ? cols - c0 : kL2TileCols;
-    for (int it = threadIdx.x; it < nr * kWords; it += blockDim.x) {
-      const int r = it / kWords;
-      const int w = it - r * kWords;
-      if (8 * w < nc) {
-        const uint2 v = __ldcg(reinterpret_cast<const uint2*>(src + r * ld + c0 + 8 * w));
-        *reinterpret_cast<uint2*>(tile + r * pitch + 8 * w) = v;
-      }
-    }
-    __syncthreads();
-    store_tile_transposed(tile, pitch, nr, nc, dst, ld_t, r0, c0, vec16, threadIdx.x, blockDim.x);
-    __syncthreads();
   }
 }
 
@@ -533,9 +497,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
                 }
                 if (on) {
                   store_words<VEC>(reinterpret_cast<uint8_t*>(orow) + col[i], w);
-                  if (a.tile_rows > 0 && !a.t_global) {
-                    store_words<VEC>(tile + sub * a.tile_pitch + col[i], w);
-                  }
+                  if (a.tile_rows > 0) store_words<VEC>(tile + sub * a.tile_pitch + col[i], w);
                 }
               }
             } else {
@@ -555,15 +517,9 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
         __syncthreads();
         const int64_t left = a.rows - row0;
         const int nr = left < a.tile_rows ? (int)left : a.tile_rows;
-        if (a.t_global) { /* the band's rows as stored (every thread's, after the barrier) */
-          store_band_transposed_l2(static_cast<const uint8_t*>(a.out) + row0 * a.out_stride,
-                                   a.out_stride, nr, a.cols, tile, a.tile_pitch, a.out_t, a.rows,
-                                   row0, a.t_vec16 != 0);
-        } else {
-          store_tile_transposed(tile, a.tile_pitch, nr, a.cols, a.out_t, a.rows, row0, 0,
-                                a.t_vec16 != 0, threadIdx.x, blockDim.x);
-          __syncthreads();
-        }
+        store_tile_transposed(tile, a.tile_pitch, nr, a.cols, a.out_t, a.rows, row0, 0,
+                              a.t_vec16 != 0, threadIdx.x, blockDim.x);
+        __syncthreads();
       }
     }
   }

@@ -428,7 +428,7 @@ __global__ void __launch_bounds__(kBandThreads, kTileInStage ? 2 : 1) norm_fwd_b
  */
 constexpr int kBandDefaultLayout = 2;
 inline int fwd_band_layout(int cols, int knob) {
-  if (knob != 0) return knob <= 3 ? knob - 1 : 0; /* 4: the register path's L2 tile instead */
+  if (knob != 0) return knob - 1;
   return cols > 1024 ? kBandDefaultLayout : 0;
 }
 

@@ -73,10 +73,8 @@ engine_status launch_fwd_reg(FwdArgs a, const LaunchCtx& ctx, int block, size_t 
   }
   const int64_t work = ceil_div(a.rows, a.tile_rows > 0 ? a.tile_rows : a.rows_per_iter);
   int64_t grid = 0;
-  /* the L2 tile's bands are few and long (at 4K, 512 bands against 396 resident CTAs): balanced */
   return launch_row_kernel(narrow, wide, a, block, smem, work, ctx, 0, work, &grid,
-                           "norm_fwd_reg_kernel", a.cluster > 1 ? 0 : fwd_grid_per_sm<O>(a, ctx),
-                           a.t_global != 0);
+                           "norm_fwd_reg_kernel", a.cluster > 1 ? 0 : fwd_grid_per_sm<O>(a, ctx));
 }
 
 /* The weight type: float, or x's 16-bit dtype (norm_api's check); with fp32 x, either 16-bit
@@ -114,15 +112,6 @@ engine_status launch_fwd_reg_k(const FwdArgs& a, const LaunchCtx& ctx, int block
 /* With out_t_auto, the widest row whose transposed copy the register path's tile writes. */
 constexpr int kTileAutoMaxCols = 1024;
 
-/* Whether the register path's transposed tile is read back from L2 (FwdArgs::t_global: the band's
- * rows stored rowwise, then after a CTA barrier read from `out` and stored transposed) rather than
- * staged whole in shared memory: under engine_set_norm_fwd_band(4) at every width whose CTA holds
- * at most 32 rows (from 1K: narrower rows keep the whole tile). A chunk of 32 x 512 bytes of
- * shared memory, so the CTAs per SM stay the rowwise kernel's, where a tile of 16-32 whole rows
- * of 2K-8K bytes cut them (NOTES P76 / P77); the bytes go through DRAM once (Triton's bands,
- * NOTES P106). */
-inline bool fwd_tile_l2(int /* cols */, bool /* rms */, int knob) { return knob == 4; }
-
 /* Register path, one row over one CTA: NV vectors of x per thread in row groups
  * (row_group_tpr, row_groups_per_cta); with an FP8 output and out_t, the transposed tile when it
  * fits shared memory (*transposed). */
@@ -140,17 +129,7 @@ engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed)
   a.tile_rows = 0;
   a.tile_pitch = 0;
   a.t_vec16 = 0;
-  a.t_global = 0;
   size_t smem = 0;
-  if (kFp8 && a.out_t != nullptr && a.mode != kStats && G <= 32 && cols % 8 == 0 &&
-      vec_ok(a.out, a.out_stride, a.rows, 1, 8) && fwd_tile_l2(cols, a.is_rms != 0, ctx.fwd_band)) {
-    a.tile_rows = 32; /* whole 32-byte sectors per output column run */
-    a.tile_pitch = kL2TilePitch;
-    a.t_global = 1;
-    a.t_vec16 = (ptr_aligned(a.out_t, 16) && a.rows % 16 == 0) ? 1 : 0;
-    *transposed = true;
-    return launch_fwd_reg_k<X, R, O, NV>(a, ctx, block, (size_t)32 * kL2TilePitch);
-  }
   /* out_t_auto: the tile only where it beat the tiled transpose after the norm (rows of up to
    * kTileAutoMaxCols; H200, NOTES P76 / P77: 1K 75 against 69 %, 2K 61 against 68, 4K-8K 30 against
    * 67, 16-row tiles there) */
