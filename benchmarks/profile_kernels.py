@@ -116,7 +116,7 @@ def main(argv=None) -> int:
                     help="Triton: rows per band of the in-kernel transposed FP8 copy (engine."
                          "triton_kernels.norms.BAND_ROWS; 0: the tile's own transposed stores), for "
                          "A/B runs of triton-int")
-    ap.add_argument("--triton-band-cols", type=int, choices=[64, 128, 256, 512, 1024],
+    ap.add_argument("--triton-band-cols", type=int, choices=[64, 128, 256, 512, 1024, 2048],
                     help="Triton: columns per chunk of a band's transposition (engine.triton_kernels."
                          "norms.BAND_COLS), for A/B runs of triton-int")
     args = ap.parse_args(argv)
