@@ -38,7 +38,7 @@ def test_external_transpose_by_width(flag):
     transpose after the norm, False: the norm kernel); unset, rows wider than the backend's
     IN_KERNEL_TRANSPOSE_MAX_N take the tiled transpose (True) and the others leave the choice to
     the backend (None: ``out_t_auto``): CUDA up to 8192 for RMSNorm (its band kernel, its tile at
-    1K) and 1024 for LayerNorm (its tile), Triton up to 4096 for RMSNorm (its bands) and never for
+    1K) and 1024 for LayerNorm (its tile), Triton up to 2048 for RMSNorm (its bands) and never for
     LayerNorm, never on the reference (0)."""
     from engine import _norm_ops, cuda_backend, reference, triton_kernels
 
@@ -50,8 +50,8 @@ def test_external_transpose_by_width(flag):
                                    (cuda_backend, 8192, True, None), (cuda_backend, 8200, True, True),
                                    (cuda_backend, 1024, False, None), (cuda_backend, 2048, False, True),
                                    (cuda_backend, 131072, True, True),
-                                   (triton_kernels, 64, True, None), (triton_kernels, 4096, True, None),
-                                   (triton_kernels, 4100, True, True), (triton_kernels, 1024, False, True),
+                                   (triton_kernels, 64, True, None), (triton_kernels, 2048, True, None),
+                                   (triton_kernels, 2056, True, True), (triton_kernels, 1024, False, True),
                                    (reference, 1024, True, True)]:
         assert _norm_ops.external_transpose(impl, n, is_rms) is (unset if flag is None else flag == "1")
 

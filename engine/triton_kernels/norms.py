@@ -829,10 +829,12 @@ BAND_COLS = 1024
 #: The widest rows whose FP8 transposed copy the norm kernel writes (by bands) when
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE is unset (engine._norm_ops.external_transpose); with
 #: ``out_t_auto`` only in the measured form, delayed scaling without a residual (band_by_default).
-#: H100, NOTES P106 (kernel time, % of copy, e4m3 + T, bands against the tiled transpose after the
-#: norm): RMSNorm 1K / 2K / 4K 81.5 / 79.8 / 73.8 against 73.2 / 72.4 / 70.2, 8K 67.4 against
-#: 72.3; LayerNorm lost at every width (57-68 against 70-73).
-IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 4096, "layernorm": 0}
+#: NOTES P106 (kernel time, % of copy, e4m3 + T, bands against the tiled transpose after the
+#: norm): H100 RMSNorm 1K / 2K / 4K 81.5 / 79.8 / 73.8 against 73.2 / 72.4 / 70.2, 8K 67.4 against
+#: 72.3; H200 1K / 2K 67.9 / 66.0-66.5 against 69.0 / 66.6-66.8, 4K 59.2 against 69.4-69.8. One
+#: table serves both cards: up to 2K (+8 on the H100, -1 on the H200), not 4K (-10 on the H200).
+#: LayerNorm lost at every width on both (H100 57-68 against 70-73).
+IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 2048, "layernorm": 0}
 
 
 def band_by_default(n: int, is_rms_norm: bool, has_residual: bool, current_scaling: bool) -> bool:
