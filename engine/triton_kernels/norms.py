@@ -897,9 +897,10 @@ def _lean(is_rms_norm: bool, residual: bool) -> bool:
 def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling, device, sm_margin,
               is_rms_norm, zero_centered_gamma, config):
     """What a forward launch needs beyond the tensors and the row count: ``(config, programs cap,
-    constexprs per pass, fp8, fp8_max)``; one pass, or two for FP8 current scaling (PASS_AMAX with
-    the residual, then PASS_APPLY on its output). The launcher is not part of it (scripts swap
-    ``_FWD`` / ``_FWD_T``)."""
+    constexprs per pass, fp8, fp8_max, tile_t, band)``; one pass, or two for FP8 current scaling
+    (PASS_AMAX with the residual, then PASS_APPLY on its output). ``tile_t``: the transposed copy
+    from each tile's own stores (``_norm_fwd_kernel_t``); ``band``: rows per band of the copy by
+    bands (0: none). The launcher is not part of it (scripts swap ``_FWD`` / ``_FWD_T``)."""
     fp8 = is_fp8(out_dtype)
     if fp8:
         check_fp8_output(out_dtype, device)
