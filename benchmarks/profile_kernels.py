@@ -112,6 +112,11 @@ def main(argv=None) -> int:
                     help="CUDA: the forward's band kernel for FP8 + transposed (0: the default, 1: "
                          "never, 2 / 3: wherever it fits, tiles of their own / the tile in the "
                          "stage; engine.cuda_backend.norm_fwd_band), for A/B runs")
+    ap.add_argument("--dram-class", type=int, choices=[0, 1, 2],
+                    help="Both backends: the card class whose launch defaults they take (0: the "
+                         "device's, 1: lean DRAM bandwidth per SM, the H100's, 2: wide, the H200's; "
+                         "engine.cuda_backend.dram_class, engine.triton_kernels.utils.DRAM_CLASS), "
+                         "for A/B runs of the two sets")
     ap.add_argument("--triton-band", type=int, choices=[0, 16, 32],
                     help="Triton: rows per band of the in-kernel transposed FP8 copy (engine."
                          "triton_kernels.norms.BAND_ROWS; 0: the tile's own transposed stores), for "
@@ -122,6 +127,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from engine.triton_kernels import norms as triton_norms
 
+    if args.dram_class is not None:
+        from engine.triton_kernels import utils as triton_utils
+
+        triton_utils.DRAM_CLASS = args.dram_class
     if args.triton_band is not None:
         triton_norms.BAND_ROWS = args.triton_band
     if args.triton_band_cols is not None:
@@ -132,7 +141,8 @@ def main(argv=None) -> int:
              ("fwd_general", "norm_fwd_general_loop"), ("fwd_blocked_from", "norm_fwd_blocked_from"),
              ("fwd_grid_per_sm", "norm_fwd_grid_per_sm"), ("bwd_stream_from", "norm_bwd_stream_from"),
              ("bwd_stream_threads", "norm_bwd_stream_threads"), ("fwd_stream_from", "norm_fwd_stream_from"),
-             ("fwd_stream_threads", "norm_fwd_stream_threads"), ("fwd_band", "norm_fwd_band"))
+             ("fwd_stream_threads", "norm_fwd_stream_threads"), ("fwd_band", "norm_fwd_band"),
+             ("dram_class", "dram_class"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:
             if getattr(args, arg) is not None and H.on_gpu():
@@ -152,6 +162,16 @@ def run(args) -> int:
         return 0
     copy = H.copy_bandwidth()["gbps"]
     print(f"copy bandwidth {copy:.0f} GB/s")
+    from engine.triton_kernels import utils as triton_utils
+
+    lean = triton_utils.lean_dram(H.device())
+    cls = {True: "lean", False: "wide"}
+    if "cuda" in args.impls:
+        from engine import cuda_backend
+
+        print(f"card class: cuda {cls[cuda_backend.device_dram_class() == 1]}, triton {cls[lean]}")
+    else:
+        print(f"card class: triton {cls[lean]}")
     rows = []
     for norm in args.norms:
         for mode in args.modes:

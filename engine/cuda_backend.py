@@ -32,7 +32,7 @@ __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_tr
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
-           "norm_fwd_stream_threads", "norm_fwd_band",
+           "norm_fwd_stream_threads", "norm_fwd_band", "dram_class", "device_dram_class",
            "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Per norm, with ENGINE_NORM_EXTERNAL_TRANSPOSE unset: rows of at most this many elements ask the
@@ -443,6 +443,28 @@ def norm_fwd_band(n: int):
     if type(n) is not int or n not in (0, 1, 2, 3):
         raise ValueError(f"norm_fwd_band: n must be 0, 1, 2 or 3, got {n!r}")
     return _knob("set_norm_fwd_band", n)
+
+
+def dram_class(n: int):
+    """Context manager: inside the ``with`` block the CUDA launchers take the launch defaults of
+    card class ``n`` where the two cards measured apart (benchmarks/NOTES.md P109): ``1`` a card of
+    lean DRAM bandwidth per SM (under 30 GB/s per SM: the H100 SXM, 25), ``2`` a wide one (the
+    H200, 37), ``0`` (the default) the current device's class from its peak DRAM bandwidth. The
+    lean card's defaults: the band kernel's layout with tiles of their own (``norm_fwd_band(2)``'s
+    layout; a wide card takes ``3``'s) and, for an FP8 output or a residual from 64K, the streamed
+    forward's CTA of a 16-CTA cluster (128 threads at 64K, 256 at 128K). The Triton kernels' twin
+    is ``engine.triton_kernels.utils.DRAM_CLASS``. For A/B benchmarks of the two sets on one GPU.
+    Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
+    ValueError at the call."""
+    if type(n) is not int or n not in (0, 1, 2):
+        raise ValueError(f"dram_class: n must be 0, 1 or 2, got {n!r}")
+    return _knob("set_dram_class", n)
+
+
+def device_dram_class() -> int:
+    """The card class (1 lean, 2 wide; :func:`dram_class`) the current CUDA device's launches take
+    now: the :func:`dram_class` block's value inside one, else the device's own."""
+    return int((_ext or _ext_or_load()).dram_class())
 
 
 def norm_bwd_stream_threads(n: int):

@@ -38,8 +38,9 @@ def test_external_transpose_by_width(flag):
     transpose after the norm, False: the norm kernel); unset, rows wider than the backend's
     IN_KERNEL_TRANSPOSE_MAX_N take the tiled transpose (True) and the others leave the choice to
     the backend (None: ``out_t_auto``): CUDA up to 8192 for RMSNorm (its band kernel, its tile at
-    1K) and 1024 for LayerNorm (its tile), Triton up to 2048 for RMSNorm (its bands) and never for
-    LayerNorm, never on the reference (0)."""
+    1K) and 1024 for LayerNorm (its tile), Triton up to 4096 for RMSNorm (its bands, which
+    norms.band_by_default takes up to 2048 on a card that is not lean) and never for LayerNorm,
+    never on the reference (0)."""
     from engine import _norm_ops, cuda_backend, reference, triton_kernels
 
     engine.backend.reset_for_tests({} if flag is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": flag})
@@ -50,8 +51,8 @@ def test_external_transpose_by_width(flag):
                                    (cuda_backend, 8192, True, None), (cuda_backend, 8200, True, True),
                                    (cuda_backend, 1024, False, None), (cuda_backend, 2048, False, True),
                                    (cuda_backend, 131072, True, True),
-                                   (triton_kernels, 64, True, None), (triton_kernels, 2048, True, None),
-                                   (triton_kernels, 2056, True, True), (triton_kernels, 1024, False, True),
+                                   (triton_kernels, 64, True, None), (triton_kernels, 4096, True, None),
+                                   (triton_kernels, 4104, True, True), (triton_kernels, 1024, False, True),
                                    (reference, 1024, True, True)]:
         assert _norm_ops.external_transpose(impl, n, is_rms) is (unset if flag is None else flag == "1")
 
@@ -150,6 +151,7 @@ KNOBS = {
                                 [1, 64, 1024, 256.0, "256", True], "0, 128, 256 or 512"),
     "norm_fwd_band": ("set_norm_fwd_band", 2, 3, 0, 4,
                       [-1, 4, 256, 2.0, "2", True], "0, 1, 2 or 3"),
+    "dram_class": ("set_dram_class", 1, 2, 0, 3, [-1, 3, 1.0, "1", True], "0, 1 or 2"),
 }
 
 
@@ -161,6 +163,23 @@ def test_launch_knob_rejects_bad_values(knob, n):
     with pytest.raises(ValueError, match=KNOBS[knob][6]):
         with getattr(cuda_backend, knob)(n):
             pass
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA extension's class needs a GPU")
+def test_dram_class_agrees():
+    """Both backends read the same card class off the device (the CUDA extension from its
+    attributes, Triton from its driver's; NOTES P109), and each one's override forces it."""
+    from engine import cuda_backend
+    from engine.triton_kernels import utils
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    assert cuda_backend.device_dram_class() == (1 if utils.lean_dram(dev) else 2)
+    for n in (1, 2):
+        with cuda_backend.dram_class(n):
+            assert cuda_backend.device_dram_class() == n
+    name = torch.cuda.get_device_name()
+    if name.startswith(("NVIDIA H100", "NVIDIA H200")):  # the two cards measured: H100 lean, H200 wide
+        assert cuda_backend.device_dram_class() == (1 if "H100" in name else 2), name
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the knobs live in the CUDA extension")

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from engine.triton_kernels import norms_common as nc
+from engine.triton_kernels import utils
 from engine.triton_kernels.utils import persistent_grid
 
 WIDTHS = [1, 17, 760, 1000, 1024, 1025, 2048, 3571, 4096, 8192, 16384, 17389, 32768, 40009, 65536,
@@ -40,8 +41,40 @@ def test_forward_configs_are_runnable(n, fp8, rms):
 
 @pytest.mark.parametrize("n", WIDTHS)
 @pytest.mark.parametrize("rms", [True, False])
-def test_residual_forward_configs_are_runnable(n, rms):
-    _check(nc.fwd_config(n, torch.bfloat16, False, False, rms, residual=True), n, nc.MAX_FUSED_N)
+@pytest.mark.parametrize("lean", [False, True])
+def test_residual_forward_configs_are_runnable(n, rms, lean):
+    _check(nc.fwd_config(n, torch.bfloat16, False, False, rms, residual=True, lean=lean), n, nc.MAX_FUSED_N)
+
+
+def test_lean_card_entries():
+    """A lean card (utils.lean_dram: the H100) takes its own entry for LayerNorm + residual at 8K
+    (NOTES P94 / P109: 32 warps at 32 programs per SM, 90.8 -> 98.8 % of the H100's copy, a loss
+    on the H200); every other width and form takes the same config on both cards."""
+    for n, rms, residual, fp8 in itertools.product(WIDTHS, [True, False], [False, True], [False, True]):
+        lean = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, residual, True)
+        wide = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, residual, False)
+        if (n, rms, residual, fp8) == (8192, False, True, False):
+            assert lean == nc.NormConfig(2, 8192, True, 32, 32, 2) and wide != lean
+        else:
+            assert lean == wide, (n, rms, residual, fp8)
+
+
+def test_lean_dram_class(monkeypatch):
+    """utils.lean_dram: a GPU under LEAN_DRAM_GBPS_PER_SM of peak DRAM bandwidth per SM is lean
+    (the H100 SXM's 3.35 TB/s over 132 SMs: 25.4), one over it is not (the H200's 4.9 TB/s: 37.2),
+    nor one that reports none, nor a CPU tensor's device; DRAM_CLASS (1 lean, 2 wide) overrides
+    the device."""
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    for gbps, lean in [(3352.3 / 132, True), (4915.2 / 132, False), (0.0, False),
+                       (utils.LEAN_DRAM_GBPS_PER_SM - 0.1, True), (utils.LEAN_DRAM_GBPS_PER_SM, False)]:
+        monkeypatch.setattr(utils, "_dram_gbps_per_sm", lambda index, v=gbps: v)
+        assert utils.lean_dram(cuda) is lean, gbps
+        monkeypatch.setattr(utils, "DRAM_CLASS", 1)
+        assert utils.lean_dram(cuda) and utils.lean_dram(cpu)
+        monkeypatch.setattr(utils, "DRAM_CLASS", 2)
+        assert not utils.lean_dram(cuda) and not utils.lean_dram(cpu)
+        monkeypatch.setattr(utils, "DRAM_CLASS", 0)
+    assert not utils.lean_dram(cpu)
 
 
 def test_layernorm_residual_entry():

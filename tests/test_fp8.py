@@ -763,19 +763,22 @@ def test_out_t_auto_on_each_backend(backend, is_rms):
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("residual,current", [(False, False), (True, False), (False, True)],
                          ids=["plain", "residual", "current"])
-def test_triton_out_t_auto_path(is_rms, residual, current, monkeypatch):
-    """Triton's norm_fwd with ``out_t_auto``: bands in the norm kernel for RMSNorm up to
-    IN_KERNEL_TRANSPOSE_MAX_N with delayed scaling and no residual (the form measured faster, NOTES
-    P106), the tiled transpose after the norm otherwise (counted here); the copy is out.T either
-    way."""
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
+def test_triton_out_t_auto_path(is_rms, residual, current, dram_class, monkeypatch):
+    """Triton's norm_fwd with ``out_t_auto``: bands in the norm kernel for RMSNorm with delayed
+    scaling and no residual (the form measured faster, NOTES P106), up to 4096 on a lean card (the
+    H100) and 2048 on a wide one (the H200; NOTES P109, utils.DRAM_CLASS forces each), the tiled
+    transpose after the norm otherwise (counted here); the copy is out.T either way."""
     use_backend("triton")  # skips on a CPU without the interpreter
-    from engine.triton_kernels import norms, transpose
+    from engine.triton_kernels import norms, transpose, utils
 
     calls = []
     real = transpose.fp8_transpose
     monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t: (calls.append(d.shape), real(d, t)))
+    monkeypatch.setattr(utils, "DRAM_CLASS", dram_class)
+    widest = 4096 if dram_class == 1 else 2048
     try:
-        for n in (256, 2048, 2056):
+        for n in (256, 2056, 4096, 4104):
             m = 40
             x, w, b = inputs(m, n, is_rms)
             r = torch.randn(m, n, device=DEVICE, dtype=BF16) if residual else None
@@ -788,8 +791,8 @@ def test_triton_out_t_auto_path(is_rms, residual, current, monkeypatch):
                            torch.empty(1, device=DEVICE), data_t, is_rms_norm=is_rms,
                            zero_centered_gamma=False, current_scaling=current, amax_epsilon=0.0,
                            sm_margin=0, out_t_auto=True)
-            bands = is_rms and n <= 2048 and not residual and not current
-            assert bands == norms.band_by_default(n, is_rms, residual, current)
+            bands = is_rms and n <= widest and not residual and not current
+            assert bands == norms.band_by_default(n, is_rms, residual, current, x.device)
             assert calls == ([] if bands else [(m, n)]), n
             assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
     finally:

@@ -278,7 +278,7 @@ def test_plans_keep_options_apart(n):
                     assert a.dtype == b.dtype and torch.equal(a, b), f"{name}: output {i} differs"
         # one plan per distinct forward (14) and backward (5) key above: the weight's and the
         # residual's dtypes need none of their own; the transposed copy does (RMSNorm's bands in
-        # the norm kernel up to 2K, norms.band_by_default: "rms e4m3 T" is not "rms e4m3")
+        # the norm kernel, norms.band_by_default: "rms e4m3 T" is not "rms e4m3")
         assert len(nm.FWD_PLANS) == 14 and len(nm.BWD_PLANS) == 5
     finally:
         engine.backend.reset_for_tests()

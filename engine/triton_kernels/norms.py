@@ -38,6 +38,7 @@ from engine.triton_kernels.utils import (
     check_fp8_output,
     fp8_consts,
     is_fp8,
+    lean_dram,
     persistent_grid,
     interpreter_rounding,
 )
@@ -831,17 +832,24 @@ BAND_COLS = 1024
 #: ``out_t_auto`` only in the measured form, delayed scaling without a residual (band_by_default).
 #: NOTES P106 (kernel time, % of copy, e4m3 + T, bands against the tiled transpose after the
 #: norm): H100 RMSNorm 1K / 2K / 4K 81.5 / 79.8 / 73.8 against 73.2 / 72.4 / 70.2, 8K 67.4 against
-#: 72.3; H200 1K / 2K 67.9 / 66.0-66.5 against 69.0 / 66.6-66.8, 4K 59.2 against 69.4-69.8. One
-#: table serves both cards: up to 2K (+8 on the H100, -1 on the H200), not 4K (-10 on the H200).
+#: 72.3; H200 1K / 2K 67.9 / 66.0-66.5 against 69.0 / 66.6-66.8, 4K 59.2 against 69.4-69.8. So
+#: each card its own (NOTES P109): up to 4K on a lean card (utils.lean_dram: the H100, +3.6 at 4K),
+#: up to 2K (BAND_MAX_N_WIDE) on the others (+8 on the H100 at 2K, -1 on the H200; 4K -10 there).
 #: LayerNorm lost at every width on both (H100 57-68 against 70-73).
-IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 2048, "layernorm": 0}
+IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 4096, "layernorm": 0}
+#: The widest rows of bands by default on a card that is not lean (the H200).
+BAND_MAX_N_WIDE = 2048
 
 
-def band_by_default(n: int, is_rms_norm: bool, has_residual: bool, current_scaling: bool) -> bool:
+def band_by_default(n: int, is_rms_norm: bool, has_residual: bool, current_scaling: bool,
+                    device: torch.device) -> bool:
     """With ``out_t_auto``, whether the transposed copy comes from the norm kernel's bands (else
-    the tiled transpose after the norm): rows up to IN_KERNEL_TRANSPOSE_MAX_N in the form measured
-    (delayed scaling, no residual)."""
+    the tiled transpose after the norm): rows up to IN_KERNEL_TRANSPOSE_MAX_N (on a card that is
+    not lean, :func:`~engine.triton_kernels.utils.lean_dram`, up to BAND_MAX_N_WIDE) in the form
+    measured (delayed scaling, no residual)."""
     widest = IN_KERNEL_TRANSPOSE_MAX_N["rmsnorm" if is_rms_norm else "layernorm"]
+    if not lean_dram(device):
+        widest = min(widest, BAND_MAX_N_WIDE)
     return bool(BAND_ROWS) and n <= widest and not has_residual and not current_scaling
 
 #: Launch paths of the kernels (engine.triton_kernels.launch); scripts may swap in variants.
@@ -909,7 +917,8 @@ def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling
     # the transposed config); a band is at least one tile (both powers of two: a whole number)
     if config is None and store_t and BAND_ROWS and not has_res:
         config = nc.band_fwd_config(n, x_dtype, is_rms_norm)
-    cfg = config or nc.fwd_config(n, x_dtype, store_t and not BAND_ROWS, fp8, is_rms_norm, has_res)
+    cfg = config or nc.fwd_config(n, x_dtype, store_t and not BAND_ROWS, fp8, is_rms_norm, has_res,
+                                  lean_dram(device))
     band = max(BAND_ROWS, cfg.block_m) if store_t and BAND_ROWS else 0
     tile_t = store_t and not band  # _emit's transposed stores (_norm_fwd_kernel_t)
     lean = _lean(is_rms_norm, has_res)
@@ -993,7 +1002,7 @@ def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scal
     transposed copy comes from the norm kernel's bands where they measured faster
     (:func:`band_by_default`), else from the tiled transpose after the norm."""
     external = out_t is not None and out_t_auto and not band_by_default(
-        x.shape[1], is_rms_norm, residual is not None, current_scaling)
+        x.shape[1], is_rms_norm, residual is not None, current_scaling, x.device)
     launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
                None if external else out_t, is_rms_norm=is_rms_norm,
                zero_centered_gamma=zero_centered_gamma, current_scaling=current_scaling,

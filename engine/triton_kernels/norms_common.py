@@ -158,13 +158,16 @@ _LN_FWD_OVERRIDES = {
 # h200_ab_s28_p93.log): RMSNorm 32K / 64K 89.3 / 87.0 -> 95.7 / 90.0 %, LayerNorm 16K / 32K 86.7 /
 # 85.9 -> 93.8 / 93.8. LayerNorm 8K keeps the plain forward's entry: 32 warps at 32 programs per
 # SM gained on an H100 (NOTES P94: 90.8 -> 98.8 % of its copy) and lost on the H200 (P97, two
-# alternations in one call, h200_ab_s29_p97.log).
+# alternations in one call, h200_ab_s29_p97.log), so it is the lean card's entry
+# (_RES_FWD_OVERRIDES_LEAN; utils.lean_dram, NOTES P109).
 _RES_FWD_OVERRIDES = {
     True: {16384: NormConfig(2, 16384, False, 32, 8),
            32768: NormConfig(1, 32768, True, 16, 8, 1), 65536: NormConfig(1, 32768, True, 16, 8, 2)},
     False: {4096: NormConfig(4, 4096, False, 8, 8),
             16384: NormConfig(2, 16384, True, 32, 8, 2), 32768: NormConfig(1, 32768, True, 32, 8, 2)},
 }
+#: Residual-form entries of a lean card (utils.lean_dram: the H100) ahead of _RES_FWD_OVERRIDES.
+_RES_FWD_OVERRIDES_LEAN = {True: {}, False: {8192: NormConfig(2, 8192, True, 32, 32, 2)}}
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
 # before, the RMSNorm FP8 entries or the base table): few programs per SM; one row per 1-2 warps
 # at 1K-2K (session 6), 8-16 warps from 8K.
@@ -227,13 +230,14 @@ def band_fwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
 
 @functools.lru_cache(maxsize=None)
 def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
-               rms: bool = True, residual: bool = False) -> NormConfig:
+               rms: bool = True, residual: bool = False, lean: bool = False) -> NormConfig:
     """Forward config for rows of ``n`` elements of ``dtype`` (from the measured tables above).
 
     ``transpose``: the FP8 transposed copy is written by the norm kernel, so a tile is
     ``TRANSPOSE_BLOCK_M`` rows by column chunks (the row tile's statistics come first).
     ``fp8``: the output is FP8 (rowwise); ``rms``: RMSNorm (False: LayerNorm); ``residual``: a
-    residual is added (and residual_out written) in the kernel.
+    residual is added (and residual_out written) in the kernel. ``lean``: the device is a lean
+    card (:func:`engine.triton_kernels.utils.lean_dram`), whose own entries come first.
     """
     if transpose:
         bn = min(TRANSPOSE_BLOCK_N, triton.next_power_of_2(n))
@@ -242,7 +246,8 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
     if fp8:  # LayerNorm: its own entries first, then the RMSNorm FP8 ones (4K: 2 % off its best)
         override = (None if rms else _LN_FWD_FP8_OVERRIDES.get(p2)) or _FWD_FP8_OVERRIDES.get(p2)
     else:
-        override = ((_RES_FWD_OVERRIDES[rms].get(p2) if residual else None)
+        override = (((lean and _RES_FWD_OVERRIDES_LEAN[rms].get(p2)) or _RES_FWD_OVERRIDES[rms].get(p2)
+                     if residual else None)
                     or (None if rms else _LN_FWD_OVERRIDES.get(p2)))
     if override is not None:
         return override

@@ -28,6 +28,38 @@ def sm_count(device: torch.device) -> int:
     return INTERPRETER_SM_COUNT
 
 
+#: Which card's launch defaults the Triton kernels take where the two cards measured apart
+#: (benchmarks/NOTES.md P109): 0 (the default) the device's class (:func:`lean_dram`), 1 the lean
+#: card's, 2 the wide card's. For A/B runs of the two sets on one device
+#: (``benchmarks/profile_kernels.py --dram-class``, which also sets the CUDA extension's twin,
+#: :func:`engine.cuda_backend.dram_class`).
+DRAM_CLASS = 0
+#: Peak DRAM bandwidth per SM (GB/s) under which a card is lean: the H100 SXM has 25 (3.35 TB/s
+#: over 132 SMs), the H200 37 (4.9 TB/s); the CUDA extension's kLeanDramGbpsPerSm.
+LEAN_DRAM_GBPS_PER_SM = 30
+
+
+@functools.lru_cache(maxsize=None)
+def _dram_gbps_per_sm(index: int) -> float:
+    props = triton.runtime.driver.active.utils.get_device_properties(index)
+    gbps = 2.0 * props["mem_clock_rate"] * props["mem_bus_width"] / 8 / 1e6  # kHz x bits
+    return gbps / max(1, props["multiprocessor_count"])
+
+
+def lean_dram(device: torch.device) -> bool:
+    """Whether launches on ``device`` take the lean card's defaults (:data:`DRAM_CLASS` where set):
+    a GPU whose peak DRAM bandwidth (memory clock x bus width x 2) per SM is under
+    :data:`LEAN_DRAM_GBPS_PER_SM` needs fewer bytes in flight per SM, and there a few launch
+    choices measured otherwise than on the H200 the tables were tuned on. CPU tensors (the
+    interpreter) and a device that reports no bandwidth are not lean."""
+    if DRAM_CLASS:
+        return DRAM_CLASS == 1
+    if device.type != "cuda":
+        return False
+    gbps = _dram_gbps_per_sm(device.index if device.index is not None else torch.cuda.current_device())
+    return 0 < gbps < LEAN_DRAM_GBPS_PER_SM
+
+
 def persistent_grid(work_items: int, device: torch.device, sm_margin: int, programs_per_sm: int) -> int:
     """Programs for a persistent launch: ``(SMs - sm_margin) * programs_per_sm``, capped by the work.
 

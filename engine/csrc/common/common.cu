@@ -53,6 +53,7 @@ std::atomic<int> g_norm_bwd_stream_threads{0};
 std::atomic<int> g_norm_fwd_stream_from{0};
 std::atomic<int> g_norm_fwd_stream_threads{0};
 std::atomic<int> g_norm_fwd_band{0};
+std::atomic<int> g_dram_class{0}; /* engine_set_dram_class: 0 by the device */
 
 /* Compiled like every kernel of the library: its PTX version tells whether the device code the
  * driver loads for this device was compiled for sm_90+ (where clusters exist), e.g. not when only
@@ -120,6 +121,12 @@ engine_status current_device_info(DeviceInfo* info) {
   ENGINE_CHECK_CUDA(cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, dev));
   ENGINE_CHECK_CUDA(cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, dev));
   {
+    int mem_khz = 0, bus_bits = 0;
+    ENGINE_CHECK_CUDA(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, dev));
+    ENGINE_CHECK_CUDA(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, dev));
+    d.dram_gbps = (int)(2.0 * mem_khz * bus_bits / 8.0 / 1e6);
+  }
+  {
     cudaFuncAttributes attr;
     ENGINE_CHECK_CUDA(cudaFuncGetAttributes(&attr, reinterpret_cast<const void*>(&probe_kernel)));
     d.clusters = (d.cc_major >= 9 && attr.ptxVersion >= 90) ? 1 : 0;
@@ -154,6 +161,12 @@ int max_cluster_size(const DeviceInfo& info) {
   if (!info.clusters) return 1;
   const int n = g_max_cluster.load(std::memory_order_relaxed);
   return n != 0 ? n : (info.cluster16 ? 16 : 8);
+}
+
+bool lean_dram(const DeviceInfo& info) {
+  const int knob = g_dram_class.load(std::memory_order_relaxed);
+  if (knob != 0) return knob == 1;
+  return info.dram_gbps > 0 && info.sm_count > 0 && info.dram_gbps < kLeanDramGbpsPerSm * info.sm_count;
 }
 
 int norm_fwd_vectors() { return g_norm_fwd_vectors.load(std::memory_order_relaxed); }
@@ -330,6 +343,18 @@ int engine_set_norm_fwd_stream_threads(int n) {
 int engine_set_norm_fwd_band(int n) {
   if (n < 0 || n > 3) return -1;
   return engine::g_norm_fwd_band.exchange(n);
+}
+
+int engine_set_dram_class(int n) {
+  if (n < 0 || n > 2) return -1;
+  return engine::g_dram_class.exchange(n);
+}
+
+int engine_dram_class(void) {
+  engine::clear_error();
+  engine::DeviceInfo info;
+  if (engine::current_device_info(&info) != ENGINE_SUCCESS) return -1;
+  return engine::lean_dram(info) ? 1 : 2;
 }
 
 }  // extern "C"

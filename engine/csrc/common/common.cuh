@@ -41,6 +41,7 @@ struct DeviceInfo {
   int cc_major;  /* compute capability */
   int clusters;  /* thread-block clusters usable: sm_90+ device and sm_90+ device code */
   int cluster16; /* clusters of 16 CTAs (non-portable) resident even at one CTA per SM */
+  int dram_gbps; /* peak DRAM bandwidth, GB/s: 2 x memory clock x bus width (0: not reported) */
 };
 engine_status current_device_info(DeviceInfo* info);
 
@@ -56,6 +57,15 @@ engine_status blocks_per_sm(const void* func, int block, size_t dyn_smem, int* o
  * DeviceInfo::cluster16, else 8) where the device and the compiled code have clusters
  * (DeviceInfo::clusters), else 1. */
 int max_cluster_size(const DeviceInfo& info);
+
+/* DRAM bandwidth per SM under which a card takes the lean card's launch defaults
+ * (engine_set_dram_class): the H100 SXM has 25 GB/s per SM, the H200 37. */
+constexpr int kLeanDramGbpsPerSm = 30;
+
+/* Whether launches on `info`'s device take the lean card's defaults: engine_set_dram_class's
+ * value where set, else dram_gbps / sm_count < kLeanDramGbpsPerSm (a device that does not report
+ * its bandwidth is wide: the defaults measured first, on H200s). */
+bool lean_dram(const DeviceInfo& info);
 
 /* engine_set_norm_fwd_vectors's value now (0: the launcher's choice). */
 int norm_fwd_vectors();

@@ -499,6 +499,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "stage), 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
+  m.def("set_dram_class", &engine_set_dram_class,
+        "The card class whose launch defaults the norm launchers take: 1 lean DRAM bandwidth per "
+        "SM (the H100), 2 wide (the H200), 0 for the device's own (engine/csrc/include/engine/"
+        "common.h); returns the previous value, -1 for an invalid n",
+        py::arg("n"));
+  m.def("dram_class", []() {
+          const int c = engine_dram_class();
+          if (c < 0) throw std::runtime_error(std::string("dram_class: ") + engine_last_error());
+          return c;
+        },
+        "The card class the current device's launches take now: 1 lean, 2 wide");
   m.def("set_norm_bwd_stream_threads", &engine_set_norm_bwd_stream_threads,
         "Largest CTA of the norm backward's streamed kernel (128, 256, 512), 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",

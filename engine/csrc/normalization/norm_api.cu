@@ -162,7 +162,7 @@ extern "C" engine_status engine_norm_fwd(const engine_norm_fwd_params* p, int sm
                       max_cluster_size(info), stream, norm_fwd_vectors(), 0,
                       norm_fwd_general_loop(), 0, norm_fwd_blocked_from(),
                       norm_fwd_grid_per_sm(), 0, 0, norm_fwd_stream_from(),
-                      norm_fwd_stream_threads(), norm_fwd_band()};
+                      norm_fwd_stream_threads(), norm_fwd_band(), lean_dram(info) ? 1 : 0};
 
   FwdArgs a{};
   a.rows = rows;
@@ -311,7 +311,7 @@ extern "C" engine_status engine_norm_bwd(const engine_norm_bwd_params* p, int sm
   const LaunchCtx ctx{sm_count, sm_margin, info.max_smem_per_block_optin, info.smem_per_sm,
                       max_cluster_size(info), stream, 0, norm_bwd_elems(), 0,
                       norm_bwd_cta_threads(), 0, 0, norm_bwd_stream_from(),
-                      norm_bwd_stream_threads(), 0};
+                      norm_bwd_stream_threads(), 0, lean_dram(info) ? 1 : 0};
   int num_ctas = 0;
   if (rows > 0) ENGINE_TRY(bwd_dispatch(p->x_dtype, p->dy_dtype, a, ctx, max_ctas, &num_ctas));
 

@@ -411,25 +411,24 @@ __global__ void __launch_bounds__(kBandThreads, kTileInStage ? 2 : 1) norm_fwd_b
 
 /* Which band kernel takes rows of `cols`: 0 none, 1 the layout with tiles of their own (one CTA
  * per SM), 2 the tile in the stage (two CTAs per SM). engine_set_norm_fwd_band's value where set
- * (1: never; 2 / 3: layout 1 / 2 at every width whose cluster fits), else the default layout above
- * 1K, up to 8K, the widest row of a 16-CTA cluster. Kernel time, % of copy, RMSNorm e4m3 at 2K /
- * 4K / 8K (NOTES P104, P105), layout 1 / layout 2 / the tiled transpose after the norm:
+ * (1: never; 2 / 3: layout 1 / 2 at every width whose cluster fits), else above 1K, up to 8K (the
+ * widest row of a 16-CTA cluster), the card's layout: 1 on a card of lean DRAM bandwidth per SM
+ * (`lean`: lean_dram, the H100), 2 on the others (NOTES P109). Kernel time, % of copy, RMSNorm
+ * e4m3 at 2K / 4K / 8K (NOTES P104, P105), layout 1 / layout 2 / the tiled transpose after the
+ * norm:
  *   H200: 66 / 64 / 58, 72-74 / 74-75 / 70, 65-66 / 62 / 60;
  *   H100: 80 / 81 / 80, 79 / 78 / 76, 72 / 72 / 72 (the register path's tile: 78 / 72 / 72).
  * The cards disagree (the H200's bandwidth wants the second CTA's copies in flight; on the H100
- * the extra barriers cost more than they bring); layout 2 is the default: above the tiled
- * transpose on both, by 7-13 points on the H200, and above the bar of 75 on the H100. At 1K the
- * register path's tile stays (H100 82 against the band's 82-83; H200 77 against 71-72).
+ * the extra barriers cost more than they bring). At 1K the register path's tile stays (H100 82 against the band's 82-83; H200 77 against 71-72).
  * LayerNorm's band rows lost to the tiled transpose on both cards (H100 74 / 70 / 62 against 72 /
  * 70 / 69; H200 52-54 / 49-52 / 43-46 against 66 / 63 / 57): with out_t_auto the Python layer
  * asks LayerNorm's norm kernel for the copy only up to 1K
  * (engine.cuda_backend.IN_KERNEL_TRANSPOSE_MAX_N); asked in-kernel
  * (ENGINE_NORM_EXTERNAL_TRANSPOSE = 0) it takes the band kernel, ahead of the 16-row tile (36 %).
  */
-constexpr int kBandDefaultLayout = 2;
-inline int fwd_band_layout(int cols, int knob) {
+inline int fwd_band_layout(int cols, int knob, bool lean) {
   if (knob != 0) return knob - 1;
-  return cols > 1024 ? kBandDefaultLayout : 0;
+  return cols > 1024 ? (lean ? 1 : 2) : 0;
 }
 
 template <typename X, bool kInStage>
@@ -446,7 +445,7 @@ auto fwd_band_kernel(bool rms, bool bias) -> void (*)(FwdArgs) {
 template <typename X>
 bool launch_fwd_band(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
   if (a.mode != kFull || a.out_t == nullptr || a.residual != nullptr || a.rows == 0) return false;
-  const int layout = fwd_band_layout(a.cols, ctx.fwd_band);
+  const int layout = fwd_band_layout(a.cols, ctx.fwd_band, ctx.lean_dram != 0);
   if (layout == 0) return false;
   int c = (int)ceil_div(a.cols, kBandCols);
   if (c < 2) c = 2; /* the exchange's sends and barriers are cluster instructions */

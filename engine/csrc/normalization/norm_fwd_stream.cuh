@@ -67,6 +67,22 @@ constexpr int kFwdStreamThreadsDefault = 512;
 constexpr int kFwdStreamMaxCluster = 16;
 /* The largest CTA of a kRes build: its stages hold x and the residual (5 x 2 x 16 KB at 256) */
 constexpr int kFwdStreamResMaxThreads = 256;
+/* The largest CTA the launcher picks for rows of `cols` (engine_set_norm_fwd_stream_threads
+ * unset): kFwdStreamThreadsDefault, but on a card of lean DRAM bandwidth per SM (`lean`:
+ * lean_dram, the H100) for an FP8 output or a residual (`fp8_or_res`) from 64K the CTA of a
+ * 16-CTA cluster (128 threads at 64K, 256 at 128K: more, smaller CTAs per SM). Kernel time, % of
+ * the H100's copy, 512 / 256 / 128 threads (NOTES Q17): 64K RMSNorm e4m3 82.1 / 84.5 / 83.8,
+ * LayerNorm e4m3 77.4 / 77.3 / 82.1, RMSNorm + residual (256 by default) 89.2 / 92.1, LayerNorm
+ * + residual 86.3 / 90.0; 128K RMSNorm e4m3 84.0 / 86.3, LayerNorm e4m3 80.5 / 83.6; the 16-bit
+ * outputs within 1-2 points either way (they keep 512); at 32K 512 stays ahead. On the H200 the
+ * smaller CTAs lost at 64K-128K (P79, Q14: LayerNorm e4m3 64K 71.0 -> 60.3 at 128 threads). */
+inline int fwd_stream_threads_default(int cols, bool lean, bool fp8_or_res) {
+  if (!lean || !fp8_or_res || cols < 65536) return kFwdStreamThreadsDefault;
+  const int per_cta = (int)ceil_div(cols, 8 * kFwdStreamNV * 16); /* threads of a 16-CTA cluster */
+  int t = 128;
+  while (t < per_cta && t < kFwdStreamThreadsDefault) t *= 2;
+  return t;
+}
 /* Rows between a row's phase A and its phase B: 2. Both norms wait for a row's sums one
  * iteration after sending them (WL below), so the exchange's round trip between SMs hides behind
  * phase A of the next row and one phase B, where waiting in the sending iteration left it behind
@@ -422,7 +438,7 @@ auto fwd_stream_kernel(bool rms, bool bias, bool res) -> void (*)(FwdArgs) {
 /* Launch the streamed kernel for a 16-bit x, without a residual (z = x) or with one of x's dtype
  * (kRes), modes kFull and kStats, where fwd_take_stream says so: the smallest cluster (a power of
  * two up to ctx.max_cluster, at least 2: the kernel's sends and barriers are cluster
- * instructions) whose CTAs of at most ctx.fwd_stream_threads threads (0: kFwdStreamThreadsDefault;
+ * instructions) whose CTAs of at most ctx.fwd_stream_threads threads (0: fwd_stream_threads_default;
  * kRes: at most kFwdStreamResMaxThreads) hold the row at kFwdStreamNV vectors per thread, with a
  * ring of fwd_stream_stages stages that fits the opt-in shared memory. Returns false (nothing
  * launched) where it does not apply or fit; the caller's x / out (and residual / residual_out)
@@ -434,7 +450,9 @@ bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
     const bool res = a.residual != nullptr;
     if (a.mode == kApply) return false;
     if (!fwd_take_stream(a.cols, ctx.fwd_stream_from, a.is_rms != 0, is_fp8_v<O>, res)) return false;
-    int tmax = ctx.fwd_stream_threads != 0 ? ctx.fwd_stream_threads : kFwdStreamThreadsDefault;
+    int tmax = ctx.fwd_stream_threads != 0
+                   ? ctx.fwd_stream_threads
+                   : fwd_stream_threads_default(a.cols, ctx.lean_dram != 0, is_fp8_v<O> || res);
     if (res && tmax > kFwdStreamResMaxThreads) tmax = kFwdStreamResMaxThreads;
     int tpr = 0;
     const int c = stream_cluster((int)ceil_div(a.cols / 8, NV), ctx.max_cluster, kFwdStreamMaxCluster,

@@ -128,7 +128,8 @@ int engine_set_norm_fwd_stream_from(int n);
 
 /* Largest CTA of the streamed forward (above): n = 128, 256 or 512 threads (the cluster is the
  * smallest power of two whose CTAs of at most n threads hold the row at 32 values per thread), 0
- * (the default) the launcher's choice (norm_fwd_stream.cuh: kFwdStreamThreadsDefault). For A/B
+ * (the default) the launcher's choice (norm_fwd_stream.cuh: fwd_stream_threads_default, by the
+ * card: engine_set_dram_class). For A/B
  * runs. Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_stream_threads(int n);
 
@@ -137,9 +138,22 @@ int engine_set_norm_fwd_stream_threads(int n);
  * a cluster in bands of 32): n = 1 never; 2 or 3 at every width whose cluster fits (rows of up to
  * 8192), 2 in the layout with FP8 tiles of their own (one CTA per SM), 3 with the tile written over
  * its band's stage (two CTAs per SM); 0 (the default) the launcher's choice (norm_fwd_band.cuh:
- * fwd_band_layout, from 1025 columns). For tests and A/B runs. Process-wide; returns the previous value, or -1 (and
+ * fwd_band_layout, from 1025 columns, the layout by the card: engine_set_dram_class). For tests and A/B runs. Process-wide; returns the previous value, or -1 (and
  * changes nothing) for any other n. */
 int engine_set_norm_fwd_band(int n);
+
+/* Which card's launch defaults the norm launchers take where the two cards measured apart
+ * (benchmarks/NOTES.md P109): n = 1 those of a card of lean DRAM bandwidth per SM (under
+ * kLeanDramGbpsPerSm, 30 GB/s per SM: the H100 SXM's 3.35 TB/s over 132 SMs, 25), 2 those of a
+ * wide one (the H200's 4.9 TB/s, 37), 0 (the default) the current device's class from its peak
+ * DRAM bandwidth (memory clock x bus width x 2). For A/B runs of the two sets on one device.
+ * Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
+int engine_set_dram_class(int n);
+
+/* The class engine_set_dram_class describes that the current device's launches take now: 1
+ * lean, 2 wide (the knob's value where set); -1 where the device cannot be queried (the error's
+ * detail in engine_last_error). */
+int engine_dram_class(void);
 
 #ifdef __cplusplus
 } /* extern "C" */
