@@ -185,20 +185,22 @@ def test_norm_fp8_current_scaling(backend, is_rms, fp8_dtype):
     assert t.data.float().abs().max().item() == torch.finfo(fp8_dtype).max
 
 
-def check_fp8_path(is_rms, fp8_dtype, n, knob, residual=False):
+def check_fp8_path(is_rms, fp8_dtype, n, knob, residual=False, dram_class=0):
     """CUDA, 67 rows of n under a path knob (a context manager of engine.cuda_backend) that puts
     the fp32 and FP8 outputs on one path: delayed scaling with the transposed copy and current
     scaling, each the exact cast of the same path's fp32 output with its exact amax, current
     scaling's bytes delayed scaling's at its scale, and the delayed bytes within one step of the
     float64 oracle's (rarely). With ``residual`` the norm's input is x + r (bf16), whose stored
-    sum (residual_out, equal to the oracle's rounding bit for bit in every call) is normalised."""
+    sum (residual_out, equal to the oracle's rounding bit for bit in every call) is normalised.
+    ``dram_class``: the card class whose launch defaults the CUDA launchers take
+    (engine.cuda_backend.dram_class; 0 the device's)."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
         # the band kernel off: by default it writes RMSNorm's FP8 + transposed rows of 1025-8192
         # (with its own row sums), before the kernel under test
-        with knob, cuda_backend.norm_fwd_band(1):
+        with knob, cuda_backend.norm_fwd_band(1), cuda_backend.dram_class(dram_class):
             x, w, b = inputs(67, n, is_rms)
             if residual:
                 r = torch.randn_like(x)
@@ -252,30 +254,37 @@ def test_norm_fp8_blocked_kernel(is_rms, fp8_dtype, n):
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("fp8_dtype", FP8)
 @pytest.mark.parametrize("n", [4096, 32776, 65536, 131072])
-def test_norm_fp8_stream_kernel(is_rms, fp8_dtype, n):
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
+def test_norm_fp8_stream_kernel(is_rms, fp8_dtype, n, dram_class):
     """The CUDA forward's streamed cluster kernel (engine.cuda_backend.norm_fwd_stream_from(1):
     every width) to FP8: delayed scaling (with the transposed copy, which the caller transposes on
     this path) and current scaling (its statistics pass on the streamed kernel, its output pass
     on the register path from the stored statistics), each the exact cast of the same path's fp32
     output with its exact amax; 131072 also through the default (streamed for every output dtype
-    there; test_fp8_own_kernel_widths: the widths streamed for FP8 outputs only)."""
+    there; test_fp8_own_kernel_widths: the widths streamed for FP8 outputs only). With each card
+    class's launch defaults (dram_class: a lean card's CTAs from 64K are smaller, for every
+    output dtype alike; NOTES P109)."""
     from engine import cuda_backend
 
-    check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1 if n < 131072 else 0))
+    check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1 if n < 131072 else 0),
+                   dram_class=dram_class)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("fp8_dtype", FP8)
 @pytest.mark.parametrize("n", [8192, 32776, 131072])
-def test_norm_fp8_stream_residual(is_rms, fp8_dtype, n):
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
+def test_norm_fp8_stream_residual(is_rms, fp8_dtype, n, dram_class):
     """The streamed kernel's fused residual add (norm_fwd_stream_from(1), a bf16 residual) to FP8:
     delayed scaling with the transposed copy and current scaling (its statistics pass on the
     streamed kernel writes residual_out, its output pass normalises that on the register path),
-    each the exact cast of the same path's fp32 output with its exact amax."""
+    each the exact cast of the same path's fp32 output with its exact amax, with each card
+    class's launch defaults."""
     from engine import cuda_backend
 
-    check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1), residual=True)
+    check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1), residual=True,
+                   dram_class=dram_class)
 
 
 def fp8_own_kernel(n):

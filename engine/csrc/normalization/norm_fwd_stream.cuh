@@ -69,15 +69,18 @@ constexpr int kFwdStreamMaxCluster = 16;
 constexpr int kFwdStreamResMaxThreads = 256;
 /* The largest CTA the launcher picks for rows of `cols` (engine_set_norm_fwd_stream_threads
  * unset): kFwdStreamThreadsDefault, but on a card of lean DRAM bandwidth per SM (`lean`:
- * lean_dram, the H100) for an FP8 output or a residual (`fp8_or_res`) from 64K the CTA of a
- * 16-CTA cluster (128 threads at 64K, 256 at 128K: more, smaller CTAs per SM). Kernel time, % of
- * the H100's copy, 512 / 256 / 128 threads (NOTES Q17): 64K RMSNorm e4m3 82.1 / 84.5 / 83.8,
- * LayerNorm e4m3 77.4 / 77.3 / 82.1, RMSNorm + residual (256 by default) 89.2 / 92.1, LayerNorm
- * + residual 86.3 / 90.0; 128K RMSNorm e4m3 84.0 / 86.3, LayerNorm e4m3 80.5 / 83.6; the 16-bit
- * outputs within 1-2 points either way (they keep 512); at 32K 512 stays ahead. On the H200 the
- * smaller CTAs lost at 64K-128K (P79, Q14: LayerNorm e4m3 64K 71.0 -> 60.3 at 128 threads). */
-inline int fwd_stream_threads_default(int cols, bool lean, bool fp8_or_res) {
-  if (!lean || !fp8_or_res || cols < 65536) return kFwdStreamThreadsDefault;
+ * lean_dram, the H100) from 64K the CTA of a 16-CTA cluster (128 threads at 64K, 256 at 128K:
+ * more, smaller CTAs per SM). Kernel time, % of the H100's copy, 512 / 256 / 128 threads (NOTES
+ * Q17): 64K RMSNorm e4m3 82.1 / 84.5 / 83.8, LayerNorm e4m3 77.4 / 77.3 / 82.1, RMSNorm +
+ * residual (256 by default) 89.2 / 92.1, LayerNorm + residual 86.3 / 90.0; 128K RMSNorm e4m3
+ * 84.0 / 86.3, LayerNorm e4m3 80.5 / 83.6; the 16-bit outputs within 1-2 points either way; at
+ * 32K 512 stays ahead. On the H200 the smaller CTAs lost at 64K-128K (P79, Q14: LayerNorm e4m3
+ * 64K 71.0 -> 60.3 at 128 threads). Every output dtype alike: a row's sums then add in the same
+ * order for an FP8 output as for the fp32 one, whose cast it is (NOTES P109: with the FP8 outputs
+ * alone on the smaller CTAs, LayerNorm's 64K-128K e4m3 / e5m2 bytes missed that cast at rounding
+ * boundaries, tests/test_fp8.py). */
+inline int fwd_stream_threads_default(int cols, bool lean) {
+  if (!lean || cols < 65536) return kFwdStreamThreadsDefault;
   const int per_cta = (int)ceil_div(cols, 8 * kFwdStreamNV * 16); /* threads of a 16-CTA cluster */
   int t = 128;
   while (t < per_cta && t < kFwdStreamThreadsDefault) t *= 2;
@@ -452,7 +455,7 @@ bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
     if (!fwd_take_stream(a.cols, ctx.fwd_stream_from, a.is_rms != 0, is_fp8_v<O>, res)) return false;
     int tmax = ctx.fwd_stream_threads != 0
                    ? ctx.fwd_stream_threads
-                   : fwd_stream_threads_default(a.cols, ctx.lean_dram != 0, is_fp8_v<O> || res);
+                   : fwd_stream_threads_default(a.cols, ctx.lean_dram != 0);
     if (res && tmax > kFwdStreamResMaxThreads) tmax = kFwdStreamResMaxThreads;
     int tpr = 0;
     const int c = stream_cluster((int)ceil_div(a.cols / 8, NV), ctx.max_cluster, kFwdStreamMaxCluster,
