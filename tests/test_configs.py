@@ -46,17 +46,32 @@ def test_residual_forward_configs_are_runnable(n, rms, lean):
     _check(nc.fwd_config(n, torch.bfloat16, False, False, rms, residual=True, lean=lean), n, nc.MAX_FUSED_N)
 
 
+@pytest.mark.parametrize("n", WIDTHS)
+@pytest.mark.parametrize("fp8,rms", list(itertools.product([False, True], [True, False])))
+def test_lean_forward_configs_are_runnable(n, fp8, rms):
+    _check(nc.fwd_config(n, torch.bfloat16, False, fp8, rms, lean=True), n, nc.MAX_FUSED_N)
+
+
 def test_lean_card_entries():
-    """A lean card (utils.lean_dram: the H100) takes its own entry for LayerNorm + residual at 8K
+    """A lean card (utils.lean_dram: the H100) takes its own entries: LayerNorm + residual at 8K
     (NOTES P94 / P109: 32 warps at 32 programs per SM, 90.8 -> 98.8 % of the H100's copy, a loss
-    on the H200); every other width and form takes the same config on both cards."""
+    on the H200) and, without a residual, rows of 64K in two blocked chunks of 32K, both norms and
+    outputs, and LayerNorm's FP8 rows of 128K in four (NOTES P110); every other width and form
+    takes the same config on both cards."""
+    own = {(8192, False, True, False): nc.NormConfig(2, 8192, True, 32, 32, 2)}
+    for rms, fp8 in itertools.product([True, False], [False, True]):
+        for n in (65536, 40009):  # 40009: next_pow2 65536
+            own[(n, rms, False, fp8)] = nc._FWD_OVERRIDES_LEAN[(rms, fp8)][65536]
+    own[(131072, False, False, True)] = nc.NormConfig(1, 32768, True, 32, 2, 3)
     for n, rms, residual, fp8 in itertools.product(WIDTHS, [True, False], [False, True], [False, True]):
         lean = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, residual, True)
         wide = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, residual, False)
-        if (n, rms, residual, fp8) == (8192, False, True, False):
-            assert lean == nc.NormConfig(2, 8192, True, 32, 32, 2) and wide != lean
+        key = (n, rms, residual, fp8)
+        if key in own:
+            assert lean == own[key] and wide != lean, key
         else:
-            assert lean == wide, (n, rms, residual, fp8)
+            assert lean == wide, key
+    assert all(c.blocked and c.block_n == 32768 for c in nc._FWD_OVERRIDES_LEAN[(True, False)].values())
 
 
 def test_lean_dram_class(monkeypatch):

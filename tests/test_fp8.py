@@ -34,8 +34,9 @@ SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
 # On the GPU also rows that CUDA splits over thread-block clusters (2 and 8 CTAs; more rows than
 # resident clusters at 24584): the FP8 epilogue, amax and the transposed copy on that path. By
 # default every CUDA output takes its streamed kernel at 131072; at 24584 RMSNorm's FP8 output
-# does and its fp32 output not (same_row_sums), LayerNorm's outputs neither.
-WIDE = [(301, 24584), (37, 131072)] if ON_GPU else []
+# does and its fp32 output not (same_row_sums), LayerNorm's outputs neither. 65536: Triton's
+# lean-card tiles on an H100 (two blocked chunks of 32K; NOTES P110).
+WIDE = [(301, 24584), (19, 65536), (37, 131072)] if ON_GPU else []
 # CUDA's RMSNorm FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): the
 # blocked kernel from the first width to the second, the streamed kernel above it up to the
 # third, where the other outputs take the stream too (cuda_fp8_own_path; NOTES P100 / P102).

@@ -162,6 +162,25 @@ def test_widest_rows(backend, is_rms):
 
 
 @pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [40009, 65536])
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
+def test_64k_rows_each_card_class(backend, is_rms, n, dram_class, monkeypatch):
+    """Rows of 40009 and 65536 (both 65536 as a power of two) forward and backward with each card
+    class's launch defaults (NOTES P109 / P110): Triton's forward reads them in two blocked chunks
+    of 32K on a lean card (the H100), in four of 16K on a wide one; CUDA's streamed forward runs
+    16-CTA clusters of 128 threads on a lean card, four CTAs of 512 on a wide one."""
+    from engine.triton_kernels import utils
+
+    monkeypatch.setattr(utils, "DRAM_CLASS", dram_class)
+    with contextlib.ExitStack() as stack:
+        if backend == "cuda":
+            from engine import cuda_backend
+
+            stack.enter_context(cuda_backend.dram_class(dram_class))
+        check_bwd(is_rms, 5, n, BF16, BF16, BF16, bias=not is_rms)
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
 def test_128k_rows_odd_m(backend, is_rms):
     """N = 131072 over 3 rows: Triton's RMSNorm forward there takes tiles of two rows (the tuned
     blocked config), so the last tile is half masked; CUDA splits the row over an 8-CTA cluster."""

@@ -168,6 +168,16 @@ _RES_FWD_OVERRIDES = {
 }
 #: Residual-form entries of a lean card (utils.lean_dram: the H100) ahead of _RES_FWD_OVERRIDES.
 _RES_FWD_OVERRIDES_LEAN = {True: {}, False: {8192: NormConfig(2, 8192, True, 32, 32, 2)}}
+#: A lean card's forward entries without a residual, by (RMSNorm, FP8 output), ahead of the tables
+#: above (NOTES P110: tune.py on an H100, h100_tune_wide_{rms,ln}_s33.log, timed, % of its copy,
+#: against the H200 tables' entries): rows of 64K read in two chunks of 32K, not four of 16K.
+_FWD_OVERRIDES_LEAN = {
+    (True, False): {65536: NormConfig(1, 32768, True, 32, 16, 3)},  # 83.1 -> 89.5
+    (True, True): {65536: NormConfig(1, 32768, True, 32, 2, 4)},  # 72.0 -> 78.7
+    (False, False): {65536: NormConfig(1, 32768, True, 16, 8, 2)},  # 80.0 -> 85.5
+    (False, True): {65536: NormConfig(1, 32768, True, 32, 1, 4),  # 67.1 -> 74.3
+                    131072: NormConfig(1, 32768, True, 32, 2, 3)},  # 59.1 -> 63.5
+}
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
 # before, the RMSNorm FP8 entries or the base table): few programs per SM; one row per 1-2 warps
 # at 1K-2K (session 6), 8-16 warps from 8K.
@@ -243,6 +253,9 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
         bn = min(TRANSPOSE_BLOCK_N, triton.next_power_of_2(n))
         return NormConfig(TRANSPOSE_BLOCK_M, bn, n > bn, TRANSPOSE_WARPS, 4)
     p2 = triton.next_power_of_2(n)
+    lean_entry = _FWD_OVERRIDES_LEAN[(rms, fp8)].get(p2) if lean and not residual else None
+    if lean_entry is not None:
+        return lean_entry
     if fp8:  # LayerNorm: its own entries first, then the RMSNorm FP8 ones (4K: 2 % off its best)
         override = (None if rms else _LN_FWD_FP8_OVERRIDES.get(p2)) or _FWD_FP8_OVERRIDES.get(p2)
     else:
