@@ -101,35 +101,41 @@ def drive(rec: Recorder) -> None:
 
     m = 3
     widths = [760, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072]
-    for n in widths:
-        for rms in (True, False):
-            for x_dt, out_dt, w_dt, res_dt in ((bf16, bf16, bf16, None), (f16, f16, f32, None),
-                                               (f32, f32, f32, None), (bf16, bf16, bf16, bf16),
-                                               (bf16, f32, bf16, f32), (bf16, e4m3, bf16, None),
-                                               (bf16, e5m2, bf16, bf16)):
-                fp8 = out_dt in (e4m3, e5m2)
-                for current in ((False, True) if fp8 else (False,)):
-                    for trans in ((False, True) if fp8 and n <= 8192 else (False,)):
-                        x, w = t((m, n), x_dt), t((n,), w_dt)
-                        b = None if rms else t((n,), w_dt)
-                        res = t((m, n), res_dt) if res_dt is not None else None
-                        res_out = t((m, n), res_dt) if res is not None else None
-                        norms.norm_fwd(
-                            x, w, b, res, 1e-5, t((m, n), out_dt), res_out,
-                            None if rms else t((m,), f32), t((m,), f32),
-                            t((1,), f32) if fp8 else None, t((1,), f32) if fp8 else None,
-                            t((1,), f32) if fp8 else None, t((n, m), out_dt) if trans else None,
-                            is_rms_norm=rms, zero_centered_gamma=not rms, current_scaling=current,
-                            amax_epsilon=0.0, sm_margin=0)
-                if fp8:
-                    continue
-                dres = t((m, n), res_dt) if res_dt is not None else None
-                norms.norm_bwd(
-                    t((m, n), out_dt), t((m, n), x_dt), None if rms else t((m,), f32), t((m,), f32),
-                    t((n,), w_dt), dres, t((m, n), x_dt),
-                    t((m, n), res_dt) if res_dt not in (None, x_dt) else None,
-                    t((n,), w_dt), None if rms else t((n,), w_dt),
-                    is_rms_norm=rms, zero_centered_gamma=rms, sm_margin=0)
+    # each card class's launch defaults (utils.DRAM_CLASS: 2 wide, the H200's; 1 lean, the H100's;
+    # NOTES P109 / P110), the plans emptied between them (their keys hold no class)
+    for dram_class in (2, 1):
+        utils.DRAM_CLASS = dram_class
+        norms.FWD_PLANS.clear()
+        for n in widths:
+            for rms in (True, False):
+                for x_dt, out_dt, w_dt, res_dt in ((bf16, bf16, bf16, None), (f16, f16, f32, None),
+                                                   (f32, f32, f32, None), (bf16, bf16, bf16, bf16),
+                                                   (bf16, f32, bf16, f32), (bf16, e4m3, bf16, None),
+                                                   (bf16, e5m2, bf16, bf16)):
+                    fp8 = out_dt in (e4m3, e5m2)
+                    for current in ((False, True) if fp8 else (False,)):
+                        for trans in ((False, True) if fp8 and n <= 8192 else (False,)):
+                            x, w = t((m, n), x_dt), t((n,), w_dt)
+                            b = None if rms else t((n,), w_dt)
+                            res = t((m, n), res_dt) if res_dt is not None else None
+                            res_out = t((m, n), res_dt) if res is not None else None
+                            norms.norm_fwd(
+                                x, w, b, res, 1e-5, t((m, n), out_dt), res_out,
+                                None if rms else t((m,), f32), t((m,), f32),
+                                t((1,), f32) if fp8 else None, t((1,), f32) if fp8 else None,
+                                t((1,), f32) if fp8 else None, t((n, m), out_dt) if trans else None,
+                                is_rms_norm=rms, zero_centered_gamma=not rms, current_scaling=current,
+                                amax_epsilon=0.0, sm_margin=0)
+                    if fp8:
+                        continue
+                    dres = t((m, n), res_dt) if res_dt is not None else None
+                    norms.norm_bwd(
+                        t((m, n), out_dt), t((m, n), x_dt), None if rms else t((m,), f32), t((m,), f32),
+                        t((n,), w_dt), dres, t((m, n), x_dt),
+                        t((m, n), res_dt) if res_dt not in (None, x_dt) else None,
+                        t((n,), w_dt), None if rms else t((n,), w_dt),
+                        is_rms_norm=rms, zero_centered_gamma=rms, sm_margin=0)
+    utils.DRAM_CLASS = 0
     for n in (17, 1024, 4096, 131072):
         for x_dt in (bf16, f16, f32):
             for out_dt in (e4m3, e5m2):
