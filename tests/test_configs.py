@@ -55,10 +55,13 @@ def test_lean_forward_configs_are_runnable(n, fp8, rms):
 def test_lean_card_entries():
     """A lean card (utils.lean_dram: the H100) takes its own entries: LayerNorm + residual at 8K
     (NOTES P94 / P109: 32 warps at 32 programs per SM, 90.8 -> 98.8 % of the H100's copy, a loss
-    on the H200) and, without a residual, rows of 64K in two blocked chunks of 32K, both norms and
-    outputs, and LayerNorm's FP8 rows of 128K in four (NOTES P110); every other width and form
-    takes the same config on both cards."""
-    own = {(8192, False, True, False): nc.NormConfig(2, 8192, True, 32, 32, 2)}
+    on the H200), at 64K and RMSNorm + residual at 128K (P111); without a residual, rows of 64K in
+    two blocked chunks of 32K, both norms and outputs, and LayerNorm's FP8 rows of 128K in four
+    (NOTES P110); every other width and form takes the same config on both cards."""
+    own = {(8192, False, True, False): nc.NormConfig(2, 8192, True, 32, 32, 2),
+           (131072, True, True, False): nc.NormConfig(1, 32768, True, 16, 32, 2),  # NOTES P111
+           (65536, False, True, False): nc.NormConfig(1, 32768, True, 16, 32, 3),
+           (40009, False, True, False): nc.NormConfig(1, 32768, True, 16, 32, 3)}
     for rms, fp8 in itertools.product([True, False], [False, True]):
         for n in (65536, 40009):  # 40009: next_pow2 65536
             own[(n, rms, False, fp8)] = nc._FWD_OVERRIDES_LEAN[(rms, fp8)][65536]

@@ -162,13 +162,16 @@ def test_widest_rows(backend, is_rms):
 
 
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [40009, 65536])
+@pytest.mark.parametrize("n,res", [(40009, False), (65536, False), (65536, True), (131072, True)],
+                         ids=["40009", "65536", "65536-res", "131072-res"])
 @pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
-def test_64k_rows_each_card_class(backend, is_rms, n, dram_class, monkeypatch):
-    """Rows of 40009 and 65536 (both 65536 as a power of two) forward and backward with each card
-    class's launch defaults (NOTES P109 / P110): Triton's forward reads them in two blocked chunks
-    of 32K on a lean card (the H100), in four of 16K on a wide one; CUDA's streamed forward runs
-    16-CTA clusters of 128 threads on a lean card, four CTAs of 512 on a wide one."""
+def test_64k_rows_each_card_class(backend, is_rms, n, res, dram_class, monkeypatch):
+    """Rows of 40009 and 65536 (both 65536 as a power of two), and with a bf16 residual of 65536
+    and 131072, forward and backward with each card class's launch defaults (NOTES P109-P111):
+    Triton's forward reads 64K in two blocked chunks of 32K on a lean card (the H100), in four of
+    16K on a wide one, and takes the lean card's residual tiles (LayerNorm 64K, RMSNorm 128K: a row
+    per program in chunks of 32K); CUDA's streamed forward runs 16-CTA clusters (128 threads at 64K,
+    256 at 128K) on a lean card, 4 or 8 CTAs of 512 (256 with a residual) on a wide one."""
     from engine.triton_kernels import utils
 
     monkeypatch.setattr(utils, "DRAM_CLASS", dram_class)
@@ -177,7 +180,8 @@ def test_64k_rows_each_card_class(backend, is_rms, n, dram_class, monkeypatch):
             from engine import cuda_backend
 
             stack.enter_context(cuda_backend.dram_class(dram_class))
-        check_bwd(is_rms, 5, n, BF16, BF16, BF16, bias=not is_rms)
+        check_bwd(is_rms, 5 if n < 131072 else 3, n, BF16, BF16, BF16, bias=not is_rms,
+                  res_dtype=BF16 if res else None)
 
 
 @pytest.mark.parametrize("is_rms", NORMS)

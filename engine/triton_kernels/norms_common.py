@@ -166,8 +166,14 @@ _RES_FWD_OVERRIDES = {
     False: {4096: NormConfig(4, 4096, False, 8, 8),
             16384: NormConfig(2, 16384, True, 32, 8, 2), 32768: NormConfig(1, 32768, True, 32, 8, 2)},
 }
-#: Residual-form entries of a lean card (utils.lean_dram: the H100) ahead of _RES_FWD_OVERRIDES.
-_RES_FWD_OVERRIDES_LEAN = {True: {}, False: {8192: NormConfig(2, 8192, True, 32, 32, 2)}}
+#: Residual-form entries of a lean card (utils.lean_dram: the H100) ahead of _RES_FWD_OVERRIDES:
+#: P94's LayerNorm 8K, and one row per program in chunks of 32K at 32 programs per SM for RMSNorm
+#: 128K and LayerNorm 64K (NOTES P111: tune.py --ops fwd-res on an H100,
+#: h100_tune_res_wide_{rms,ln}_s33.log, timed, % of its copy: 82.1 -> 87.4, 86.1 -> 93.1).
+_RES_FWD_OVERRIDES_LEAN = {
+    True: {131072: NormConfig(1, 32768, True, 16, 32, 2)},
+    False: {8192: NormConfig(2, 8192, True, 32, 32, 2), 65536: NormConfig(1, 32768, True, 16, 32, 3)},
+}
 #: A lean card's forward entries without a residual, by (RMSNorm, FP8 output), ahead of the tables
 #: above (NOTES P110: tune.py on an H100, h100_tune_wide_{rms,ln}_s33.log, timed, % of its copy,
 #: against the H200 tables' entries): rows of 64K read in two chunks of 32K, not four of 16K.
