@@ -419,7 +419,8 @@ __global__ void __launch_bounds__(kBandThreads, kTileInStage ? 2 : 1) norm_fwd_b
  *   H200: 66 / 64 / 58, 72-74 / 74-75 / 70, 65-66 / 62 / 60;
  *   H100: 80 / 81 / 80, 79 / 78 / 76, 72 / 72 / 72 (the register path's tile: 78 / 72 / 72).
  * The cards disagree (the H200's bandwidth wants the second CTA's copies in flight; on the H100
- * the extra barriers cost more than they bring). At 1K the register path's tile stays (H100 82 against the band's 82-83; H200 77 against 71-72).
+ * the extra barriers cost more than they bring). At 1K the register path's tile stays (H100 82
+ * against the band's 82-83; H200 77 against 71-72).
  * LayerNorm's band rows lost to the tiled transpose on both cards (H100 74 / 70 / 62 against 72 /
  * 70 / 69; H200 52-54 / 49-52 / 43-46 against 66 / 63 / 57): with out_t_auto the Python layer
  * asks LayerNorm's norm kernel for the copy only up to 1K

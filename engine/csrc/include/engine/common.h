@@ -138,8 +138,9 @@ int engine_set_norm_fwd_stream_threads(int n);
  * a cluster in bands of 32): n = 1 never; 2 or 3 at every width whose cluster fits (rows of up to
  * 8192), 2 in the layout with FP8 tiles of their own (one CTA per SM), 3 with the tile written over
  * its band's stage (two CTAs per SM); 0 (the default) the launcher's choice (norm_fwd_band.cuh:
- * fwd_band_layout, from 1025 columns, the layout by the card: engine_set_dram_class). For tests and A/B runs. Process-wide; returns the previous value, or -1 (and
- * changes nothing) for any other n. */
+ * fwd_band_layout, from 1025 columns, the layout by the card: engine_set_dram_class). For tests
+ * and A/B runs. Process-wide; returns the previous value, or -1 (and changes nothing) for any
+ * other n. */
 int engine_set_norm_fwd_band(int n);
 
 /* Which card's launch defaults the norm launchers take where the two cards measured apart
