@@ -32,7 +32,9 @@ def sm_count(device: torch.device) -> int:
 #: (benchmarks/NOTES.md P109): 0 (the default) the device's class (:func:`lean_dram`), 1 the lean
 #: card's, 2 the wide card's. For A/B runs of the two sets on one device
 #: (``benchmarks/profile_kernels.py --dram-class``, which also sets the CUDA extension's twin,
-#: :func:`engine.cuda_backend.dram_class`).
+#: :func:`engine.cuda_backend.dram_class`). Set it before the first launch: the forward plans
+#: cached since (``norms.FWD_PLANS``) keep the class they were made with until emptied
+#: (``engine.backend.reset_for_tests``).
 DRAM_CLASS = 0
 #: Peak DRAM bandwidth per SM (GB/s) under which a card is lean: the H100 SXM has 25 (3.35 TB/s
 #: over 132 SMs), the H200 37 (4.9 TB/s); the CUDA extension's kLeanDramGbpsPerSm.
