@@ -9,7 +9,11 @@ JSON of ``run.py --suite fp8 --fp8-norm layernorm`` is given too) and the small 
 call, host + device). With several JSON files the rows of all are used, each cell as % of the copy
 bandwidth measured in its own run; where two runs have the same cell the first file's is shown.
 With ``--kernels`` it prints the kernel-time table of one ``profile_kernels.py --json`` run (the
-device time of engine's kernels alone, % of the copy bandwidth of that run).
+device time of engine's kernels alone, % of the copy bandwidth of that run); with ``--bars`` how
+many of that run's cells meet the issues' bars (:data:`BARS`), the cells under them, and with
+``--against EARLIER.json`` the cells that crossed their bar since::
+
+    python benchmarks/readme_tables.py --bars new.json --against old.json
 """
 
 from __future__ import annotations
@@ -92,10 +96,46 @@ def kernel_table(data):
     return tabulate(out, headers=["op", "impl"] + [_n(n) for n in ns], tablefmt="rst")
 
 
+#: The issues' bars, % of copy in kernel time, by profile_kernels.py mode (the residual form to
+#: e4m3 has none of its own).
+BARS = {"fwd": 90, "fwd+bwd": 80, "res-fwd": 90, "fp8-delayed": 85, "fp8-T": 75, "cast-T": 80}
+
+
+def _bar_cells(data):
+    """{(label, impl, n): kernels_pct} of one profile_kernels.py JSON, the cells with a bar."""
+    labels = {(norm, mode): label for norm, mode, label in _KERNEL_OPS}
+    return {(labels[(r["norm"], r["mode"])], r["impl"], r["n"]): (r["kernels_pct"], BARS[r["mode"]])
+            for r in data["rows"] if r["mode"] in BARS and (r["norm"], r["mode"]) in labels}
+
+
+def bar_summary(data, against=None) -> str:
+    """How many cells with a bar meet it (kernel time), the ones under it, and with ``against``
+    (an earlier run's JSON) the cells that crossed their bar since, either way."""
+    cells = _bar_cells(data)
+    met = sum(pct >= bar for pct, bar in cells.values())
+    out = [f"{met} of {len(cells)} cells with a bar meet it"]
+    for (label, impl, n), (pct, bar) in sorted(cells.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        if pct < bar:
+            out.append(f"under: {label} {impl} {_n(n)} {pct:.1f} (bar {bar})")
+    if against is not None:
+        old = _bar_cells(against)
+        for key in sorted(set(cells) & set(old), key=lambda k: (k[0], k[1], k[2])):
+            (pct, bar), (was, _) = cells[key], old[key]
+            if (pct >= bar) != (was >= bar):
+                label, impl, n = key
+                out.append(f"{'over' if pct >= bar else 'under'} now: {label} {impl} {_n(n)} "
+                           f"{was:.1f} -> {pct:.1f} (bar {bar})")
+    return "\n".join(out)
+
+
 def main(argv=None) -> int:
     args = list(argv or sys.argv[1:])
     if args and args[0] == "--kernels":  # one profile_kernels.py JSON
         print(kernel_table(json.loads(Path(args[1]).read_text())))
+        return 0
+    if args and args[0] == "--bars":  # one profile_kernels.py JSON [--against an earlier one]
+        against = json.loads(Path(args[3]).read_text()) if args[2:3] == ["--against"] else None
+        print(bar_summary(json.loads(Path(args[1]).read_text()), against))
         return 0
     rows = []
     for path in args:  # several runs: their rows together, each % of its own copy

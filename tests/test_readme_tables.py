@@ -50,3 +50,30 @@ def test_kernel_table(tmp_path, capsys):
     assert ["ln", "f+b", "cuda", "-", "80"] in lines  # 80.5 rounds to even
     assert ["castT", "e4m3", "cuda", "86", "-"] in lines
     assert not any(ln_[:2] == ["rms", "f+b"] for ln_ in lines)
+
+
+def test_bar_summary(tmp_path, capsys):
+    """--bars: the cells with a bar (the residual form to e4m3 has none) counted against it, the
+    ones under it listed, and with --against the cells that crossed it since, either way (a cell
+    on its bar meets it)."""
+    def row(norm, mode, impl, n, pct):
+        return {"norm": norm, "mode": mode, "impl": impl, "n": n, "kernels_pct": pct}
+
+    old = [row("rmsnorm", "fwd", "cuda", 1024, 89.9), row("layernorm", "fp8-T", "triton", 2048, 76.0),
+           row("rmsnorm", "cast-T", "cuda", 1024, 81.0), row("rmsnorm", "res-fp8", "cuda", 1024, 50.0)]
+    new = [row("rmsnorm", "fwd", "cuda", 1024, 90.0), row("layernorm", "fp8-T", "triton", 2048, 74.9),
+           row("rmsnorm", "cast-T", "cuda", 1024, 79.0), row("rmsnorm", "res-fp8", "cuda", 1024, 50.0),
+           row("layernorm", "fwd+bwd", "cuda", 4096, 80.0)]
+    a, b = tmp_path / "new.json", tmp_path / "old.json"
+    a.write_text(json.dumps({"rows": new}))
+    b.write_text(json.dumps({"rows": old}))
+    assert readme_tables.main(["--bars", str(a), "--against", str(b)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "2 of 4 cells with a bar meet it"
+    assert sorted(lines[1:3]) == ["under: castT e4m3 cuda 1K 79.0 (bar 80)",
+                                  "under: ln >e4m3+T triton 2K 74.9 (bar 75)"]
+    assert sorted(lines[3:]) == ["over now: rms fwd cuda 1K 89.9 -> 90.0 (bar 90)",
+                                 "under now: castT e4m3 cuda 1K 81.0 -> 79.0 (bar 80)",
+                                 "under now: ln >e4m3+T triton 2K 76.0 -> 74.9 (bar 75)"]
+    assert readme_tables.main(["--bars", str(a)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
