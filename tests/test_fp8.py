@@ -264,7 +264,9 @@ def test_norm_fp8_stream_kernel(is_rms, fp8_dtype, n, dram_class):
     output with its exact amax; 131072 also through the default (streamed for every output dtype
     there; test_fp8_own_kernel_widths: the widths streamed for FP8 outputs only). With each card
     class's launch defaults (dram_class: a lean card's CTAs from 64K are smaller, for every
-    output dtype alike; NOTES P109)."""
+    output dtype alike; NOTES P109). Regression (session 33): with the smaller CTAs for FP8
+    outputs only, LayerNorm's 64K-128K FP8 bytes missed the fp32 output's exact cast (its sums in
+    another order), which these lean cases catch on any card."""
     from engine import cuda_backend
 
     check_fp8_path(is_rms, fp8_dtype, n, cuda_backend.norm_fwd_stream_from(1 if n < 131072 else 0),
