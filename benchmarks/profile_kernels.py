@@ -124,6 +124,9 @@ def main(argv=None) -> int:
     ap.add_argument("--triton-band-cols", type=int, choices=[64, 128, 256, 512, 1024, 2048],
                     help="Triton: columns per chunk of a band's transposition (engine.triton_kernels."
                          "norms.BAND_COLS), for A/B runs of triton-int")
+    ap.add_argument("--triton-pass2-reverse", type=int, choices=[0, 1],
+                    help="Triton: the blocked forward's pass 2 from the last chunk to the first (1) or "
+                         "in column order (0) (engine.triton_kernels.norms.PASS2_REVERSE), for A/B runs")
     args = ap.parse_args(argv)
     from engine.triton_kernels import norms as triton_norms
 
@@ -135,6 +138,8 @@ def main(argv=None) -> int:
         triton_norms.BAND_ROWS = args.triton_band
     if args.triton_band_cols is not None:
         triton_norms.BAND_COLS = args.triton_band_cols
+    if args.triton_pass2_reverse is not None:
+        triton_norms.PASS2_REVERSE = bool(args.triton_pass2_reverse)
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
              ("bwd_elems", "norm_bwd_elems"), ("bwd_cta_threads", "norm_bwd_cta_threads"),

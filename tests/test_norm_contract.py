@@ -169,8 +169,8 @@ def test_64k_rows_each_card_class(backend, is_rms, n, res, dram_class, monkeypat
     """Rows of 40009 and 65536 (both 65536 as a power of two), and with a bf16 residual of 65536
     and 131072, forward and backward with each card class's launch defaults (NOTES P109-P111):
     Triton's forward reads 64K in two blocked chunks of 32K on a lean card (the H100), in four of
-    16K on a wide one, and takes the lean card's residual tiles (LayerNorm 64K, RMSNorm 128K: a row
-    per program in chunks of 32K); CUDA's streamed forward runs 16-CTA clusters (128 threads at 64K,
+    16K on a wide one; its residual tiles at LayerNorm 64K and RMSNorm 128K (a row per program in
+    chunks of 32K) are both classes' since P113; CUDA's streamed forward runs 16-CTA clusters (128 threads at 64K,
     256 at 128K) on a lean card, 4 or 8 CTAs of 512 (256 with a residual) on a wide one."""
     from engine.triton_kernels import utils
 
@@ -991,6 +991,67 @@ def test_triton_blocked_residual(is_rms, x_dtype, res_dtype, block_m, block_n):
             assert torch.equal(xz, z)
             torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
     finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.parametrize("is_rms", [True, False])
+@pytest.mark.parametrize("block_m", [1, 2])
+def test_triton_blocked_pass2_order(is_rms, block_m):
+    """Triton's blocked forward walks pass 2 from the last column chunk to the first for an FP8
+    output on rows of more than two chunks (norms._pass2_reverse, NOTES P112), in column order
+    otherwise and with norms.PASS2_REVERSE off: 5 rows of 300 in chunks of 128 (three chunks, the
+    masked tail first in the reverse order), 1- and 2-row tiles. Both orders give the same bytes
+    (each chunk's output depends on its own columns and the row's statistics only), against
+    float64 with poisoned outputs, for an fp32 output (column order either way) and an e4m3 one
+    (amax and the bytes within one FP8 step)."""
+    from engine.triton_kernels import norms
+    from engine.triton_kernels import norms_common as nc
+    from reference import fp8_quantize
+    from test_fp8 import fp8_steps
+
+    use_backend("triton")
+    saved = norms.PASS2_REVERSE
+    try:
+        m, n = 5, 300
+        cfg = nc.NormConfig(block_m, 128, True, 4, 1)
+        x = rows_with_stride(m, n, BF16, offset=0.0 if is_rms else 3.0)
+        w = (torch.randn(n, device=DEVICE) * 0.5 + 1.0).to(BF16)
+        b = None if is_rms else torch.randn(n, device=DEVICE).to(BF16)
+        ref = ref_fwd(x, w, b, 1e-5, is_rms)
+        one_chunk = nc.NormConfig(block_m, 512, True, 4, 1)
+        for out_dtype in (F32, torch.float8_e4m3fn):
+            fp8 = out_dtype != F32
+            got = {}
+            for rev in (True, False):
+                norms.PASS2_REVERSE = rev
+                plan = norms._fwd_plan(n, BF16, out_dtype, b is not None, False, False, False, x.device,
+                                       0, is_rms, False, cfg)
+                rev_at = norms._FWD._constexpr_names.index("REV")
+                assert plan[2][0][rev_at] is (rev and fp8)
+                for few in (one_chunk, nc.NormConfig(block_m, 256, True, 4, 1)):  # 1 / 2 chunks
+                    plan1 = norms._fwd_plan(n, BF16, out_dtype, b is not None, False, False, False,
+                                            x.device, 0, is_rms, False, few)
+                    assert plan1[2][0][rev_at] is False
+                out = poisoned((m, n), out_dtype)
+                mu = poisoned((m,), F32) if not is_rms else None
+                rsigma = poisoned((m,), F32)
+                scale = torch.full((1,), 64.0, device=DEVICE) if fp8 else None
+                amax = torch.zeros(1, device=DEVICE) if fp8 else None
+                scale_inv = poisoned((1,), F32) if fp8 else None
+                norms.launch_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv,
+                                 None, is_rms_norm=is_rms, zero_centered_gamma=False,
+                                 current_scaling=False, amax_epsilon=0.0, sm_margin=0, config=cfg)
+                torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+                if fp8:
+                    ref_amax = ref["y"].abs().max().item()
+                    assert amax.item() == pytest.approx(ref_amax, rel=1e-4)
+                    assert fp8_steps(out, fp8_quantize(ref["y"], 64.0, out_dtype)).max().item() <= 1
+                else:
+                    torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
+                got[rev] = out.view(torch.uint8) if fp8 else out
+            assert torch.equal(got[True], got[False])
+    finally:
+        norms.PASS2_REVERSE = saved
         engine.backend.reset_for_tests()
 
 

@@ -285,6 +285,49 @@ def _transpose_band(Y, Y_T, band, M, N, stride_y, BAND: tl.constexpr, TBN: tl.co
 
 
 @triton.jit
+def _pass2_chunk(c0, X, RES, RES_OUT, W, B, Y, Y_T, stride_x, stride_res, stride_y, stride_ro, M, N,
+                 scale, fp8_max, cols, amax, mean, rstd, rows, rows64, rmask,
+                 IS_RMS_NORM: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                 ZERO_CENTERED: tl.constexpr, IS_FP8: tl.constexpr, STORE_T: tl.constexpr,
+                 STORE_OUT: tl.constexpr, INTERPRETER: tl.constexpr, MANT: tl.constexpr,
+                 MIN_EXP: tl.constexpr, BLOCK_M: tl.constexpr, AMAX_V: tl.constexpr,
+                 EVEN: tl.constexpr, BITS: tl.constexpr, RELOAD_RES: tl.constexpr):
+    """One column chunk of the blocked forward's pass 2 (_fwd_tile): columns ``c0 + cols`` of the
+    row tile re-read (x, or residual_out: _reload_z), normalised with the row statistics and
+    written; returns ``amax`` max-updated with the chunk's partial (FP8)."""
+    cc = c0 + cols
+    mask = rmask[:, None] & (cc[None, :] < N)
+    z = _reload_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
+                  HAS_RES, RELOAD_RES, INTERPRETER, "evict_first", EVEN, BITS)
+    # gamma and beta as [BLOCK_M, BLOCK_N] tiles (each row of the tile the same
+    # columns), so that they take the layout of x's tile: loaded as a 1-D chunk, they
+    # got a layout of 16-byte vectors of their own dtype, while an FP8 output gives the
+    # x tile 16 elements per thread (the store's 16-byte vectors), and every chunk went
+    # through a layout conversion in shared memory (4 x STS/LDS and 8 barriers per
+    # chunk at 16K; SASS of triton 3.6 for sm_90; NOTES P21). Triton broadcasts the
+    # row index away (one load per column). Only for FP8 outputs: a 16-bit output
+    # has no conversion to remove, and its 2-row tiles measured up to 4 points slower
+    # this way (one run, kernel time: LayerNorm 16K 84.8 -> 80.4 %, RMSNorm 64K
+    # 81.8 -> 77.7 %; h200_ab_s10_bf16_blocked.log). Nor with the in-kernel
+    # transposed store: with gamma in x's layout, triton 3.6 compiled that store into
+    # wrong bytes (the last rows of each tile; L1 on the H200, every shape), as it
+    # did once for N specialised (_norm_fwd_kernel_t below).
+    if STORE_T or not IS_FP8:
+        gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED, EVEN, BITS)
+        gc = gc[None, :]
+        bc = bc[None, :]
+    else:
+        cc2 = cc[None, :] + tl.zeros([BLOCK_M, 1], dtype=tl.int32)
+        gc, bc = _load_gamma_beta(W, B, cc2, N, HAS_BIAS, ZERO_CENTERED, EVEN, BITS)
+    a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, N, scale,
+              fp8_max, IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T,
+              INTERPRETER, MANT, MIN_EXP, AMAX_V, EVEN)
+    if IS_FP8:
+        amax = tl.maximum(amax, a, propagate_nan=tl.PropagateNan.ALL)
+    return amax
+
+
+@triton.jit
 def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N,
               eps, inv_n, scale, fp8_max, g, b, cols, amax, IS_RMS_NORM: tl.constexpr,
               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ZERO_CENTERED: tl.constexpr,
@@ -292,7 +335,7 @@ def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res,
               LOAD_STATS: tl.constexpr, INTERPRETER: tl.constexpr, MANT: tl.constexpr,
               MIN_EXP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCKED: tl.constexpr, AMAX_V: tl.constexpr, EVEN: tl.constexpr, BITS: tl.constexpr,
-              RELOAD_RES: tl.constexpr, X_EVICT: tl.constexpr):
+              RELOAD_RES: tl.constexpr, X_EVICT: tl.constexpr, REV: tl.constexpr):
     """Row tile ``rb`` of _norm_fwd_kernel: its statistics, its output, and ``amax`` max-updated
     with the tile's partial (FP8). ``g`` / ``b``: the hoisted gamma / beta (register path), whose x
     loads take the eviction policy X_EVICT ("evict_first" under bands: the L2 is kept for them)."""
@@ -375,37 +418,27 @@ def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res,
             tl.store(RSTD + rows, rstd, mask=rmask)
             if not IS_RMS_NORM:
                 tl.store(MU + rows, mean, mask=rmask)
-        # Pass 2: normalise and write, chunk by chunk (x or residual_out re-read, from L2).
-        for c0 in range(0, N, BLOCK_N):
-            cc = c0 + cols
-            mask = rmask[:, None] & (cc[None, :] < N)
-            z = _reload_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
-                          HAS_RES, RELOAD_RES, INTERPRETER, "evict_first", EVEN, BITS)
-            # gamma and beta as [BLOCK_M, BLOCK_N] tiles (each row of the tile the same
-            # columns), so that they take the layout of x's tile: loaded as a 1-D chunk, they
-            # got a layout of 16-byte vectors of their own dtype, while an FP8 output gives the
-            # x tile 16 elements per thread (the store's 16-byte vectors), and every chunk went
-            # through a layout conversion in shared memory (4 x STS/LDS and 8 barriers per
-            # chunk at 16K; SASS of triton 3.6 for sm_90; NOTES P21). Triton broadcasts the
-            # row index away (one load per column). Only for FP8 outputs: a 16-bit output
-            # has no conversion to remove, and its 2-row tiles measured up to 4 points slower
-            # this way (one run, kernel time: LayerNorm 16K 84.8 -> 80.4 %, RMSNorm 64K
-            # 81.8 -> 77.7 %; h200_ab_s10_bf16_blocked.log). Nor with the in-kernel
-            # transposed store: with gamma in x's layout, triton 3.6 compiled that store into
-            # wrong bytes (the last rows of each tile; L1 on the H200, every shape), as it
-            # did once for N specialised (_norm_fwd_kernel_t below).
-            if STORE_T or not IS_FP8:
-                gc, bc = _load_gamma_beta(W, B, cc, N, HAS_BIAS, ZERO_CENTERED, EVEN, BITS)
-                gc = gc[None, :]
-                bc = bc[None, :]
-            else:
-                cc2 = cc[None, :] + tl.zeros([BLOCK_M, 1], dtype=tl.int32)
-                gc, bc = _load_gamma_beta(W, B, cc2, N, HAS_BIAS, ZERO_CENTERED, EVEN, BITS)
-            a = _emit(z, mean, rstd, gc, bc, Y, Y_T, rows, rows64, cc, mask, stride_y, M, N, scale,
-                      fp8_max, IS_RMS_NORM, HAS_BIAS, ZERO_CENTERED, IS_FP8, STORE_OUT, STORE_T,
-                      INTERPRETER, MANT, MIN_EXP, AMAX_V, EVEN)
-            if IS_FP8:
-                amax = tl.maximum(amax, a, propagate_nan=tl.PropagateNan.ALL)
+        # Pass 2: normalise and write, chunk by chunk (x or residual_out re-read, from L2); with
+        # REV from the last chunk to the first, so that the chunks pass 1 read last, the likeliest
+        # to be still in L2 (and the last one in L1), are re-read first (PASS2_REVERSE). The
+        # column order keeps its loop as it was (the induction variable is the column), so that
+        # REV off compiles to the kernel before it.
+        if REV:
+            last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
+            for back in range(0, N, BLOCK_N):
+                c0 = last - back
+                amax = _pass2_chunk(c0, X, RES, RES_OUT, W, B, Y, Y_T, stride_x, stride_res, stride_y, stride_ro, M,
+                                    N, scale, fp8_max, cols, amax, mean, rstd, rows, rows64, rmask,
+                                    IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T,
+                                    STORE_OUT, INTERPRETER, MANT, MIN_EXP, BLOCK_M, AMAX_V, EVEN, BITS,
+                                    RELOAD_RES)
+        else:
+            for c0 in range(0, N, BLOCK_N):
+                amax = _pass2_chunk(c0, X, RES, RES_OUT, W, B, Y, Y_T, stride_x, stride_res, stride_y, stride_ro, M,
+                                    N, scale, fp8_max, cols, amax, mean, rstd, rows, rows64, rmask,
+                                    IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T,
+                                    STORE_OUT, INTERPRETER, MANT, MIN_EXP, BLOCK_M, AMAX_V, EVEN, BITS,
+                                    RELOAD_RES)
     return amax
 
 
@@ -447,6 +480,7 @@ def _norm_fwd_kernel(
     RELOAD_RES: tl.constexpr,  # BLOCKED: pass 2 reads residual_out (_reload_z; _reload_res)
     BAND: tl.constexpr,  # STORE_T by bands of BAND rows (_transpose_band); 0: from each tile (_emit)
     TBN: tl.constexpr,  # BAND: columns per transposed chunk
+    REV: tl.constexpr,  # BLOCKED: pass 2 from the last chunk to the first (PASS2_REVERSE)
 ):
     tl.static_assert(not STORE_T or IS_FP8)
     tl.static_assert(BAND == 0 or (STORE_T and BAND % BLOCK_M == 0))
@@ -478,7 +512,7 @@ def _norm_fwd_kernel(
                 rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
                              IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T and BAND == 0, STORE_OUT, LOAD_STATS,
                              INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
-                             "evict_first" if BAND else "")
+                             "evict_first" if BAND else "", REV)
     else:
         # The transposed copy by bands (_transpose_band): this program's BAND rows, written
         # rowwise, then read back from L2 and written transposed.
@@ -489,7 +523,7 @@ def _norm_fwd_kernel(
                 amax = _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
                              IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T and BAND == 0, STORE_OUT, LOAD_STATS,
                              INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
-                             "evict_first" if BAND else "")
+                             "evict_first" if BAND else "", REV)
             tl.debug_barrier()  # every thread's rowwise stores of the band before any reads them
             _transpose_band(Y, Y_T, band, M, N, stride_y, BAND, TBN)
     if IS_FP8:
@@ -827,6 +861,21 @@ BAND_ROWS = 32
 #: 1024 81.5 / 79.8 / 73.8 / 67.4.
 BAND_COLS = 1024
 
+#: Whether the blocked forward's pass 2 may walk the column chunks from the last to the first
+#: (REV: _pass2_reverse says where), re-reading first what pass 1 read last. Scripts that change
+#: it empty FWD_PLANS.
+PASS2_REVERSE = True
+
+
+def _pass2_reverse(cfg: nc.NormConfig, n: int, fp8: bool) -> bool:
+    """Whether the blocked forward's pass 2 runs from the last chunk to the first (REV): for an FP8
+    output on rows of more than two chunks (PASS2_REVERSE on). Measured on an H100 (NOTES P112,
+    kernel time, % of copy, two alternations, column order -> reverse): e4m3 128K (four chunks
+    of 32K) RMSNorm 70.0-70.5 -> 73.4-74.1, LayerNorm 66.3-66.8 -> 69.2; but the 16-bit outputs
+    lost there (RMSNorm fwd 128K 78.5-79.0 -> 72.8, LayerNorm 80.0 -> 74.5-74.8, the residual
+    forms 1.5-2.5), and rows of two chunks did not gain (64K: e4m3 within 0.5, bf16 -1 to -4)."""
+    return bool(PASS2_REVERSE) and fp8 and cfg.blocked and n > 2 * cfg.block_n
+
 #: The widest rows whose FP8 transposed copy the norm kernel writes (by bands) when
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE is unset (engine._norm_ops.external_transpose); with
 #: ``out_t_auto`` only in the measured form, delayed scaling without a residual (band_by_default).
@@ -931,7 +980,8 @@ def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling
             INTERPRETER=interpreter_rounding(), MANT=mant,
             MIN_EXP=min_exp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
             AMAX_V=_amax_v(cfg, tile_t) if fp8 else 1, EVEN=lean and _even(cfg, n, tile_t), BITS=lean,
-            RELOAD_RES=_reload_res(cfg, n, res), BAND=band_, TBN=BAND_COLS)
+            RELOAD_RES=_reload_res(cfg, n, res), BAND=band_, TBN=BAND_COLS,
+            REV=_pass2_reverse(cfg, n, fp8))
 
     passes = ((constexprs(PASS_AMAX, has_res), constexprs(PASS_APPLY, False)) if fp8 and current_scaling
               else (constexprs(PASS_FULL, has_res),))
