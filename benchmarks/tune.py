@@ -57,6 +57,7 @@ from engine import reference  # noqa: E402
 from engine.triton_kernels import norms  # noqa: E402
 from engine.triton_kernels import norms_common as nc  # noqa: E402
 from engine.triton_kernels.norms_common import NormConfig  # noqa: E402
+from engine.triton_kernels.utils import lean_dram  # noqa: E402
 
 OPS = ("fwd", "bwd", "fwd-fp8", "fwd-fp8T", "fwd-res")
 FP8 = torch.float8_e4m3fn
@@ -150,11 +151,13 @@ def candidates(op: str, n: int, dry: bool, kinds: str = "all") -> list:
     return out + split
 
 
-def heuristic(op: str, n: int, rms: bool) -> NormConfig:
+def heuristic(op: str, n: int, rms: bool, lean: bool = False) -> NormConfig:
+    """The config the launcher takes for ``op`` at width ``n`` on a card of this class (``lean``:
+    utils.lean_dram of the device; the lean card's own entries come first, as in the launcher)."""
     if op == "bwd":
         return nc.bwd_config(n, torch.bfloat16, rms)
     return nc.fwd_config(n, torch.bfloat16, op == "fwd-fp8T" and not norms.BAND_ROWS, fp8=op.startswith("fwd-fp8"), rms=rms,
-                         residual=op == "fwd-res")
+                         residual=op == "fwd-res", lean=lean)
 
 
 class Problem:
@@ -264,7 +267,7 @@ def try_config(prob: Problem, cfg: NormConfig, args, copy_gbps: float) -> dict:
 
 def tune_one(op: str, m: int, n: int, args, copy_gbps: float, t_start: float) -> dict:
     prob = Problem(op, m, n, args.norm == "rmsnorm", H.device())
-    heur = heuristic(op, n, args.norm == "rmsnorm")
+    heur = heuristic(op, n, args.norm == "rmsnorm", lean_dram(H.device()))
     res = {"op": op, "M": m, "N": n, "heuristic": try_config(prob, heur, args, copy_gbps), "tried": []}
     tried = {heur: res["heuristic"]}
     skipped = 0

@@ -6,7 +6,8 @@ Times ``engine.triton_kernels.transpose.cast_transpose`` (bf16 -> e4m3, delayed 
 transposed) and ``fp8_transpose`` (the byte transpose behind the external ``+T`` path) at
 M * N = 64M for each candidate (BLOCK_M, BLOCK_N, num_warps, programs per SM), set through the
 module's ``CAST_CONFIG`` / ``COPY_CONFIG``, and prints GB/s from the minimum bytes as % of the copy
-bandwidth measured in the same run, best first, beside the shipped configuration.
+bandwidth measured in the same run, best first, beside the shipped configuration and, where the
+extension loads, the CUDA backend's kernels for the same two ops.
 """
 
 from __future__ import annotations
@@ -80,7 +81,26 @@ def main(argv=None) -> int:
             res.sort(reverse=True)
             print(f"{name} N={n}: shipped {base:.1f} %; best " +
                   ", ".join(f"{pct:.1f} % {c[0]}x{c[1]} w{c[2]} p{c[3]}" for pct, c in res[:5]), flush=True)
+        cuda = _cuda_ops(x, scale, amax, sinv, q, qt)
+        for name, fn in cuda.items():  # the CUDA backend's kernels for the same ops, beside them
+            nbytes = H.bytes_cast_transpose(m, n) if name == "castT" else 2 * m * n
+            print(f"{name} N={n}: cuda {100 * H.gbps(nbytes, H.bench(fn)) / copy:.1f} %", flush=True)
     return 0
+
+
+def _cuda_ops(x, scale, amax, sinv, q, qt) -> dict:
+    """The CUDA extension's cast_transpose and fp8_transpose on the same tensors, where the
+    extension loads (else none)."""
+    try:
+        from engine import cuda_backend
+
+        cuda_backend.ensure_available()
+    except Exception as e:  # noqa: BLE001 - reported, the Triton sweep stands alone
+        print(f"  cuda: not available ({H.short_error(e)})")
+        return {}
+    return {"castT": lambda: cuda_backend.cast_transpose(x, scale, amax, sinv, q, qt, current_scaling=False,
+                                                         amax_epsilon=0.0),
+            "fp8T": lambda: cuda_backend.fp8_transpose(q, qt)}
 
 
 if __name__ == "__main__":
