@@ -55,17 +55,21 @@ def test_lean_forward_configs_are_runnable(n, fp8, rms):
 def test_lean_card_entries():
     """A lean card (utils.lean_dram: the H100) takes its own entries: LayerNorm + residual at 8K
     (NOTES P94 / P109: 32 warps at 32 programs per SM, 90.8 -> 98.8 % of the H100's copy, a loss
-    on the H200), at 64K and RMSNorm + residual at 128K (P111); without a residual, rows of 64K in
-    two blocked chunks of 32K, both norms and outputs, and LayerNorm's FP8 rows of 128K in four
-    (NOTES P110); every other width and form takes the same config on both cards."""
-    own = {(8192, False, True, False): nc.NormConfig(2, 8192, True, 32, 32, 2),
-           (131072, True, True, False): nc.NormConfig(1, 32768, True, 16, 32, 2),  # NOTES P111
-           (65536, False, True, False): nc.NormConfig(1, 32768, True, 16, 32, 3),
-           (40009, False, True, False): nc.NormConfig(1, 32768, True, 16, 32, 3)}
+    on the H200); without a residual, rows of 64K in two blocked chunks of 32K, both norms and
+    outputs (NOTES P110); every other width and form takes the same config on both cards, among
+    them the entries first measured on an H100 that won on the H200 too (P113: LayerNorm +
+    residual 64K, RMSNorm + residual 128K, LayerNorm FP8 128K)."""
+    own = {(8192, False, True, False): nc.NormConfig(2, 8192, True, 32, 32, 2)}
     for rms, fp8 in itertools.product([True, False], [False, True]):
         for n in (65536, 40009):  # 40009: next_pow2 65536
             own[(n, rms, False, fp8)] = nc._FWD_OVERRIDES_LEAN[(rms, fp8)][65536]
-    own[(131072, False, False, True)] = nc.NormConfig(1, 32768, True, 32, 2, 3)
+    shared = {(131072, True, True, False): nc.NormConfig(1, 32768, True, 16, 32, 2),  # NOTES P111
+              (65536, False, True, False): nc.NormConfig(1, 32768, True, 16, 32, 3),
+              (40009, False, True, False): nc.NormConfig(1, 32768, True, 16, 32, 3),
+              (131072, False, False, True): nc.NormConfig(1, 32768, True, 32, 2, 3)}  # P110
+    for (n, rms, residual, fp8), cfg in shared.items():
+        for lean in (True, False):
+            assert nc.fwd_config(n, torch.bfloat16, False, fp8, rms, residual, lean) == cfg
     for n, rms, residual, fp8 in itertools.product(WIDTHS, [True, False], [False, True], [False, True]):
         lean = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, residual, True)
         wide = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, residual, False)
@@ -99,7 +103,9 @@ def test_layernorm_residual_entry():
     """LayerNorm's residual form at 4K keeps the register tile where the plain forward takes the
     blocked one (P84: each measured faster on its own, h200_ab_s25_p84.log); at 16K-32K it takes
     one chunk over the row (P93, h200_ab_s28_p93.log: 86.7 / 85.9 -> 93.8 / 93.8 %) where the
-    plain forward takes two; at 64K they share."""
+    plain forward takes two; at 64K a row per program in two chunks of 32K at 32 programs per SM
+    (P111 / P113), where the plain forward takes two-row tiles of 16K chunks (one row in two
+    chunks on a lean card, at 8 programs per SM)."""
     plain = nc.fwd_config(4096, torch.bfloat16, False, False, False)
     res = nc.fwd_config(4096, torch.bfloat16, False, False, False, residual=True)
     assert plain.blocked and not res.blocked
@@ -107,8 +113,10 @@ def test_layernorm_residual_entry():
         res = nc.fwd_config(n, torch.bfloat16, False, False, False, residual=True)
         assert res.blocked and res.block_n == n
         assert nc.fwd_config(n, torch.bfloat16, False, False, False).block_n < n
-    assert (nc.fwd_config(65536, torch.bfloat16, False, False, False)
-            == nc.fwd_config(65536, torch.bfloat16, False, False, False, residual=True))
+    res64 = nc.NormConfig(1, 32768, True, 16, 32, 3)
+    for lean in (False, True):
+        assert nc.fwd_config(65536, torch.bfloat16, False, False, False, True, lean) == res64
+        assert nc.fwd_config(65536, torch.bfloat16, False, False, False, False, lean) != res64
 
 
 @pytest.mark.parametrize("n", WIDTHS)

@@ -160,19 +160,24 @@ _LN_FWD_OVERRIDES = {
 # SM gained on an H100 (NOTES P94: 90.8 -> 98.8 % of its copy) and lost on the H200 (P97, two
 # alternations in one call, h200_ab_s29_p97.log), so it is the lean card's entry
 # (_RES_FWD_OVERRIDES_LEAN; utils.lean_dram, NOTES P109).
+# RMSNorm 128K and LayerNorm 64K: one row per program in chunks of 32K at 32 programs per SM
+# (NOTES P111: tune.py --ops fwd-res on an H100, h100_tune_res_wide_{rms,ln}_s33.log, timed, % of
+# its copy: 82.1 -> 87.4, 86.1 -> 93.1; kernel time 83.8-84.2 -> 89.2, 87.3-87.6 -> 94.9-95.1), a
+# lean card's entries until the H200 measured them too (P113: kernel time, two alternations,
+# h200_ab_s34_class.log: 81.3-82.3 -> 84.6-85.7, 83.8-84.2 -> 87.1-87.5), so both cards' now.
 _RES_FWD_OVERRIDES = {
     True: {16384: NormConfig(2, 16384, False, 32, 8),
-           32768: NormConfig(1, 32768, True, 16, 8, 1), 65536: NormConfig(1, 32768, True, 16, 8, 2)},
+           32768: NormConfig(1, 32768, True, 16, 8, 1), 65536: NormConfig(1, 32768, True, 16, 8, 2),
+           131072: NormConfig(1, 32768, True, 16, 32, 2)},
     False: {4096: NormConfig(4, 4096, False, 8, 8),
-            16384: NormConfig(2, 16384, True, 32, 8, 2), 32768: NormConfig(1, 32768, True, 32, 8, 2)},
+            16384: NormConfig(2, 16384, True, 32, 8, 2), 32768: NormConfig(1, 32768, True, 32, 8, 2),
+            65536: NormConfig(1, 32768, True, 16, 32, 3)},
 }
 #: Residual-form entries of a lean card (utils.lean_dram: the H100) ahead of _RES_FWD_OVERRIDES:
-#: P94's LayerNorm 8K, and one row per program in chunks of 32K at 32 programs per SM for RMSNorm
-#: 128K and LayerNorm 64K (NOTES P111: tune.py --ops fwd-res on an H100,
-#: h100_tune_res_wide_{rms,ln}_s33.log, timed, % of its copy: 82.1 -> 87.4, 86.1 -> 93.1).
+#: P94's LayerNorm 8K (a loss on the H200: P97).
 _RES_FWD_OVERRIDES_LEAN = {
-    True: {131072: NormConfig(1, 32768, True, 16, 32, 2)},
-    False: {8192: NormConfig(2, 8192, True, 32, 32, 2), 65536: NormConfig(1, 32768, True, 16, 32, 3)},
+    True: {},
+    False: {8192: NormConfig(2, 8192, True, 32, 32, 2)},
 }
 #: A lean card's forward entries without a residual, by (RMSNorm, FP8 output), ahead of the tables
 #: above (NOTES P110: tune.py on an H100, h100_tune_wide_{rms,ln}_s33.log, timed, % of its copy,
@@ -181,8 +186,7 @@ _FWD_OVERRIDES_LEAN = {
     (True, False): {65536: NormConfig(1, 32768, True, 32, 16, 3)},  # 83.1 -> 89.5
     (True, True): {65536: NormConfig(1, 32768, True, 32, 2, 4)},  # 72.0 -> 78.7
     (False, False): {65536: NormConfig(1, 32768, True, 16, 8, 2)},  # 80.0 -> 85.5
-    (False, True): {65536: NormConfig(1, 32768, True, 32, 1, 4),  # 67.1 -> 74.3
-                    131072: NormConfig(1, 32768, True, 32, 2, 3)},  # 59.1 -> 63.5
+    (False, True): {65536: NormConfig(1, 32768, True, 32, 1, 4)},  # 67.1 -> 74.3
 }
 # LayerNorm with an FP8 output (h200_tune_ln_fp8.log, entries over 5 % better than what it got
 # before, the RMSNorm FP8 entries or the base table): few programs per SM; one row per 1-2 warps
@@ -199,7 +203,10 @@ _LN_FWD_FP8_OVERRIDES = {
     16384: NormConfig(1, 8192, True, 8, 8, 3),
     32768: NormConfig(1, 16384, True, 16, 2, 2),
     65536: NormConfig(1, 16384, True, 16, 4, 4),
-    131072: NormConfig(1, 16384, True, 16, 4, 3),
+    # 128K: four chunks of 32K at 32 warps, two programs per SM (NOTES P110, tune.py on an H100:
+    # 59.1 -> 63.5 % timed, kernel time 61.1-61.3 -> 66.1-66.5), a lean card's entry until the
+    # H200 measured it too (P113, kernel time, two alternations: 58.5-58.7 -> 60.9-61.1)
+    131072: NormConfig(1, 32768, True, 32, 2, 3),
 }
 # RMSNorm backward entries off the base table (session 14, tune.py after the backward's EVEN and
 # two-FMA dz: h200_tune_bwd_1k_s14.log): 1K four-row tiles at 4 stages, 1.09x on the backward,
