@@ -127,6 +127,11 @@ def main(argv=None) -> int:
     ap.add_argument("--triton-pass2-reverse", type=int, choices=[0, 1],
                     help="Triton: the blocked forward's pass 2 from the last chunk to the first (1) or "
                          "in column order (0) (engine.triton_kernels.norms.PASS2_REVERSE), for A/B runs")
+    ap.add_argument("--fp8-transpose-order", type=int, choices=[0, 1, 2],
+                    help="Both backends: the tiled FP8 transpose's tile order (1 first rows first, 2 "
+                         "last rows first with streaming stores, 0 the default; engine.cuda_backend."
+                         "fp8_transpose_order, engine.triton_kernels.transpose.FP8_TRANSPOSE_ORDER), "
+                         "for A/B runs of the + T rows")
     args = ap.parse_args(argv)
     from engine.triton_kernels import norms as triton_norms
 
@@ -140,6 +145,10 @@ def main(argv=None) -> int:
         triton_norms.BAND_COLS = args.triton_band_cols
     if args.triton_pass2_reverse is not None:
         triton_norms.PASS2_REVERSE = bool(args.triton_pass2_reverse)
+    if args.fp8_transpose_order is not None:
+        from engine.triton_kernels import transpose as triton_transpose
+
+        triton_transpose.FP8_TRANSPOSE_ORDER = args.fp8_transpose_order
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
              ("bwd_elems", "norm_bwd_elems"), ("bwd_cta_threads", "norm_bwd_cta_threads"),
@@ -147,7 +156,7 @@ def main(argv=None) -> int:
              ("fwd_grid_per_sm", "norm_fwd_grid_per_sm"), ("bwd_stream_from", "norm_bwd_stream_from"),
              ("bwd_stream_threads", "norm_bwd_stream_threads"), ("fwd_stream_from", "norm_fwd_stream_from"),
              ("fwd_stream_threads", "norm_fwd_stream_threads"), ("fwd_band", "norm_fwd_band"),
-             ("dram_class", "dram_class"))
+             ("dram_class", "dram_class"), ("fp8_transpose_order", "fp8_transpose_order"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:
             if getattr(args, arg) is not None and H.on_gpu():

@@ -145,7 +145,10 @@ def drive(rec: Recorder) -> None:
                             t((m, n), x_dt), t((1,), f32), t((1,), f32), t((1,), f32),
                             t((m, n), out_dt), t((n, m), out_dt) if with_t else None,
                             current_scaling=current, amax_epsilon=0.0)
-        transpose.fp8_transpose(t((m, n), e4m3), t((n, m), e4m3))
+        for order in (1, 2):  # the tile orders (NOTES P114)
+            transpose.FP8_TRANSPOSE_ORDER = order
+            transpose.fp8_transpose(t((m, n), e4m3), t((n, m), e4m3))
+        transpose.FP8_TRANSPOSE_ORDER = 0
 
 
 def compile_variant(key, fn, target):

@@ -32,7 +32,7 @@ __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_tr
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
-           "norm_fwd_stream_threads", "norm_fwd_band", "dram_class", "device_dram_class",
+           "norm_fwd_stream_threads", "norm_fwd_band", "fp8_transpose_order", "dram_class", "device_dram_class",
            "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: Per norm, with ENGINE_NORM_EXTERNAL_TRANSPOSE unset: rows of at most this many elements ask the
@@ -443,6 +443,21 @@ def norm_fwd_band(n: int):
     if type(n) is not int or n not in (0, 1, 2, 3):
         raise ValueError(f"norm_fwd_band: n must be 0, 1, 2 or 3, got {n!r}")
     return _knob("set_norm_fwd_band", n)
+
+
+def fp8_transpose_order(n: int):
+    """Context manager: inside the ``with`` block the tiled FP8 transpose (:func:`fp8_transpose`,
+    and the transposed copy made after a norm's rowwise FP8 output) walks its tiles as ``n`` says:
+    ``1`` from the first rows to the last, ``2`` from the last rows to the first with streaming
+    stores of the transposed copy (it reads first what a norm wrote last, the likeliest still in
+    L2; benchmarks/NOTES.md P114), ``0`` (the default) the launcher's choice: ``1`` on CUDA (the
+    reverse order measured -1.5 to +2 points on the H100's + T rows), while Triton's twin
+    (``engine.triton_kernels.transpose.FP8_TRANSPOSE_ORDER``) takes ``2`` by default. The bytes
+    are the same either way. For tests and A/B benchmarks. Process-wide, not thread-safe; restores the previous
+    value on exit. A bad ``n`` raises ValueError at the call."""
+    if type(n) is not int or n not in (0, 1, 2):
+        raise ValueError(f"fp8_transpose_order: n must be 0, 1 or 2, got {n!r}")
+    return _knob("set_fp8_transpose_order", n)
 
 
 def dram_class(n: int):

@@ -152,6 +152,8 @@ KNOBS = {
     "norm_fwd_band": ("set_norm_fwd_band", 2, 3, 0, 4,
                       [-1, 4, 256, 2.0, "2", True], "0, 1, 2 or 3"),
     "dram_class": ("set_dram_class", 1, 2, 0, 3, [-1, 3, 1.0, "1", True], "0, 1 or 2"),
+    "fp8_transpose_order": ("set_fp8_transpose_order", 1, 2, 0, 3, [-1, 3, 1.0, "1", True],
+                            "0, 1 or 2"),
 }
 
 

@@ -870,6 +870,37 @@ def test_fp8_transpose(backend):
     assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
 
 
+@pytest.mark.parametrize("order", [1, 2])
+@pytest.mark.parametrize("shape", [(133, 250), (1, 17), (300, 520)])
+def test_fp8_transpose_orders(backend, order, shape):
+    """The tiled FP8 transpose in either tile order (NOTES P114: 1 the first rows first, 2 the last
+    rows first with evict-first stores of the copy; engine.cuda_backend.fp8_transpose_order and
+    its Triton twin engine.triton_kernels.transpose.FP8_TRANSPOSE_ORDER): the copy is the data
+    transposed bit for bit, every byte written (poisoned with 0x7f, an e4m3 NaN, which the data
+    never holds), over partial tiles and, at 300 x 520, more tiles than the persistent grid
+    (3 x 5 tiles of 128 x 128; the interpreter's grid is 2 programs per stand-in SM). The
+    reference backend has one order; it runs as a check of the test."""
+    from engine.backend import OpFamily, select
+    from engine.triton_kernels import transpose
+
+    x = torch.randn(*shape, device=DEVICE, dtype=BF16)
+    data = engine.cast_transpose(x, delayed(E4M3)).data
+    assert not (data.view(torch.uint8) == 0x7F).any()
+    out_t = torch.full((shape[1], shape[0]), 0x7F, device=DEVICE, dtype=torch.uint8).view(E4M3)
+    saved = transpose.FP8_TRANSPOSE_ORDER
+    with contextlib.ExitStack() as stack:
+        if backend == "cuda":
+            from engine import cuda_backend
+
+            stack.enter_context(cuda_backend.fp8_transpose_order(order))
+        transpose.FP8_TRANSPOSE_ORDER = order
+        try:
+            select(OpFamily.CAST_TRANSPOSE, data.device).fp8_transpose(data, out_t)
+        finally:
+            transpose.FP8_TRANSPOSE_ORDER = saved
+    assert torch.equal(out_t.view(torch.uint8), data.view(torch.uint8).t())
+
+
 def test_float8tensor_dequantize():
     data = torch.tensor([[1.0, -2.0], [0.5, 448.0]]).to(E4M3)
     t = Float8Tensor(data, torch.tensor([0.25]), E4M3)

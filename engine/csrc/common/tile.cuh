@@ -37,7 +37,10 @@ __device__ __forceinline__ void transpose4x4_bytes(uint32_t a0, uint32_t a1, uin
  * pitch >= round_up(nc, 4)); bytes outside [0, nr) x [0, nc) may hold anything (never stored).
  * vec16: dst + c0 * ld + r0 is 16-byte aligned and ld % 16 == 0 (then every full run is one
  * 16-byte store). Work is spread over `nthreads` threads starting at `tid`; no barrier inside.
+ * kStream: the stores are streaming (st.global.cs: evict first in L2), for a copy nothing reads
+ * soon that should not push out what is read next (NOTES P114).
  */
+template <bool kStream = false>
 __device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, int pitch, int nr, int nc,
                                                       uint8_t* dst, int64_t ld, int64_t r0,
                                                       int64_t c0, bool vec16, int tid,
@@ -70,11 +73,23 @@ __device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, int p
       if (c < nc) {
         uint8_t* d = dst + (c0 + c) * ld + r0 + 16 * h;
         if (vec16 && nvalid == 16) {
-          *reinterpret_cast<uint4*>(d) = make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]);
+          const uint4 v = make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]);
+          if constexpr (kStream) {
+            __stcs(reinterpret_cast<uint4*>(d), v);
+          } else {
+            *reinterpret_cast<uint4*>(d) = v;
+          }
         } else {
 #pragma unroll
           for (int k = 0; k < 16; ++k) {
-            if (k < nvalid) d[k] = (uint8_t)(o[j][k >> 2] >> (8 * (k & 3)));
+            if (k < nvalid) {
+              const uint8_t b = (uint8_t)(o[j][k >> 2] >> (8 * (k & 3)));
+              if constexpr (kStream) {
+                __stcs(reinterpret_cast<unsigned char*>(d + k), (unsigned char)b);
+              } else {
+                d[k] = b;
+              }
+            }
           }
         }
       }

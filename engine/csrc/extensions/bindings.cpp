@@ -499,6 +499,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "stage), 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
+  m.def("set_fp8_transpose_order", &engine_set_fp8_transpose_order,
+        "The tile order of the tiled FP8 transpose: 1 first rows first, 2 last rows first with "
+        "streaming stores, 0 for the default (engine/csrc/include/engine/common.h); returns the "
+        "previous value, -1 for an invalid n",
+        py::arg("n"));
   m.def("set_dram_class", &engine_set_dram_class,
         "The card class whose launch defaults the norm launchers take: 1 lean DRAM bandwidth per "
         "SM (the H100), 2 wide (the H200), 0 for the device's own (engine/csrc/include/engine/"

@@ -161,8 +161,10 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs
   if (mode != kApply) block_amax_atomic(amax, a.amax, amax_buf);
 }
 
-/* Bitwise transpose of 1-byte elements, VEC = 16 (16-byte loads) or 1. */
-template <int VEC>
+/* Bitwise transpose of 1-byte elements, VEC = 16 (16-byte loads) or 1. kRev: the tiles from the
+ * last to the first (tile_at's order reversed: the last rows first) and the transposed copy's
+ * stores streaming (fp8_transpose_order, NOTES P114). */
+template <int VEC, bool kRev>
 __global__ void __launch_bounds__(kThreads)
     byte_transpose_kernel(const uint8_t* in, int64_t rows, int64_t cols, int64_t in_stride,
                           uint8_t* out_t, int t_vec16) {
@@ -174,7 +176,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t ntiles = tiles_r * tiles_c;
   for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
     int64_t tr, tc;
-    tile_at(t, tiles_r, tiles_c, tr, tc);
+    tile_at(kRev ? ntiles - 1 - t : t, tiles_r, tiles_c, tr, tc);
     const int64_t r0 = tr * kTileR;
     const int64_t c0 = tc * kTileC;
     if constexpr (VEC == 16) {
@@ -216,11 +218,18 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     const int64_t rl = rows - r0, cl = cols - c0;
-    store_tile_transposed(tile, kPitch, rl < kTileR ? (int)rl : kTileR, cl < kTileC ? (int)cl : kTileC,
-                          out_t, rows, r0, c0, t_vec16 != 0, threadIdx.x, kThreads);
+    store_tile_transposed<kRev>(tile, kPitch, rl < kTileR ? (int)rl : kTileR,
+                                cl < kTileC ? (int)cl : kTileC, out_t, rows, r0, c0, t_vec16 != 0,
+                                threadIdx.x, kThreads);
     __syncthreads();
   }
 }
+
+/* fp8_transpose_order's choice: the last rows first (kRev) only where the knob says 2. By default
+ * the first rows first: on the H100 the reverse order moved the CUDA + T rows by -1.5 to +2 points
+ * (kernel time, two alternations; RMSNorm 64K 67.7 -> 69.7, 128K 70.6 -> 69.4; NOTES P114), no
+ * consistent gain. Triton's twin defaults to the reverse order (+0.5 to +2 on its rows). */
+inline bool byte_transpose_reverse() { return fp8_transpose_order() == 2; }
 
 template <typename X>
 engine_status launch_cast(const CastArgs& a, int sm_count, cudaStream_t stream) {
@@ -328,18 +337,16 @@ extern "C" engine_status engine_fp8_transpose(const void* in, int64_t rows, int6
   const bool vec = (cols % 16 == 0) && vec_ok(in, in_row_stride, rows, 1, 16);
   const int t_vec16 = (ptr_aligned(out_t, 16) && rows % 16 == 0) ? 1 : 0;
   const int64_t ntiles = ceil_div(rows, kTileR) * ceil_div(cols, kTileC);
-  const void* fn_ptr = vec ? reinterpret_cast<const void*>(&byte_transpose_kernel<16>)
-                           : reinterpret_cast<const void*>(&byte_transpose_kernel<1>);
+  const bool rev = byte_transpose_reverse();
+  using Kernel = void (*)(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*, int);
+  const Kernel kernel = vec ? (rev ? &byte_transpose_kernel<16, true> : &byte_transpose_kernel<16, false>)
+                            : (rev ? &byte_transpose_kernel<1, true> : &byte_transpose_kernel<1, false>);
   int per_sm = 1;
-  ENGINE_TRY(blocks_per_sm(fn_ptr, kThreads, 0, &per_sm));
+  ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0, &per_sm));
   const unsigned grid = (unsigned)persistent_grid(ntiles, info.sm_count, 0, per_sm);
   const uint8_t* src = static_cast<const uint8_t*>(in);
   uint8_t* dst = static_cast<uint8_t*>(out_t);
-  if (vec) {
-    byte_transpose_kernel<16><<<grid, kThreads, 0, stream>>>(src, rows, cols, in_row_stride, dst, t_vec16);
-  } else {
-    byte_transpose_kernel<1><<<grid, kThreads, 0, stream>>>(src, rows, cols, in_row_stride, dst, t_vec16);
-  }
+  kernel<<<grid, kThreads, 0, stream>>>(src, rows, cols, in_row_stride, dst, t_vec16);
   ENGINE_CHECK_LAUNCH("byte_transpose_kernel");
   return ENGINE_SUCCESS;
 }

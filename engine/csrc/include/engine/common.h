@@ -143,6 +143,16 @@ int engine_set_norm_fwd_stream_threads(int n);
  * other n. */
 int engine_set_norm_fwd_band(int n);
 
+/* The order in which engine_fp8_transpose (the tiled transpose after a norm's rowwise FP8 output,
+ * and engine.fp8_transpose) walks its tiles: n = 1 from the first rows to the last, its stores of
+ * the transposed copy plain; 2 from the last rows to the first, those stores streaming (evict
+ * first), so that it reads first the rows written last, the likeliest still in L2, and its own
+ * stores do not push them out (benchmarks/NOTES.md P114); 0 (the default) the launcher's choice,
+ * 1 (the reverse order measured -1.5 to +2 points on the H100's + T rows). The bytes are the same
+ * either way. For tests and A/B runs. Process-wide; returns the previous
+ * value, or -1 (and changes nothing) for any other n. */
+int engine_set_fp8_transpose_order(int n);
+
 /* Which card's launch defaults the norm launchers take where the two cards measured apart
  * (benchmarks/NOTES.md P109): n = 1 those of a card of lean DRAM bandwidth per SM (under
  * kLeanDramGbpsPerSm, 30 GB/s per SM: the H100 SXM's 3.35 TB/s over 132 SMs, 25), 2 those of a
