@@ -127,9 +127,6 @@ def main(argv=None) -> int:
     ap.add_argument("--triton-pass2-reverse", type=int, choices=[0, 1],
                     help="Triton: the blocked forward's pass 2 from the last chunk to the first (1) or "
                          "in column order (0) (engine.triton_kernels.norms.PASS2_REVERSE), for A/B runs")
-    ap.add_argument("--triton-x-evict-first", type=int, choices=[0, 1],
-                    help="Triton: the norm's x loads evict-first where the tiled transpose follows "
-                         "(engine.triton_kernels.norms.X_EVICT_FIRST), for A/B runs of the + T rows")
     ap.add_argument("--fp8-transpose-order", type=int, choices=[0, 1, 2],
                     help="Both backends: the tiled FP8 transpose's tile order (1 first rows first, 2 "
                          "last rows first with streaming stores, 0 the default; engine.cuda_backend."
@@ -148,8 +145,6 @@ def main(argv=None) -> int:
         triton_norms.BAND_COLS = args.triton_band_cols
     if args.triton_pass2_reverse is not None:
         triton_norms.PASS2_REVERSE = bool(args.triton_pass2_reverse)
-    if args.triton_x_evict_first is not None:
-        triton_norms.X_EVICT_FIRST = bool(args.triton_x_evict_first)
     if args.fp8_transpose_order is not None:
         from engine.triton_kernels import transpose as triton_transpose
 

@@ -114,10 +114,7 @@ def drive(rec: Recorder) -> None:
                                                    (bf16, e5m2, bf16, bf16)):
                     fp8 = out_dt in (e4m3, e5m2)
                     for current in ((False, True) if fp8 else (False,)):
-                        # the transposed copy: none, from the norm kernel (to 8K), or out_t_auto's
-                        # choice (the tiled transpose after a norm launched with x_first: P115)
-                        for trans in ((False, True, "auto") if fp8 and n <= 8192 else
-                                      (False, "auto") if fp8 else (False,)):
+                        for trans in ((False, True) if fp8 and n <= 8192 else (False,)):
                             x, w = t((m, n), x_dt), t((n,), w_dt)
                             b = None if rms else t((n,), w_dt)
                             res = t((m, n), res_dt) if res_dt is not None else None
@@ -128,7 +125,7 @@ def drive(rec: Recorder) -> None:
                                 t((1,), f32) if fp8 else None, t((1,), f32) if fp8 else None,
                                 t((1,), f32) if fp8 else None, t((n, m), out_dt) if trans else None,
                                 is_rms_norm=rms, zero_centered_gamma=not rms, current_scaling=current,
-                                amax_epsilon=0.0, sm_margin=0, out_t_auto=trans == "auto")
+                                amax_epsilon=0.0, sm_margin=0)
                     if fp8:
                         continue
                     dres = t((m, n), res_dt) if res_dt is not None else None

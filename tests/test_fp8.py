@@ -780,17 +780,13 @@ def test_triton_out_t_auto_path(is_rms, residual, current, dram_class, monkeypat
     """Triton's norm_fwd with ``out_t_auto``: bands in the norm kernel for RMSNorm with delayed
     scaling and no residual (the form measured faster, NOTES P106), up to 4096 on a lean card (the
     H100) and 2048 on a wide one (the H200; NOTES P109, utils.DRAM_CLASS forces each), the tiled
-    transpose after the norm otherwise (counted here), its norm launch reading x evict-first
-    (``x_first``: norms.X_EVICT_FIRST, NOTES P115); the copy is out.T either way."""
+    transpose after the norm otherwise (counted here); the copy is out.T either way."""
     use_backend("triton")  # skips on a CPU without the interpreter
     from engine.triton_kernels import norms, transpose, utils
 
-    calls, firsts = [], []
+    calls = []
     real = transpose.fp8_transpose
     monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t: (calls.append(d.shape), real(d, t)))
-    real_launch = norms.launch_fwd
-    monkeypatch.setattr(norms, "launch_fwd",
-                        lambda *a, **k: (firsts.append(k["x_first"]), real_launch(*a, **k)))
     monkeypatch.setattr(utils, "DRAM_CLASS", dram_class)
     widest = 4096 if dram_class == 1 else 2048
     try:
@@ -801,7 +797,6 @@ def test_triton_out_t_auto_path(is_rms, residual, current, dram_class, monkeypat
             data = torch.empty(m, n, dtype=E4M3, device=DEVICE)
             data_t = torch.empty(n, m, dtype=E4M3, device=DEVICE)
             calls.clear()
-            firsts.clear()
             norms.norm_fwd(x, w, b, r, 1e-5, data, torch.empty_like(x) if residual else None,
                            None if is_rms else torch.empty(m, device=DEVICE), torch.empty(m, device=DEVICE),
                            torch.tensor([2.0], device=DEVICE), torch.zeros(1, device=DEVICE),
@@ -811,7 +806,6 @@ def test_triton_out_t_auto_path(is_rms, residual, current, dram_class, monkeypat
             bands = is_rms and n <= widest and not residual and not current
             assert bands == norms.band_by_default(n, is_rms, residual, current, x.device)
             assert calls == ([] if bands else [(m, n)]), n
-            assert firsts == [not bands], n
             assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
     finally:
         engine.backend.reset_for_tests()

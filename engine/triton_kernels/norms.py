@@ -481,7 +481,6 @@ def _norm_fwd_kernel(
     BAND: tl.constexpr,  # STORE_T by bands of BAND rows (_transpose_band); 0: from each tile (_emit)
     TBN: tl.constexpr,  # BAND: columns per transposed chunk
     REV: tl.constexpr,  # BLOCKED: pass 2 from the last chunk to the first (PASS2_REVERSE)
-    X_FIRST: tl.constexpr,  # register path: x loaded evict-first (a transpose of Y follows: X_EVICT_FIRST)
 ):
     tl.static_assert(not STORE_T or IS_FP8)
     tl.static_assert(BAND == 0 or (STORE_T and BAND % BLOCK_M == 0))
@@ -513,7 +512,7 @@ def _norm_fwd_kernel(
                 rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
                              IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T and BAND == 0, STORE_OUT, LOAD_STATS,
                              INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
-                             "evict_first" if (BAND != 0) or X_FIRST else "", REV)
+                             "evict_first" if BAND else "", REV)
     else:
         # The transposed copy by bands (_transpose_band): this program's BAND rows, written
         # rowwise, then read back from L2 and written transposed.
@@ -524,7 +523,7 @@ def _norm_fwd_kernel(
                 amax = _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
                              IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T and BAND == 0, STORE_OUT, LOAD_STATS,
                              INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
-                             "evict_first" if (BAND != 0) or X_FIRST else "", REV)
+                             "evict_first" if BAND else "", REV)
             tl.debug_barrier()  # every thread's rowwise stores of the band before any reads them
             _transpose_band(Y, Y_T, band, M, N, stride_y, BAND, TBN)
     if IS_FP8:
@@ -862,12 +861,6 @@ BAND_ROWS = 32
 #: 1024 81.5 / 79.8 / 73.8 / 67.4.
 BAND_COLS = 1024
 
-#: Whether the forward reads x evict-first on the register path where the tiled transpose follows
-#: it (norm_fwd's external path, X_FIRST): x is not read again, and the norm's output lines, which
-#: the transpose reads next (from its last rows: transpose.FP8_TRANSPOSE_ORDER), then keep the L2.
-#: NOTES P115. Scripts that change it empty FWD_PLANS.
-X_EVICT_FIRST = True
-
 #: Whether the blocked forward's pass 2 may walk the column chunks from the last to the first
 #: (REV: _pass2_reverse says where), re-reading first what pass 1 read last. Scripts that change
 #: it empty FWD_PLANS.
@@ -959,7 +952,7 @@ def _lean(is_rms_norm: bool, residual: bool) -> bool:
 
 
 def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling, device, sm_margin,
-              is_rms_norm, zero_centered_gamma, config, x_first=False):
+              is_rms_norm, zero_centered_gamma, config):
     """What a forward launch needs beyond the tensors and the row count: ``(config, programs cap,
     constexprs per pass, fp8, fp8_max, tile_t, band)``; one pass, or two for FP8 current scaling
     (PASS_AMAX with the residual, then PASS_APPLY on its output). ``tile_t``: the transposed copy
@@ -988,7 +981,7 @@ def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling
             MIN_EXP=min_exp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
             AMAX_V=_amax_v(cfg, tile_t) if fp8 else 1, EVEN=lean and _even(cfg, n, tile_t), BITS=lean,
             RELOAD_RES=_reload_res(cfg, n, res), BAND=band_, TBN=BAND_COLS,
-            REV=_pass2_reverse(cfg, n, fp8), X_FIRST=bool(x_first))
+            REV=_pass2_reverse(cfg, n, fp8))
 
     passes = ((constexprs(PASS_AMAX, has_res), constexprs(PASS_APPLY, False)) if fp8 and current_scaling
               else (constexprs(PASS_FULL, has_res),))
@@ -1005,7 +998,7 @@ backend.register_derived_cache(FWD_PLANS)
 
 def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax,
                scale_inv, out_t, *, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon,
-               sm_margin, config: Optional[nc.NormConfig] = None, x_first: bool = False) -> None:
+               sm_margin, config: Optional[nc.NormConfig] = None) -> None:
     """``norm_fwd`` with an explicit ``config`` (None: the heuristic). Used by tuning scripts.
 
     This runs on every call of a layer, so it is short: what depends only on the width, dtypes
@@ -1014,12 +1007,11 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
     m, n = x.shape
     store_t = out_t is not None
     key = (n, x.dtype, out.dtype, bias is not None, residual is not None, store_t, current_scaling,
-           x.device, sm_margin, is_rms_norm, zero_centered_gamma, x_first)
+           x.device, sm_margin, is_rms_norm, zero_centered_gamma)
     plan = FWD_PLANS.get(key) if config is None else None
     if plan is None:
         plan = _fwd_plan(n, x.dtype, out.dtype, bias is not None, residual is not None, store_t,
-                         current_scaling, x.device, sm_margin, is_rms_norm, zero_centered_gamma, config,
-                         x_first)
+                         current_scaling, x.device, sm_margin, is_rms_norm, zero_centered_gamma, config)
         if config is None:
             FWD_PLANS[key] = plan
     cfg, cap, passes, fp8, fp8_max, tile_t, band = plan
@@ -1064,7 +1056,7 @@ def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scal
     launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
                None if external else out_t, is_rms_norm=is_rms_norm,
                zero_centered_gamma=zero_centered_gamma, current_scaling=current_scaling,
-               amax_epsilon=amax_epsilon, sm_margin=sm_margin, x_first=external and X_EVICT_FIRST)
+               amax_epsilon=amax_epsilon, sm_margin=sm_margin)
     if external:
         from engine.triton_kernels.transpose import fp8_transpose
 
