@@ -343,9 +343,10 @@ def norm_fwd_blocked_from(n: int):
     row, e.g. ``1 << 30``: never, the paths before session 15); ``n = 0``, the default, the
     launcher's choice: the fused residual add of a 16-bit x to a non-FP8 output at 2K-8K
     columns (where an FP8 output keeps the register path and is then within one FP8 step of the
-    fp32 output's cast), an RMSNorm FP8 output of a 16-bit x without a residual at 4K-16K (where
-    the other outputs keep the register path, so that the FP8 output is within one FP8 step of
-    the fp32 output's cast), and from 32K, whatever the output dtype,
+    fp32 output's cast), an RMSNorm FP8 output of a 16-bit x without a residual at 4K-16K on a
+    lean card (:func:`device_dram_class` 1, the H100; the H200 keeps the register path and the
+    stream there, P116; where the other outputs keep the register path, so that the FP8 output is
+    within one FP8 step of the fp32 output's cast), and from 32K, whatever the output dtype,
     where the streamed kernel does not take it (``norm_fwd_stream_from``; by default it does not
     take a residual of x's dtype at 32K-64K) (benchmarks/NOTES.md, P44, P45,
     P53, P89, P91, P96, P100, P102 and P103); an
@@ -400,13 +401,15 @@ def norm_fwd_stream_from(n: int):
     never takes it: the paths before session 18; an ``n > 0`` applies to every output dtype,
     with a residual or without. ``n = 0``, the default, is the launcher's choice
     (``fwd_take_stream``: from 32768 columns, both norms (P101, P102); RMSNorm's FP8 outputs,
-    delayed and current scaling, past 16384, below which the blocked kernel takes them from 4096
-    (``norm_fwd_blocked_from``); a residual of x's dtype from 16384, both norms, before the
+    delayed and current scaling, from 16384, and on a lean card (the H100) past 16384, below which
+    the blocked kernel takes them from 4096 (``norm_fwd_blocked_from``); LayerNorm's FP8 outputs
+    from 8192 on a card that is not lean (the H200, P116); a residual of x's dtype from 16384, both norms, before the
     blocked kernel, except at 32K-64K (the blocked kernel there, every output dtype: an ``n > 0``
     keeps the stream); benchmarks/NOTES.md P56, P89, P90, P96, P103, and NOTES P59/P67/P68
-    measurements (RMSNorm 16K e4m3 75.0 -> 81.7)). At RMSNorm 4K-32K an FP8 output is then
-    within one FP8 step of the cast of the same call's fp32 output (which takes another kernel),
-    not its exact cast. For tests and A/B
+    measurements (RMSNorm 16K e4m3 75.0 -> 81.7)). At RMSNorm 4K-32K (16K-32K on a card that is
+    not lean), and at LayerNorm 8K-32K on a card that is not lean, an FP8 output is then within
+    one FP8 step of the cast of the same call's fp32 output (which takes another kernel), not its
+    exact cast. For tests and A/B
     benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` (not an int, or negative) raises ValueError at the call."""
     if type(n) is not int or n < 0:

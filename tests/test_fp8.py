@@ -37,10 +37,22 @@ SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
 # does and its fp32 output not (same_row_sums), LayerNorm's outputs neither. 65536: Triton's
 # lean-card tiles on an H100 (two blocked chunks of 32K; NOTES P110).
 WIDE = [(301, 24584), (19, 65536), (37, 131072)] if ON_GPU else []
-# CUDA's RMSNorm FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): the
-# blocked kernel from the first width to the second, the streamed kernel above it up to the
-# third, where the other outputs take the stream too (cuda_fp8_own_path; NOTES P100 / P102).
+# CUDA's RMSNorm FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): on a lean
+# card (the H100) the blocked kernel from the first width to the second, the streamed kernel above
+# it up to the third, where the other outputs take the stream too; on another card (the H200) the
+# stream from the second width (cuda_fp8_own_path; NOTES P100 / P102 / P116).
 FP8_OWN_RMS = (4096, 16384, 32768)
+# CUDA's LayerNorm FP8 outputs without a residual on a card that is not lean: the stream from
+# here up to FP8_OWN_RMS[2] (NOTES P116; on a lean card the fp32 output's kernel).
+FP8_OWN_LN_WIDE = 8192
+
+
+def cuda_lean() -> bool:
+    """Whether the CUDA launchers take a lean card's defaults on this GPU
+    (engine.cuda_backend.device_dram_class; NOTES P109): some default paths depend on it."""
+    from engine import cuda_backend
+
+    return cuda_backend.device_dram_class() == 1
 
 
 def call(is_rms, x, w, b=None, **kw):
@@ -64,24 +76,29 @@ def fp8_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordinal(a) - ordinal(b)).abs()
 
 
-def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False):
+def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None):
     """Whether CUDA's forward, by default, takes another kernel for an FP8 output of contiguous
-    rows of n than for an fp32 one. Without a residual, RMSNorm only: its blocked kernel for FP8
-    outputs at 4K-16K (fwd_take_blocked, norm_fwd_launch.cuh; NOTES P100 / P102), its streamed
-    cluster kernel for FP8 outputs above that and up to the other outputs' 32K (fwd_take_stream,
-    norm_fwd_stream.cuh; on a device with thread-block clusters, sm_90), where the fp32 output
-    takes the register path; LayerNorm's FP8 outputs take the fp32 output's kernel at every
-    width (NOTES P101 / P102). With a residual of x's dtype (``residual``): at 2K-8K the blocked
-    kernel for the fp32 output and the register kernel for an FP8 one (fwd_take_blocked; NOTES
-    P91; at 32K-64K both take the blocked kernel since P103). All only for a 16-bit x and rows of
-    16-byte vectors (n a multiple of 8)."""
+    rows of n than for an fp32 one, with the launch defaults of a lean card or not (``lean``; None:
+    this GPU's class, cuda_lean). Without a residual, on a lean card (the H100) RMSNorm only: its
+    blocked kernel for FP8 outputs at 4K-16K (fwd_take_blocked, norm_fwd_launch.cuh; NOTES P100 /
+    P102), its streamed cluster kernel for FP8 outputs above that and up to the other outputs'
+    32K (fwd_take_stream, norm_fwd_stream.cuh; on a device with thread-block clusters, sm_90),
+    where the fp32 output takes the register path; LayerNorm's FP8 outputs take the fp32
+    output's kernel at every width (NOTES P101 / P102). On another card (the H200; NOTES P116)
+    the stream takes RMSNorm's FP8 outputs from 16K and LayerNorm's from 8K, up to 32K (sm_90),
+    and the register path the rows below. With a residual of x's dtype (``residual``): at 2K-8K
+    the blocked kernel for the fp32 output and the register kernel for an FP8 one
+    (fwd_take_blocked; NOTES P91; at 32K-64K both take the blocked kernel since P103). All only
+    for a 16-bit x and rows of 16-byte vectors (n a multiple of 8)."""
     if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
         return False
     sm90 = torch.cuda.get_device_capability()[0] >= 9
     if residual:
         return 2048 <= n < 16384
     lo, mid, hi = FP8_OWN_RMS
-    return is_rms and (lo <= n <= mid or (sm90 and mid < n < hi))
+    if cuda_lean() if lean is None else lean:
+        return is_rms and (lo <= n <= mid or (sm90 and mid < n < hi))
+    return sm90 and (mid if is_rms else FP8_OWN_LN_WIDE) <= n < hi
 
 
 def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
@@ -290,13 +307,14 @@ def test_norm_fp8_stream_residual(is_rms, fp8_dtype, n, dram_class):
                    dram_class=dram_class)
 
 
-def fp8_own_kernel(n):
+def fp8_own_kernel(n, lean):
     """The knob (engine.cuda_backend) that puts an fp32 output of RMSNorm rows of n on the kernel
     CUDA's forward takes by default for an FP8 output without a residual, where that is its own
-    (cuda_fp8_own_path): the blocked kernel to 16K, the stream above."""
+    (cuda_fp8_own_path): on a lean card the blocked kernel to 16K, the stream above; on another
+    the stream."""
     from engine import cuda_backend
 
-    if n <= FP8_OWN_RMS[1]:
+    if lean and n <= FP8_OWN_RMS[1]:
         return cuda_backend.norm_fwd_blocked_from(n)
     return cuda_backend.norm_fwd_stream_from(n)
 
@@ -313,26 +331,34 @@ def register_path():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
-@pytest.mark.parametrize("n", [4096, 16384, 16392, 24584])
+@pytest.mark.parametrize("n,dram_class", [(4096, 1), (16384, 1), (16392, 1), (24584, 1), (16384, 2),
+                                          (24584, 2)])
 @pytest.mark.parametrize("fp8_dtype", FP8)
-def test_fp8_own_kernel_widths(n, fp8_dtype):
+def test_fp8_own_kernel_widths(n, dram_class, fp8_dtype):
     """By default the CUDA forward takes another kernel for RMSNorm's FP8 outputs than for the
-    others at 4K-32K (cuda_fp8_own_path): its blocked kernel at 4K-16K (fwd_take_blocked; NOTES
-    P100 / P102), its streamed kernel above (fwd_take_stream; NOTES P59/P67/P68), where the other
-    outputs take the register path (test_norm_contract.py::test_fwd_fp8_default_path checks the
-    paths taken). There, over 67 rows (16392 and 24584 on the stream: rows not a power of two),
-    the FP8 bytes, delayed scaling, are the exact cast of that kernel's fp32 output (its knob at
-    n) with its exact amax, and within one step of the default fp32 output's cast (another order
-    of the row sums) at rounding boundaries only; current scaling's bytes are delayed scaling's
-    at its scale (its statistics pass on the same kernel, its output pass from them)."""
-    if n > FP8_OWN_RMS[1] and torch.cuda.get_device_capability()[0] < 9:
+    others at 4K-32K on a lean card (cuda_fp8_own_path): its blocked kernel at 4K-16K
+    (fwd_take_blocked; NOTES P100 / P102), its streamed kernel above (fwd_take_stream; NOTES
+    P59/P67/P68); on another card the stream from 16K (P116). The other outputs take the register
+    path (test_norm_contract.py::test_fwd_fp8_default_path checks the paths taken). There, over
+    67 rows (16392 and 24584 on the stream: rows not a power of two), with each class's defaults
+    (engine.cuda_backend.dram_class), the FP8 bytes, delayed scaling, are the exact cast of that
+    kernel's fp32 output (its knob at n) with its exact amax, and within one step of the default
+    fp32 output's cast (another order of the row sums) at rounding boundaries only; current
+    scaling's bytes are delayed scaling's at its scale (its statistics pass on the same kernel,
+    its output pass from them)."""
+    from engine import cuda_backend
+
+    lean = dram_class == 1
+    if (n > FP8_OWN_RMS[1] or not lean) and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
     use_backend("cuda")
+    stack = contextlib.ExitStack()
     try:
-        assert not same_row_sums("cuda", True, n)  # the case this test is for
+        assert cuda_fp8_own_path(True, n, lean=lean)  # the case this test is for
+        stack.enter_context(cuda_backend.dram_class(dram_class))
         x, w, b = inputs(67, n, True)
         y32 = call(True, x, w, b, out_dtype=F32)
-        with fp8_own_kernel(n):
+        with fp8_own_kernel(n, lean):
             y32s = call(True, x, w, b, out_dtype=F32)
         q = delayed(fp8_dtype, scale=3.0, amax=0.25)
         t = call(True, x, w, b, quantizer=q)
@@ -347,6 +373,7 @@ def test_fp8_own_kernel_widths(n, fp8_dtype):
         assert torch.equal(td.data.view(torch.uint8), tc.data.view(torch.uint8))
         assert qd.amax.item() == qc.amax.item()
     finally:
+        stack.close()
         engine.backend.reset_for_tests()
 
 

@@ -674,34 +674,52 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
     """The knob changes the path (the streamed kernel adds a row's values over warps and CTAs in
     its own order), over 301 rows, for every output dtype; at these widths the default takes the
     streamed kernel, bit for bit, from 32K (NOTES P101 / P102: LayerNorm's from 16K, its FP8
-    outputs' from 8K before), and the path it takes with the stream off below (the register
-    path; for RMSNorm's FP8 output at 8K-16K the blocked kernel: test_fwd_fp8_default_path)."""
+    outputs' from 8K before), on a card that is not lean (the H200) also RMSNorm's FP8 outputs
+    from 16K and LayerNorm's from 8K (NOTES P116), and the path it takes with the stream off
+    below (the register path; on a lean card for RMSNorm's FP8 output at 8K-16K the blocked
+    kernel: test_fwd_fp8_default_path)."""
+    from test_fp8 import cuda_lean
+
+    fp8 = out_dtype != BF16
     stats = knob_stats(is_rms, n, "norm_fwd_stream_from", (n, 1 << 30, 0), out_dtype)
     torch.testing.assert_close(stats[1], stats[0], rtol=1e-5, atol=1e-6)
     assert not torch.equal(stats[1], stats[0])
-    assert torch.equal(stats[2], stats[0] if n >= 32768 else stats[1])
+    stream = n >= 32768 or (fp8 and not cuda_lean() and n >= (16384 if is_rms else 8192))
+    assert torch.equal(stats[2], stats[0] if stream else stats[1])
+
+
+# The FP8 output's default kernel without a residual, by (norm, width) and card class (1 lean, the
+# H100; 2 not, the H200): NOTES P100 / P102 on the H100, P116 on the H200.
+FP8_DEFAULT_PATH = {
+    (True, 4096): {1: "blocked", 2: "register"}, (True, 16384): {1: "blocked", 2: "stream"},
+    (True, 16392): {1: "stream", 2: "stream"}, (False, 8192): {1: "register", 2: "stream"},
+    (False, 16384): {1: "register", 2: "stream"}}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
-@pytest.mark.parametrize("is_rms,n,fp8_path", [
-    (True, 4096, "blocked"), (True, 16384, "blocked"), (True, 16392, "stream"),
-    (False, 8192, "register"), (False, 16384, "register")],
-    ids=["rms-4096", "rms-16384", "rms-16392", "ln-8192", "ln-16384"])
+@pytest.mark.parametrize("is_rms,n", list(FP8_DEFAULT_PATH),
+                         ids=["rms-4096", "rms-16384", "rms-16392", "ln-8192", "ln-16384"])
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
 @pytest.mark.parametrize("out_dtype,current", [
     (BF16, False), (torch.float8_e4m3fn, False), (torch.float8_e5m2, False),
     (torch.float8_e4m3fn, True)], ids=["bf16", "e4m3", "e5m2", "e4m3-current"])
-def test_fwd_fp8_default_path(is_rms, n, fp8_path, out_dtype, current):
-    """RMSNorm's FP8 outputs without a residual take another kernel by default than the other
-    outputs: the blocked kernel at 4K-16K (fwd_take_blocked; NOTES P100 / P102: e4m3 8K 87.1 ->
-    90.4 % of copy, H100), the streamed kernel above, to 32K (fwd_take_stream; NOTES P59/P67/P68).
-    LayerNorm's take the register path with the other outputs (``register``; NOTES P102: e4m3 8K
-    85.9 against the blocked kernel's 83.2, 16K 84.4 against the stream's 76.8, H100). Over 301
-    rows, the default's statistics of an FP8 output, delayed scaling or current scaling's
-    statistics pass, are that kernel's (its knob at n, the other one off) bit for bit, those of a
-    bf16 output the register path's (both off); they differ from the other kernels' (the blocked
-    kernel's and the stream's where the register path is the FP8 output's)."""
+def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
+    """FP8 outputs without a residual take another kernel by default than the other outputs at
+    some widths (FP8_DEFAULT_PATH), by card class (engine.cuda_backend.dram_class). On a lean card
+    (the H100) RMSNorm's take the blocked kernel at 4K-16K (fwd_take_blocked; NOTES P100 / P102:
+    e4m3 8K 87.1 -> 90.4 % of copy), the streamed kernel above, to 32K (fwd_take_stream; NOTES
+    P59/P67/P68), and LayerNorm's the register path with the other outputs (``register``; NOTES
+    P102: e4m3 8K 85.9 against the blocked kernel's 83.2, 16K 84.4 against the stream's 76.8). On
+    another card (the H200; NOTES P116: the blocked kernel 10-14 points behind there, the register
+    path for LayerNorm 7-10) RMSNorm's keep the register path below 16K and take the stream from
+    16K, LayerNorm's the stream from 8K. Over 301 rows, the default's statistics of an FP8 output,
+    delayed scaling or current scaling's statistics pass, are that kernel's (its knob at n, the
+    other one off) bit for bit, those of a bf16 output the register path's (both off); they
+    differ from the other kernels' (the blocked kernel's and the stream's where the register path
+    is the FP8 output's)."""
     from engine import cuda_backend
 
+    fp8_path = FP8_DEFAULT_PATH[(is_rms, n)][dram_class]
     if fp8_path != "blocked" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
     off = 1 << 30
@@ -711,7 +729,8 @@ def test_fwd_fp8_default_path(is_rms, n, fp8_path, out_dtype, current):
         x, _, w, b = bf16_rows(301, n, is_rms)
         stats = {}
         for path, (blocked_from, stream_from) in knobs.items():
-            with cuda_backend.norm_fwd_blocked_from(blocked_from), cuda_backend.norm_fwd_stream_from(stream_from):
+            with cuda_backend.norm_fwd_blocked_from(blocked_from), \
+                    cuda_backend.norm_fwd_stream_from(stream_from), cuda_backend.dram_class(dram_class):
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, out_dtype, current)
             stats[path] = rsigma if is_rms else torch.cat([mu, rsigma])
     finally:

@@ -242,12 +242,16 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
  *     / 71 with the clusters' old barrier per row; with their st.async exchange (P53) the
  *     clusters read 80 / 74 / 72 and 75 / 67 / 60 (not measured in the same call as the blocked
  *     rows: kept); the streamed kernel takes these rows first (from 16K, P89 / P90) on sm_90;
- *   - an RMSNorm FP8 output without a residual at 4K-16K (P100 / P102, H100, A/B against
- *     a1ce5ee and knob runs, two alternations each, kernel time, e4m3 delayed scaling, register
- *     path -> blocked: 4K / 8K / 16K 87.8 / 87.1 / 86.9 -> 90.7 / 90.4 / 87.3; the stream took
- *     16K before, 83.6; current scaling and the transposed copy within 1; at 32K the stream
- *     wins). There an FP8 output is within one FP8 step of the fp32 output's cast
- *     (tests/test_fp8.py::cuda_fp8_own_path). Not LayerNorm's: its register path beat the
+ *   - an RMSNorm FP8 output without a residual at 4K-16K on a lean card (`lean`: lean_dram, the
+ *     H100; P100 / P102, A/B against a1ce5ee and knob runs, two alternations each, kernel time,
+ *     e4m3 delayed scaling, register path -> blocked: 4K / 8K / 16K 87.8 / 87.1 / 86.9 -> 90.7 /
+ *     90.4 / 87.3; the stream took 16K before, 83.6; current scaling and the transposed copy
+ *     within 1; at 32K the stream wins). There an FP8 output is within one FP8 step of the fp32
+ *     output's cast (tests/test_fp8.py::cuda_fp8_own_path). On the H200 the blocked kernel lost
+ *     10-14 points there (NOTES P116, two alternations, blocked -> register path / stream at 16K:
+ *     4K / 8K / 16K 77.1-77.9 / 72.6-73.6 / 68.4-69.1 -> 88.1-88.5 / 86.7-88.1 / 82.1-82.4,
+ *     current scaling +2.5-4.3, + T 16K +6.3), so another card keeps the register path and the
+ *     stream there. Not LayerNorm's: its register path beat the
  *     blocked kernel at 8K (85.9 against 83.2) and the stream at 16K (84.4 against 76.8; P102);
  *   - never another output without a residual: RMSNorm 32K took the blocked kernel while the
  *     cluster's barrier per row cost it (bf16 out 75 -> 78), and the st.async exchange turned
@@ -261,9 +265,10 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
  * blocked (an RMSNorm FP8 output at 16K unless the stream's knob is set; the blocked knob);
  * fwd_take_stream leaves a residual at 32K-64K to the blocked kernel (NOTES P96 / P97 /
  * P103). */
-inline bool fwd_take_blocked(int cols, bool has_res, int knob, bool fp8_out, bool x16, bool rms) {
+inline bool fwd_take_blocked(int cols, bool has_res, int knob, bool fp8_out, bool x16, bool rms,
+                             bool lean) {
   if (knob != 0) return cols >= knob;
-  if (!has_res) return rms && x16 && fp8_out && cols >= 4096 && cols <= 16384;
+  if (!has_res) return lean && rms && x16 && fp8_out && cols >= 4096 && cols <= 16384;
   return cols >= 32768 || (x16 && !fp8_out && cols >= 2048 && cols < 16384);
 }
 
@@ -303,7 +308,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
   const bool wide_blocked =
       vec && fwd_blocked_packed<X, R, VEC>() &&
       fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from, is_fp8_v<O>, sizeof(X) == 2,
-                       a.is_rms != 0);
+                       a.is_rms != 0, ctx.lean_dram != 0);
   /* the streamed cluster kernel where it applies (fwd_take_stream), before the blocked kernel that
    * a residual row takes by default, before the one an FP8 row takes by default only under the
    * stream's knob, never before the blocked knob */

@@ -407,10 +407,15 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
  * 4K-16K (P100), so the stream's RMSNorm FP8 rows start just above 16K. The path fixes the order
  * of a row's sums: at RMSNorm 16K-32K an FP8 output is no longer the exact cast of the same
  * call's fp32 output (the register path's) but within one FP8 step of it, at rounding
- * boundaries only (tests/test_fp8.py::cuda_fp8_own_path). */
-inline int fwd_stream_from_default(bool rms, bool fp8, bool res) {
+ * boundaries only (tests/test_fp8.py::cuda_fp8_own_path). Session 30 measured on H100s only; on
+ * the H200 LayerNorm's FP8 rows lost 7-10 points on the register path (NOTES P116, kernel time,
+ * two alternations, register path -> stream: e4m3 8K 67.5-68.3 -> 74.3-75.0, 16K 65.2-65.5 -> 75.7,
+ * + T 16K 55.8 -> 60.9-61.3, current scaling 16K +2.9), so a card that is not lean (`lean`:
+ * lean_dram) streams LayerNorm's FP8 rows from 8K, as before P101; its 16-bit rows keep 32K. */
+inline int fwd_stream_from_default(bool rms, bool fp8, bool res, bool lean) {
   if (res) return 16384; /* the fused residual add, before the blocked kernel (NOTES P89, P90) */
-  return fp8 && rms ? 16384 : 32768;
+  if (fp8) return rms ? 16384 : (lean ? 32768 : 8192);
+  return 32768;
 }
 /* The default's one gap: the fused residual add at 32K-64K goes to the blocked kernel
  * (fwd_take_blocked), which, since it loads a chunk's residual before its stores (P96), beat the
@@ -420,10 +425,10 @@ inline int fwd_stream_from_default(bool rms, bool fp8, bool res) {
  * since P103 (H100, e4m3 out, two alternations, h100_ab_s30_p103_knob.log: 32K RMSNorm 89.1 ->
  * 89.1, LayerNorm 82.7 -> 87.0; an FP8 output had kept the stream, within one FP8 step of the
  * fp32 output's cast; now its exact cast). The knob (stream_from != 0) has no gap. */
-inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res) {
+inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res, bool lean) {
   if (stream_from != 0) return cols >= stream_from;
   if (res && cols >= 32768 && cols < 65536) return false; /* NOTES P96 / P97 / P103 */
-  return cols >= fwd_stream_from_default(rms, fp8, res);
+  return cols >= fwd_stream_from_default(rms, fp8, res, lean);
 }
 
 template <typename X, typename O, bool kRes>
@@ -452,7 +457,10 @@ bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
     constexpr int NV = kFwdStreamNV;
     const bool res = a.residual != nullptr;
     if (a.mode == kApply) return false;
-    if (!fwd_take_stream(a.cols, ctx.fwd_stream_from, a.is_rms != 0, is_fp8_v<O>, res)) return false;
+    if (!fwd_take_stream(a.cols, ctx.fwd_stream_from, a.is_rms != 0, is_fp8_v<O>, res,
+                         ctx.lean_dram != 0)) {
+      return false;
+    }
     int tmax = ctx.fwd_stream_threads != 0
                    ? ctx.fwd_stream_threads
                    : fwd_stream_threads_default(a.cols, ctx.lean_dram != 0);
