@@ -420,9 +420,10 @@ def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res,
                 tl.store(MU + rows, mean, mask=rmask)
         # Pass 2: normalise and write, chunk by chunk (x or residual_out re-read, from L2); with
         # REV from the last chunk to the first, so that the chunks pass 1 read last, the likeliest
-        # to be still in L2 (and the last one in L1), are re-read first (PASS2_REVERSE). The
-        # column order keeps its loop as it was (the induction variable is the column), so that
-        # REV off compiles to the kernel before it.
+        # to be still in L2 (and the last one in L1), are re-read first (_pass2_reverse: FP8
+        # outputs on rows of more than two chunks). The column order keeps its loop as it was (the
+        # induction variable is the column): a loop over a chunk index compiled up to 12 points
+        # slower (NOTES P112).
         if REV:
             last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
             for back in range(0, N, BLOCK_N):
