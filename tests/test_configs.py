@@ -154,3 +154,23 @@ def test_interpreter_grid_keeps_loops_iterating():
     cpu = torch.device("cpu")
     assert persistent_grid(10_000, cpu, 0, 32) == persistent_grid(10_000, cpu, 0, 2)
     assert persistent_grid(3, cpu, 0, 32) == 3
+
+
+@pytest.mark.parametrize("lean", [False, True], ids=["wide", "lean"])
+def test_pass2_reverse_where_measured(lean):
+    """Triton's blocked pass 2 runs from the last chunk to the first (norms._pass2_reverse, NOTES
+    P112) for the FP8 rows of 128K with both norms on both card classes (four chunks of 32K or
+    more: e4m3 +3.5 / +2.8 on the H100, +2 on the H200), never for a 16-bit output (-5 to -6 at
+    128K) nor for rows of two chunks (64K on a lean card: no gain)."""
+    from engine.triton_kernels import norms
+
+    for rms in (True, False):
+        fp8_128k = nc.fwd_config(131072, torch.bfloat16, False, True, rms, False, lean)
+        assert norms._pass2_reverse(fp8_128k, 131072, True), (rms, fp8_128k)
+        for n in WIDTHS:
+            bf16 = nc.fwd_config(n, torch.bfloat16, False, False, rms, False, lean)
+            assert not norms._pass2_reverse(bf16, n, False)
+        if lean:
+            two = nc.fwd_config(65536, torch.bfloat16, False, True, rms, False, True)
+            assert two.block_n == 32768 and not norms._pass2_reverse(two, 65536, True)
+
