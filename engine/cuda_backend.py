@@ -469,8 +469,11 @@ def dram_class(n: int):
     lean DRAM bandwidth per SM (under 30 GB/s per SM: the H100 SXM, 25), ``2`` a wide one (the
     H200, 37), ``0`` (the default) the current device's class from its peak DRAM bandwidth. The
     lean card's defaults: the band kernel's layout with tiles of their own (``norm_fwd_band(2)``'s
-    layout; a wide card takes ``3``'s) and from 64K the streamed forward's CTA of a 16-CTA
-    cluster (128 threads at 64K, 256 at 128K; every output dtype alike). The Triton kernels' twin
+    layout; a wide card takes ``3``'s), from 64K the streamed forward's CTA of a 16-CTA
+    cluster (128 threads at 64K, 256 at 128K; every output dtype alike), and session 30's kernel
+    choices for FP8 outputs without a residual: RMSNorm's rows of 4K-16K on the blocked kernel,
+    LayerNorm's on the register path up to 32K (a wide card keeps RMSNorm's on the register path
+    below 16K and streams LayerNorm's from 8K; NOTES P116). The Triton kernels' twin
     is ``engine.triton_kernels.utils.DRAM_CLASS``. For A/B benchmarks of the two sets on one GPU.
     Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
     ValueError at the call."""
