@@ -37,14 +37,12 @@ __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_tr
 
 #: Per norm, with ENGINE_NORM_EXTERNAL_TRANSPOSE unset: rows of at most this many elements ask the
 #: norm kernel for the FP8 transposed copy with ``out_t_auto`` (the extension then takes the faster
-#: path: the band kernel at 1025-8192 where it applies; the register path's tile up to 1024,
-#: in-kernel against external 72 / 65 % of copy on the H200 for RMSNorm at 1K; the tiled transpose
-#: after the norm elsewhere), wider rows take the tiled transpose directly. LayerNorm stops at 1024:
-#: its band kernel lost to the tiled transpose at 2K-8K (kernel time, % of copy, H100: 71-74 /
-#: 68-70 / 60-62 against 71-72 / 70-71 / 69; H200: 52-54 / 49-52 / 43-46 against 66 / 63 / 57),
-#: RMSNorm's won (H100: 79 / 78 / 76 against 72; H200: 72-74 / 74-75 / 70 against 65-66 / 62 /
-#: 60; benchmarks/NOTES.md P104, P105).
-IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 8192, "layernorm": 1024}
+#: path by the width and the card's class: the band kernel where it applies and won; the register
+#: path's tile up to 1024, in-kernel against external 72 / 65 % of copy on the H200 for RMSNorm at
+#: 1K; the tiled transpose after the norm elsewhere; engine/csrc/normalization/norm_fwd_band.cuh:
+#: fwd_band_cfg), wider rows take the tiled transpose directly. The band kernel takes rows of up
+#: to 16384 (benchmarks/NOTES.md P104, P105, P117).
+IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 16384, "layernorm": 16384}
 
 _log = logging.getLogger("engine.cuda_backend")
 _lock = threading.Lock()
@@ -181,9 +179,10 @@ def norm_fwd(
     out_t_auto: bool = False,
 ) -> None:
     """Norm forward; see :func:`engine.reference.norm_fwd` for the contract. With ``out_t_auto``
-    the transposed copy comes from the band kernel where it applies (FP8 with delayed scaling, a
-    16-bit x without a residual, rows of 1025-8192; :func:`norm_fwd_band`), the register path's
-    tile for rows of up to 1024, the tiled transpose after the norm otherwise."""
+    the transposed copy comes from the band kernel where it applies and the card's defaults take it
+    (FP8 with delayed scaling, a 16-bit x without a residual, rows of 1025-16384;
+    :func:`norm_fwd_band`), the register path's tile for rows of up to 1024, the tiled transpose
+    after the norm otherwise."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_fwd", "x", x)
     err = (_ext or _ext_or_load()).norm_fwd(
@@ -434,17 +433,19 @@ def norm_fwd_band(n: int):
     """Context manager: inside the ``with`` block the CUDA forward's band kernel (an FP8 output
     with its transposed copy written by the norm kernel, delayed scaling, a 16-bit x without a
     residual; engine/csrc/normalization/norm_fwd_band.cuh) runs as ``n`` says: ``1`` never (the
-    register path's tile or the tiled transpose after the norm, as before it), ``2`` or ``3`` at
-    every width whose cluster fits (512 columns per CTA, at most 16 CTAs: rows of up to 8192), ``2``
-    in the layout whose FP8 tiles have shared memory of their own (one CTA per SM), ``3`` with the
-    tile written over its band's stage (two CTAs per SM), ``0`` (the default) the launcher's choice
-    (from 1025 columns; benchmarks/NOTES.md P104). It
+    register path's tile or the tiled transpose after the norm, as before it); ``2`` to ``4`` one
+    configuration at every width whose cluster of at most 16 CTAs fits: ``2`` bands of 32 rows x
+    512 columns per CTA whose FP8 tiles have shared memory of their own (one CTA per SM; rows of up
+    to 8192), ``3`` the same with the tile written over its band's stage (two CTAs per SM), ``4``
+    32 x 1024 with the tile in the stage (one CTA per SM; up to 16384); ``0`` (the default) the
+    launcher's choice (from 1025 columns;
+    benchmarks/NOTES.md P104, P117). It
     applies only where the transposed copy is asked of the norm kernel (``data_t`` passed to
     :func:`norm_fwd`; ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` and ``engine._norm_ops.external_transpose``
     decide). For tests and A/B benchmarks. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` raises ValueError at the call."""
-    if type(n) is not int or n not in (0, 1, 2, 3):
-        raise ValueError(f"norm_fwd_band: n must be 0, 1, 2 or 3, got {n!r}")
+    if type(n) is not int or n not in range(5):
+        raise ValueError(f"norm_fwd_band: n must be an int in 0..4, got {n!r}")
     return _knob("set_norm_fwd_band", n)
 
 

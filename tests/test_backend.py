@@ -37,8 +37,8 @@ def test_external_transpose_by_width(flag):
     """ENGINE_NORM_EXTERNAL_TRANSPOSE set decides for every width and backend (True: the tiled
     transpose after the norm, False: the norm kernel); unset, rows wider than the backend's
     IN_KERNEL_TRANSPOSE_MAX_N take the tiled transpose (True) and the others leave the choice to
-    the backend (None: ``out_t_auto``): CUDA up to 8192 for RMSNorm (its band kernel, its tile at
-    1K) and 1024 for LayerNorm (its tile), Triton up to 4096 for RMSNorm (its bands, which
+    the backend (None: ``out_t_auto``): CUDA up to 16384 for both norms (its band kernel where the
+    card's defaults take it, its tile at 1K), Triton up to 4096 for RMSNorm (its bands, which
     norms.band_by_default takes up to 2048 on a card that is not lean) and never for LayerNorm,
     never on the reference (0)."""
     from engine import _norm_ops, cuda_backend, reference, triton_kernels
@@ -48,8 +48,9 @@ def test_external_transpose_by_width(flag):
     shown = engine.backend.describe()["settings"]["norm_external_transpose"]
     assert shown == ("by row width" if flag is None else str(flag == "1"))
     for impl, n, is_rms, unset in [(cuda_backend, 64, True, None), (cuda_backend, 1024, True, None),
-                                   (cuda_backend, 8192, True, None), (cuda_backend, 8200, True, True),
-                                   (cuda_backend, 1024, False, None), (cuda_backend, 2048, False, True),
+                                   (cuda_backend, 16384, True, None), (cuda_backend, 16392, True, True),
+                                   (cuda_backend, 1024, False, None), (cuda_backend, 16384, False, None),
+                                   (cuda_backend, 16392, False, True),
                                    (cuda_backend, 131072, True, True),
                                    (triton_kernels, 64, True, None), (triton_kernels, 4096, True, None),
                                    (triton_kernels, 4104, True, True), (triton_kernels, 1024, False, True),
@@ -149,8 +150,8 @@ KNOBS = {
                              [-1, -2, 16384.0, "16384", True], "int >= 0"),
     "norm_fwd_stream_threads": ("set_norm_fwd_stream_threads", 256, 512, 0, 64,
                                 [1, 64, 1024, 256.0, "256", True], "0, 128, 256 or 512"),
-    "norm_fwd_band": ("set_norm_fwd_band", 2, 3, 0, 4,
-                      [-1, 4, 256, 2.0, "2", True], "0, 1, 2 or 3"),
+    "norm_fwd_band": ("set_norm_fwd_band", 2, 4, 0, 5,
+                      [-1, 5, 256, 2.0, "2", True], r"int in 0\.\.4"),
     "dram_class": ("set_dram_class", 1, 2, 0, 3, [-1, 3, 1.0, "1", True], "0, 1 or 2"),
     "fp8_transpose_order": ("set_fp8_transpose_order", 1, 2, 0, 3, [-1, 3, 1.0, "1", True],
                             "0, 1 or 2"),

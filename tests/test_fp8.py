@@ -15,6 +15,7 @@ there), so that check allows one step.
 from __future__ import annotations
 
 import contextlib
+import re
 
 import pytest
 import torch
@@ -216,8 +217,8 @@ def check_fp8_path(is_rms, fp8_dtype, n, knob, residual=False, dram_class=0):
 
     use_backend("cuda")
     try:
-        # the band kernel off: by default it writes RMSNorm's FP8 + transposed rows of 1025-8192
-        # (with its own row sums), before the kernel under test
+        # the band kernel off: by default it writes FP8 + transposed rows of 1025-16384 (with its
+        # own row sums; LayerNorm's on a lean card), before the kernel under test
         with knob, cuda_backend.norm_fwd_band(1), cuda_backend.dram_class(dram_class):
             x, w, b = inputs(67, n, is_rms)
             if residual:
@@ -632,13 +633,17 @@ def test_fwd_loop_taken(general):
 
 
 # (rows, cols, band knob): the band kernel (512 columns per CTA; knob 2 / 3: wherever it fits, in
-# the layout with tiles of their own / the tile in the stage; 0: the launcher's default) on a
+# the layout with tiles of their own / the tile in the stage; knob 4: 1024 columns per CTA, the
+# tile in the stage; 0: the launcher's default, which depends on the card's class) on a
 # partial band (29 rows, M % 16 != 0: the transposed copy's byte stores), one row, a last slice
 # shorter than the CTA's (1000, 1032, 7800), a 16-CTA cluster (8192, 7800) and more bands than
 # resident clusters (6000 / 2100 / 700 rows: several bands per cluster, every exchange slot reused
 # and its mbarrier phase flipped).
 BAND_CASES = [(29, 1000, 2), (1, 4096, 3), (6000, 2048, 0), (33, 1032, 0), (2100, 4096, 2),
-              (2100, 4096, 3), (45, 7800, 3), (700, 8192, 0), (64, 512, 2), (29, 1000, 3)]
+              (2100, 4096, 3), (45, 7800, 3), (700, 8192, 0), (64, 512, 2), (29, 1000, 3),
+              # 32 x 1024 per CTA (NOTES P117): a full and a short last slice, one row, a partial
+              # last band, a rank with no columns
+              (530, 16384, 4), (37, 15000, 4), (1, 16384, 4), (70, 12000, 4), (300, 1000, 4)]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the band kernel of the CUDA forward (sm_90 clusters)")
@@ -734,32 +739,61 @@ def test_fp8_band_kernel_off():
         engine.backend.reset_for_tests()
 
 
+# (norm, n, form) -> the default's writer of the transposed copy by card class (1 lean, 2 wide):
+# None the register path's tile (no other kernel), "transpose" the tiled transpose after the norm,
+# else the band kernel's configuration (norm_fwd_band.cuh: fwd_band_cfg; 1 / 2: 512 columns per
+# CTA, tiles of their own / the tile in the stage; 3: 1024 columns per CTA).
+TRANSPOSE_DEFAULT = {
+    ("rms", 1024, "plain"): {1: None, 2: None}, ("rms", 2048, "plain"): {1: 1, 2: 2},
+    ("rms", 8192, "plain"): {1: 1, 2: 2}, ("rms", 8200, "plain"): {1: 3, 2: "transpose"},
+    ("rms", 16384, "plain"): {1: 3, 2: "transpose"},
+    ("rms", 16392, "plain"): {1: "transpose", 2: "transpose"},
+    ("rms", 4096, "residual"): {1: "transpose", 2: "transpose"},
+    ("rms", 4096, "current"): {1: "transpose", 2: "transpose"},
+    ("ln", 1024, "plain"): {1: None, 2: None}, ("ln", 2048, "plain"): {1: 3, 2: "transpose"},
+    ("ln", 16384, "plain"): {1: 3, 2: "transpose"},
+    ("ln", 16392, "plain"): {1: "transpose", 2: "transpose"},
+}
+BAND_CFG_OF = {(2, "false", 1): 1, (2, "true", 2): 2, (4, "true", 1): 3}
+
+
 @pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
-@pytest.mark.parametrize("n,kernel", [(1024, None), (2048, "band"), (8192, "band"),
-                                      (8200, "transpose"), (16384, "transpose"),
-                                      (4096, "transpose-residual"), (4096, "transpose-current"),
-                                      (2048, "transpose-ln")])
-def test_default_transpose_path_by_width(n, kernel):
-    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset the CUDA backend writes the transposed copy of
-    rows of 1024 in the norm kernel (the register path's tile: no other kernel), of 2048-8192 in
-    the band kernel (delayed scaling, no residual; sm_90), and otherwise with the tiled transpose
-    after the norm: wider rows, at 4096 the residual form and current scaling, which the band
-    kernel does not take (out_t_auto: not the register path's 16-row tile, 30 % of copy), and
-    LayerNorm from 1025 (its band kernel lost there; cuda_backend.IN_KERNEL_TRANSPOSE_MAX_N). Each
-    is data.T bitwise."""
+@pytest.mark.parametrize("norm,n,form", list(TRANSPOSE_DEFAULT))
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
+def test_default_transpose_path_by_width(norm, n, form, dram_class):
+    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset the CUDA backend writes the transposed copy
+    (TRANSPOSE_DEFAULT, by card class: engine.cuda_backend.dram_class) of rows of 1024 in the
+    norm kernel (the register path's tile), of RMSNorm's rows of 2K-8K in the band kernel (layout
+    1 on a lean card, 2 on a wide one), of 8K-16K on a lean card in its configuration of 1024
+    columns per CTA, LayerNorm's of 2K-16K too (NOTES P117), and otherwise with the tiled
+    transpose after the norm: wider rows, the residual form and current scaling (which the band
+    kernel does not take; out_t_auto: not the register path's 16-row tile, 30 % of copy). Each is
+    data.T bitwise."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the band kernel needs thread-block clusters (sm_90)")
+    from engine import cuda_backend
+
     use_backend("cuda")
     try:
-        is_rms = kernel != "transpose-ln"
+        is_rms = norm == "rms"
         x, w, b = inputs(64, n, is_rms)
-        r = torch.randn_like(x) if kernel == "transpose-residual" else None
+        r = torch.randn_like(x) if form == "residual" else None
         out = []
-        q = (Float8CurrentScalingQuantizer(E4M3, columnwise=True) if kernel == "transpose-current"
+        q = (Float8CurrentScalingQuantizer(E4M3, columnwise=True) if form == "current"
              else delayed(E4M3, columnwise=True))
         kw = {} if r is None else {"residual": r}
-        names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b, quantizer=q, **kw)))
-        band = kernel == "band" and torch.cuda.get_device_capability()[0] >= 9
-        assert any("byte_transpose_kernel" in name for name in names) is (kernel is not None and not band)
-        assert any("norm_fwd_band_kernel" in name for name in names) is band
+        with cuda_backend.dram_class(dram_class):
+            names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b, quantizer=q, **kw)))
+        want = TRANSPOSE_DEFAULT[(norm, n, form)][dram_class]
+        assert any("byte_transpose_kernel" in name for name in names) is (want == "transpose"), names
+        band = [name for name in names if "norm_fwd_band_kernel" in name]
+        if isinstance(want, int):
+            assert len(band) == 1, names
+            shape = re.search(r"BandShape<(\d+)>\s*,\s*(true|false)\s*,\s*(\d+)", band[0])
+            assert shape is not None, band[0]
+            assert BAND_CFG_OF[(int(shape[1]), shape[2], int(shape[3]))] == want, band[0]
+        else:
+            assert band == [], names
         t = out[0] if r is None else out[0][0]
         assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
     finally:

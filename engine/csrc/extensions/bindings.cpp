@@ -494,9 +494,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_norm_fwd_band", &engine_set_norm_fwd_band,
-        "The norm forward's band kernel for an FP8 output with its transposed copy: 1 never, 2 / 3 "
-        "wherever its cluster fits (rows of up to 8192; tiles of their own / the tile in the "
-        "stage), 0 for the default "
+        "The norm forward's band kernel for an FP8 output with its transposed copy: 1 never, 2-4 "
+        "one configuration wherever its cluster fits (2 / 3: 32 x 512 per CTA, tiles of their own "
+        "/ the tile in the stage; 4: 32 x 1024), 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_fp8_transpose_order", &engine_set_fp8_transpose_order,

@@ -124,8 +124,8 @@ struct LaunchCtx {
                            engine_set_norm_fwd_stream_from) */
   int fwd_stream_threads; /* forward, streamed kernel: largest CTA (0: the default;
                              engine_set_norm_fwd_stream_threads) */
-  int fwd_band;           /* forward, band kernel (FP8 + transposed): 0 the default, 1 never, 2 / 3
-                             wherever it fits, in one layout (engine_set_norm_fwd_band) */
+  int fwd_band;           /* forward, band kernel (FP8 + transposed): 0 the default, 1 never, 2-4
+                             one configuration wherever it fits (engine_set_norm_fwd_band) */
   int lean_dram;          /* 1: the lean card's defaults where the cards measured apart (lean_dram,
                              engine_set_dram_class; NOTES P109) */
 };

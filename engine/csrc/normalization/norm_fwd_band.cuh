@@ -7,13 +7,13 @@
  * rows per CTA sharing a band over a cluster) paid a barrier or an exchange per row or per few
  * rows with nothing in flight.
  *
- * Here the work unit is a band of kBandRows (32) consecutive rows: whole 32-byte sectors in every
- * run of the transposed copy. The band's row slices are spread over a thread-block cluster of C
- * CTAs, CTA `rank` owning columns [rank * S, rank * S + S), S = kBandCols (512: rows of up to 8K
- * over at most 16 CTAs). A CTA of 8 warps holds the band's slice in shared memory (32 x S values of
- * x: 32 KB, a ring of kBandStages stages filled by cp.async one band ahead); warp w owns rows
- * 4w .. 4w + 3 of the band, lane l the 16-byte vectors l and l + 32 of each, so a row's partial
- * sums need only the warp's butterfly. One exchange per band (not per row): every warp sends its
+ * Here the work unit is a band of 32 consecutive rows: whole 32-byte sectors in every run of the
+ * transposed copy. The band's row slices are spread over a thread-block cluster of C CTAs, CTA
+ * `rank` owning columns [rank * S, rank * S + S), S = BandShape::kCols (512: rows of up to 8K over
+ * at most 16 CTAs; 1024: up to 16K, NOTES P117). A CTA of 8 warps holds the band's slice in shared
+ * memory (32 x S values of x: 32 or 64 KB, a ring of kBandStages stages filled by cp.async one
+ * band ahead); warp w owns rows 4w .. 4w + 3 of the band, lane l the 16-byte vectors l, l + 32, ...
+ * of each, so a row's partial sums need only the warp's butterfly. One exchange per band (not per row): every warp sends its
  * four rows' partial sums (RMSNorm: sum of z^2; LayerNorm: sum of z and the sum of squares about
  * the slice's mean, Chan's formula over the slices, no E[z^2] - E[z]^2) by st.async into every
  * CTA of the cluster, counted by an mbarrier, and waits for the band's totals one phase later:
@@ -29,9 +29,10 @@
  * The exchange's round trip between SMs hides behind phase B of the previous band. The FP8 tile
  * has two layouts (kTileInStage, P105): written over its band's stage once every thread has read
  * its x there (a CTA barrier before the tile's writes and one after the transposed store, before
- * the next copy refills the stage: 96 KB of shared memory, two CTAs per SM), or two tiles of their
- * own alternating by band parity, one CTA barrier per band ordering the tile's writes and reads (a
- * tile is rewritten two bands later, after the next band's barrier; 131 KB, one CTA per SM).
+ * the next copy refills the stage: 96 KB of shared memory at S = 512, two CTAs per SM; 192 KB at
+ * S = 1024, one), or two tiles of their own alternating by band parity, one CTA barrier per band
+ * ordering the tile's writes and reads (a tile is rewritten two bands later, after the next band's
+ * barrier; 131 KB at S = 512, one CTA per SM).
  * Exchange slot k % 2: a CTA sends band k + 2 only after its wait for band k + 1, which needs
  * every warp of every CTA to have sent band k + 1, which each does after its reads of band k's
  * totals.
@@ -41,9 +42,11 @@
  * at rounding boundaries only (tests/test_fp8.py::test_fp8_band_kernel), and transpose_data is the
  * rowwise data transposed bit for bit. Delayed scaling (kFull) only; current scaling's second pass
  * reads the statistics back (the register path, or the tiled transpose after the norm).
- * Measured (kernel time, NOTES P104 / P105; fwd_band_layout has the numbers): RMSNorm e4m3 +
+ * Measured (kernel time, NOTES P104 / P105 / P117; fwd_band_cfg has the numbers): RMSNorm e4m3 +
  * transposed at 2K-8K 76-79 % of copy on the H100 and 70-75 % on the H200, against 72 % and
- * 60-66 % for the tiled transpose after the norm; LayerNorm under the tiled transpose on both.
+ * 60-66 % for the tiled transpose after the norm; at 16K 71-73 against 70 (H100, S = 1024).
+ * LayerNorm at S = 512 under the tiled transpose on both cards; at S = 1024 above it at 2K-16K
+ * on the H100 (71-77 against 69-71).
  * Vectors past the row are zero-filled by the copy (they add zeros; gamma = beta = 0 there, y =
  * 0), rows past the matrix too (rsigma 0 there, y = 0: no NaN into amax with eps = 0); their stores
  * are predicated off.
@@ -62,43 +65,57 @@
 namespace engine {
 namespace norm {
 
-constexpr int kBandRows = 32;                       /* rows per band: a 32-byte sector per run */
 constexpr int kBandThreads = 256;                   /* CTA threads: 8 warps */
-constexpr int kBandRPW = kBandRows / (kBandThreads / 32); /* rows per warp and band: 4 */
 constexpr int kBandMaxCluster = 16;
 constexpr int kBandDepth = 1;                  /* bands copied ahead of phase A's */
 constexpr int kBandStages = kBandDepth + 2;    /* the copy's, phase A's and phase B's band */
 constexpr int kBandSlots = 2;                  /* exchange slots (the header: why two) */
-/* 16-byte vectors (8 values) per lane and row: a CTA's slice is S = 512 columns. Slices of 256
- * (one vector, 66 KB of shared memory: 3 CTAs per SM) lost 3-8 points to these at 1K-4K (RMSNorm,
- * H100: twice the exchanges and barriers per byte; NOTES P104). */
-constexpr int kBandNVL = 2;
-constexpr int kBandCols = kBandNVL * 32 * 8;
-/* Bytes per row of the FP8 tile: S + 4, so that store_tile_transposed's two 16-row halves (read
- * by one warp) fall on different banks. */
-constexpr int kBandPitch = kBandCols + 4;
-constexpr int kBandStageBytes = kBandRows * kBandCols * 2;
+
+/* A band kernel's shape: kRows = 32 rows per band (a whole 32-byte sector per run of the
+ * transposed copy), kNVL 16-byte vectors (8 values) per lane and row, so a CTA's slice is S =
+ * kNVL * 256 columns and rows of up to 16 * S take a cluster of at most 16. Slices of 256 (one
+ * vector, 66 KB of shared memory: 3 CTAs per SM) lost 3-8 points to S = 512 at 1K-4K (RMSNorm,
+ * H100: twice the exchanges and barriers per byte; NOTES P104). S = 1024 (three stages of 64 KB,
+ * one CTA per SM) takes rows of up to 16K (NOTES P117). Bands of 16 rows (S = 1024 at two CTAs
+ * per SM, S = 2048 at one: rows of up to 32K) ran at 29-34 % of copy on the H100 (P117): their
+ * transposed runs are half sectors, as P106 found for Triton's bands. */
+template <int NVL>
+struct BandShape {
+  static constexpr int R = 32;
+  static constexpr int kRows = R;
+  static constexpr int kNVL = NVL;
+  static constexpr int kRPW = R / (kBandThreads / 32); /* rows per warp and band */
+  static constexpr int kCols = NVL * 32 * 8;
+  /* Bytes per row of the FP8 tile: S + 4, so that store_tile_transposed's two 16-row halves (read
+   * by one warp) fall on different banks. */
+  static constexpr int kPitch = kCols + 4;
+  static constexpr int kStageBytes = R * kCols * 2;
+};
 
 /* kTileInStage: the FP8 tile of a band is written over its own stage once every thread has read
- * its x there (two more CTA barriers per band), so the CTA needs the stages alone (96 KB: two CTAs
- * per SM at up to 128 registers); otherwise two tiles of their own (131 KB: one CTA per SM). */
+ * its x there (two more CTA barriers per band), so the CTA needs the stages alone (96 KB at S =
+ * 512: two CTAs per SM at up to 128 registers); otherwise two tiles of their own (131 KB: one CTA
+ * per SM). */
+template <class Sh>
 __host__ __device__ constexpr int band_smem_bytes(bool in_stage) {
-  return kBandStages * kBandStageBytes + (in_stage ? 0 : 2 * kBandRows * kBandPitch);
+  return kBandStages * Sh::kStageBytes + (in_stage ? 0 : 2 * Sh::kRows * Sh::kPitch);
 }
 
-template <typename X, bool kRms, bool kBias, bool kTileInStage>
-__global__ void __launch_bounds__(kBandThreads, kTileInStage ? 2 : 1) norm_fwd_band_kernel(const FwdArgs a) {
+template <typename X, bool kRms, bool kBias, class Sh, bool kTileInStage, int kMinBlocks>
+__global__ void __launch_bounds__(kBandThreads, kMinBlocks) norm_fwd_band_kernel(const FwdArgs a) {
   static_assert(sizeof(X) == 2, "the band forward takes a 16-bit x");
   constexpr int VEC = 8;
-  constexpr int NVL = kBandNVL;
-  constexpr int RPW = kBandRPW;
+  constexpr int kBandRows = Sh::kRows;
+  constexpr int NVL = Sh::kNVL;
+  constexpr int RPW = Sh::kRPW;
   constexpr int T = kBandThreads;
-  constexpr int S = kBandCols;
-  constexpr int P = kBandPitch;
+  constexpr int S = Sh::kCols;
+  constexpr int P = Sh::kPitch;
   constexpr int kVals = kRms ? 1 : 2; /* values per row in the exchange */
   constexpr int kWarpVals = RPW * kVals;
   static_assert(kWarpVals % 4 == 0, "a warp's values go out as float4 sends");
-  constexpr uint32_t kStageBytes = (uint32_t)kBandStageBytes;
+  static_assert(!kTileInStage || kBandRows * P <= Sh::kStageBytes, "the tile fits its stage");
+  constexpr uint32_t kStageBytes = (uint32_t)Sh::kStageBytes;
   /* [slot][source rank][row of the band][value]: every CTA's partial sums, by st.async */
   __shared__ __align__(16) float recv[kBandSlots][kBandMaxCluster][kBandRows * kVals];
   __shared__ __align__(8) uint64_t mbar[kBandSlots];
@@ -409,67 +426,83 @@ __global__ void __launch_bounds__(kBandThreads, kTileInStage ? 2 : 1) norm_fwd_b
   block_amax_atomic(amax, a.amax, amax_buf);
 }
 
-/* Which band kernel takes rows of `cols`: 0 none, 1 the layout with tiles of their own (one CTA
- * per SM), 2 the tile in the stage (two CTAs per SM). engine_set_norm_fwd_band's value where set
- * (1: never; 2 / 3: layout 1 / 2 at every width whose cluster fits), else above 1K, up to 8K (the
- * widest row of a 16-CTA cluster), the card's layout: 1 on a card of lean DRAM bandwidth per SM
- * (`lean`: lean_dram, the H100), 2 on the others (NOTES P109). Kernel time, % of copy, RMSNorm
- * e4m3 at 2K / 4K / 8K (NOTES P104, P105), layout 1 / layout 2 / the tiled transpose after the
- * norm:
- *   H200: 66 / 64 / 58, 72-74 / 74-75 / 70, 65-66 / 62 / 60;
- *   H100: 80 / 81 / 80, 79 / 78 / 76, 72 / 72 / 72 (the register path's tile: 78 / 72 / 72).
- * The cards disagree (the H200's bandwidth wants the second CTA's copies in flight; on the H100
- * the extra barriers cost more than they bring). At 1K the register path's tile stays (H100 82
- * against the band's 82-83; H200 77 against 71-72).
- * LayerNorm's band rows lost to the tiled transpose on both cards (H100 74 / 70 / 62 against 72 /
- * 70 / 69; H200 52-54 / 49-52 / 43-46 against 66 / 63 / 57): with out_t_auto the Python layer
- * asks LayerNorm's norm kernel for the copy only up to 1K
- * (engine.cuda_backend.IN_KERNEL_TRANSPOSE_MAX_N); asked in-kernel
- * (ENGINE_NORM_EXTERNAL_TRANSPOSE = 0) it takes the band kernel, ahead of the 16-row tile (36 %).
+/* Which band kernel takes rows of `cols`: 0 none, else one of three configurations (slice width
+ * S per CTA, where the FP8 tile lives, CTAs per SM; bands of 32 rows):
+ *   1: S = 512, tiles of their own (131 KB), one CTA per SM ("layout 1"; rows of up to 8K);
+ *   2: S = 512, the tile in its stage (96 KB), two CTAs per SM ("layout 2"; up to 8K);
+ *   3: S = 1024, the tile in its stage (192 KB), one CTA per SM (up to 16K).
+ * engine_set_norm_fwd_band's value where set (1: never; 2-4: configuration 1-3 at every width
+ * whose cluster fits), else by the card's class (`lean`: lean_dram, the H100; NOTES P109):
+ * - RMSNorm above 1K up to 8K: layout 1 on a lean card, 2 on the others. Kernel time, % of copy,
+ *   e4m3 at 2K / 4K / 8K (NOTES P104, P105), layout 1 / layout 2 / the tiled transpose after the
+ *   norm: H200 66 / 64 / 58, 72-74 / 74-75 / 70, 65-66 / 62 / 60; H100 80 / 81 / 80, 79 / 78 /
+ *   76, 72 / 72 / 72 (configuration 3: 79 / 75-76 / 76-78, P117). The cards disagree (the H200's
+ *   bandwidth wants the second CTA's copies in flight; on the H100 the extra barriers cost more
+ *   than they bring). At 1K the register path's tile stays (H100 82 against the band's 82-83;
+ *   H200 77 against 71-72).
+ * - RMSNorm above 8K up to 16K on a lean card: configuration 3, 71-73 against the tiled
+ *   transpose's 70 (H100, P117).
+ * - LayerNorm above 1K up to 16K on a lean card: configuration 3 (P117, H100, 2K / 4K / 8K / 16K:
+ *   75-76 / 74-76 / 75-77 / 71 against the tiled transpose's 71 / 71 / 69 / 69; layout 1 there
+ *   73 / 70 / 61, layout 2 66 / 65 / 60: at S = 512 LayerNorm's exchange of two values per row
+ *   and its cluster of twice the CTAs cost more than RMSNorm's).
+ * Rows the band kernel does not take get their transposed copy from the tiled transpose after the
+ * norm (with out_t_auto; asked in-kernel, ENGINE_NORM_EXTERNAL_TRANSPOSE = 0, the register path's
+ * 16-row tile, 30-36 %).
  */
-inline int fwd_band_layout(int cols, int knob, bool lean) {
+inline int fwd_band_cfg(int cols, int knob, bool lean, bool rms) {
   if (knob != 0) return knob - 1;
-  return cols > 1024 ? (lean ? 1 : 2) : 0;
+  if (cols <= 1024 || cols > 16384) return 0;
+  if (rms && cols <= 8192) return lean ? 1 : 2;
+  return lean ? 3 : 0;
 }
 
-template <typename X, bool kInStage>
+template <typename X, class Sh, bool kInStage, int kMinBlocks>
 auto fwd_band_kernel(bool rms, bool bias) -> void (*)(FwdArgs) {
-  return rms ? &norm_fwd_band_kernel<X, true, false, kInStage>
-             : (bias ? &norm_fwd_band_kernel<X, false, true, kInStage>
-                     : &norm_fwd_band_kernel<X, false, false, kInStage>);
+  return rms ? &norm_fwd_band_kernel<X, true, false, Sh, kInStage, kMinBlocks>
+             : (bias ? &norm_fwd_band_kernel<X, false, true, Sh, kInStage, kMinBlocks>
+                     : &norm_fwd_band_kernel<X, false, false, Sh, kInStage, kMinBlocks>);
 }
 
-/* Launch the band kernel where it applies: an FP8 output with out_t in mode kFull (delayed
- * scaling), a 16-bit x without a residual whose rows allow 16-byte vectors (the caller's check),
- * fwd_band_layout != 0, and a cluster of C = max(2, ceil(cols / S)) CTAs within ctx.max_cluster
- * (16: rows of up to 8192). Returns false where it launched nothing. */
-template <typename X>
-bool launch_fwd_band(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
-  if (a.mode != kFull || a.out_t == nullptr || a.residual != nullptr || a.rows == 0) return false;
-  const int layout = fwd_band_layout(a.cols, ctx.fwd_band, ctx.lean_dram != 0);
-  if (layout == 0) return false;
-  int c = (int)ceil_div(a.cols, kBandCols);
+/* Launch configuration (Sh, kInStage, kMinBlocks) of the band kernel if its cluster of
+ * C = max(2, ceil(cols / S)) CTAs fits ctx.max_cluster; false where it launched nothing. */
+template <typename X, class Sh, bool kInStage, int kMinBlocks>
+bool launch_fwd_band_as(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
+  int c = (int)ceil_div(a.cols, Sh::kCols);
   if (c < 2) c = 2; /* the exchange's sends and barriers are cluster instructions */
   if (c > ctx.max_cluster || c > kBandMaxCluster) return false;
-  const bool in_stage = layout == 2;
-  const size_t smem = (size_t)band_smem_bytes(in_stage);
+  const size_t smem = (size_t)band_smem_bytes<Sh>(kInStage);
   if (smem + 12288 > (size_t)ctx.max_smem_optin) return false; /* static: up to ~8.3 KB */
-  const bool rms = a.is_rms != 0, bias = a.bias != nullptr;
-  void (*kernel)(FwdArgs) = in_stage ? fwd_band_kernel<X, true>(rms, bias) : fwd_band_kernel<X, false>(rms, bias);
+  void (*kernel)(FwdArgs) = fwd_band_kernel<X, Sh, kInStage, kMinBlocks>(a.is_rms != 0, a.bias != nullptr);
   int active = 0;
   *st = active_clusters(reinterpret_cast<const void*>(kernel), kBandThreads, smem, c, &active);
   if (*st != ENGINE_SUCCESS) return true;
-  const int64_t grid = persistent_clusters(ceil_div(a.rows, kBandRows), active, ctx.sm_count, ctx.sm_margin);
+  const int64_t grid = persistent_clusters(ceil_div(a.rows, Sh::kRows), active, ctx.sm_count, ctx.sm_margin);
   a.cluster = c;
   a.tpr = kBandThreads;
-  a.rows_per_iter = kBandRows;
-  a.tile_rows = kBandRows;
-  a.tile_pitch = kBandPitch;
+  a.rows_per_iter = Sh::kRows;
+  a.tile_rows = Sh::kRows;
+  a.tile_pitch = Sh::kPitch;
   a.t_vec16 = (ptr_aligned(a.out_t, 16) && a.rows % 16 == 0) ? 1 : 0;
   a.gb_off = -1;
   a.grid_clusters = (int)grid;
   *st = launch_in_clusters(kernel, grid * c, kBandThreads, smem, c, ctx.stream, a);
   return true;
+}
+
+/* Launch the band kernel where it applies: an FP8 output with out_t in mode kFull (delayed
+ * scaling), a 16-bit x without a residual whose rows allow 16-byte vectors (the caller's check),
+ * fwd_band_cfg != 0, and that configuration's cluster within ctx.max_cluster. Returns false where
+ * it launched nothing. */
+template <typename X>
+bool launch_fwd_band(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
+  if (a.mode != kFull || a.out_t == nullptr || a.residual != nullptr || a.rows == 0) return false;
+  switch (fwd_band_cfg(a.cols, ctx.fwd_band, ctx.lean_dram != 0, a.is_rms != 0)) {
+    case 1: return launch_fwd_band_as<X, BandShape<2>, false, 1>(a, ctx, st);
+    case 2: return launch_fwd_band_as<X, BandShape<2>, true, 2>(a, ctx, st);
+    case 3: return launch_fwd_band_as<X, BandShape<4>, true, 1>(a, ctx, st);
+    default: return false;
+  }
 }
 
 }  // namespace norm
