@@ -470,7 +470,10 @@ def dram_class(n: int):
     lean DRAM bandwidth per SM (under 30 GB/s per SM: the H100 SXM, 25), ``2`` a wide one (the
     H200, 37), ``0`` (the default) the current device's class from its peak DRAM bandwidth. The
     lean card's defaults: the band kernel's layout with tiles of their own (``norm_fwd_band(2)``'s
-    layout; a wide card takes ``3``'s), from 64K the streamed forward's CTA of a 16-CTA
+    layout; a wide card takes ``3``'s) and its configuration of 1024 columns per CTA
+    (``norm_fwd_band(4)``'s) for the FP8 + transposed rows of RMSNorm at 8K-16K and LayerNorm at
+    1K-16K (a wide card takes the tiled transpose there unless asked in-kernel; NOTES P117), from
+    64K the streamed forward's CTA of a 16-CTA
     cluster (128 threads at 64K, 256 at 128K; every output dtype alike), and session 30's kernel
     choices for FP8 outputs without a residual: RMSNorm's rows of 4K-16K on the blocked kernel,
     LayerNorm's on the register path up to 32K (a wide card keeps RMSNorm's on the register path

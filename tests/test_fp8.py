@@ -757,6 +757,18 @@ TRANSPOSE_DEFAULT = {
 BAND_CFG_OF = {(2, "false", 1): 1, (2, "true", 2): 2, (4, "true", 1): 3}
 
 
+def band_cfg_of(names):
+    """The band kernel's configuration (BAND_CFG_OF) among launched kernels' names, None if none
+    ran; asserts at most one ran and that its name shows its shape."""
+    band = [name for name in names if "norm_fwd_band_kernel" in name]
+    assert len(band) <= 1, names
+    if not band:
+        return None
+    shape = re.search(r"BandShape<(\d+)>\s*,\s*(true|false)\s*,\s*(\d+)", band[0])
+    assert shape is not None, band[0]
+    return BAND_CFG_OF[(int(shape[1]), shape[2], int(shape[3]))]
+
+
 @pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
 @pytest.mark.parametrize("norm,n,form", list(TRANSPOSE_DEFAULT))
 @pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
@@ -786,15 +798,41 @@ def test_default_transpose_path_by_width(norm, n, form, dram_class):
             names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b, quantizer=q, **kw)))
         want = TRANSPOSE_DEFAULT[(norm, n, form)][dram_class]
         assert any("byte_transpose_kernel" in name for name in names) is (want == "transpose"), names
-        band = [name for name in names if "norm_fwd_band_kernel" in name]
-        if isinstance(want, int):
-            assert len(band) == 1, names
-            shape = re.search(r"BandShape<(\d+)>\s*,\s*(true|false)\s*,\s*(\d+)", band[0])
-            assert shape is not None, band[0]
-            assert BAND_CFG_OF[(int(shape[1]), shape[2], int(shape[3]))] == want, band[0]
-        else:
-            assert band == [], names
+        assert band_cfg_of(names) == (want if isinstance(want, int) else None), names
         t = out[0] if r is None else out[0][0]
+        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="which CUDA kernel writes the transposed copy in-kernel")
+@pytest.mark.parametrize("norm,n,want", [("rms", 2048, {1: 1, 2: 2}), ("rms", 16384, {1: 3, 2: 3}),
+                                         ("ln", 2048, {1: 3, 2: 3}), ("ln", 16384, {1: 3, 2: 3}),
+                                         ("ln", 16392, {1: None, 2: None})])
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
+def test_in_kernel_transpose_band_by_class(norm, n, want, dram_class):
+    """Asked for the transposed copy in-kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE=0), the CUDA
+    forward takes the band kernel wherever the card's defaults have one (fwd_band_cfg), also on a
+    wide card where out_t_auto takes the tiled transpose instead (RMSNorm 8K-16K, LayerNorm
+    2K-16K: configuration 3 beats the register path's 16-row tile and layout 2 there, NOTES
+    P117); beyond 16K no band kernel fits, and the tiled transpose after the norm writes it. data.T
+    bitwise either way."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the band kernel needs thread-block clusters (sm_90)")
+    from engine import cuda_backend
+
+    use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
+    try:
+        is_rms = norm == "rms"
+        x, w, b = inputs(40, n, is_rms)
+        out = []
+        with cuda_backend.dram_class(dram_class):
+            names = cuda_kernel_names(
+                lambda: out.append(call(is_rms, x, w, b, quantizer=delayed(E4M3, columnwise=True))))
+        assert band_cfg_of(names) == want[dram_class], names
+        # beyond 16K the norm's path hands the copy to the tiled transpose (no tile of 16 rows fits)
+        assert any("byte_transpose_kernel" in name for name in names) is (want[dram_class] is None), names
+        t = out[0]
         assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
     finally:
         engine.backend.reset_for_tests()

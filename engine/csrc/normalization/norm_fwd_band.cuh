@@ -432,7 +432,9 @@ __global__ void __launch_bounds__(kBandThreads, kMinBlocks) norm_fwd_band_kernel
  *   2: S = 512, the tile in its stage (96 KB), two CTAs per SM ("layout 2"; up to 8K);
  *   3: S = 1024, the tile in its stage (192 KB), one CTA per SM (up to 16K).
  * engine_set_norm_fwd_band's value where set (1: never; 2-4: configuration 1-3 at every width
- * whose cluster fits), else by the card's class (`lean`: lean_dram, the H100; NOTES P109):
+ * whose cluster fits), else by the card's class (`lean`: lean_dram, the H100; NOTES P109) and
+ * whether the launcher picks the path (`t_auto`: out_t_auto) or the caller asked for the copy
+ * in-kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE = 0):
  * - RMSNorm above 1K up to 8K: layout 1 on a lean card, 2 on the others. Kernel time, % of copy,
  *   e4m3 at 2K / 4K / 8K (NOTES P104, P105), layout 1 / layout 2 / the tiled transpose after the
  *   norm: H200 66 / 64 / 58, 72-74 / 74-75 / 70, 65-66 / 62 / 60; H100 80 / 81 / 80, 79 / 78 /
@@ -440,21 +442,23 @@ __global__ void __launch_bounds__(kBandThreads, kMinBlocks) norm_fwd_band_kernel
  *   bandwidth wants the second CTA's copies in flight; on the H100 the extra barriers cost more
  *   than they bring). At 1K the register path's tile stays (H100 82 against the band's 82-83;
  *   H200 77 against 71-72).
- * - RMSNorm above 8K up to 16K on a lean card: configuration 3, 71-73 against the tiled
- *   transpose's 70 (H100, P117).
- * - LayerNorm above 1K up to 16K on a lean card: configuration 3 (P117, H100, 2K / 4K / 8K / 16K:
- *   75-76 / 74-76 / 75-77 / 71 against the tiled transpose's 71 / 71 / 69 / 69; layout 1 there
- *   73 / 70 / 61, layout 2 66 / 65 / 60: at S = 512 LayerNorm's exchange of two values per row
- *   and its cluster of twice the CTAs cost more than RMSNorm's).
+ * - RMSNorm above 8K up to 16K, and LayerNorm above 1K up to 16K: configuration 3 on a lean card
+ *   (P117, H100: RMSNorm 16K 71-73 against the tiled transpose's 70; LayerNorm 2K / 4K / 8K /
+ *   16K 75-76 / 74-76 / 75-77 / 71 against 71 / 71 / 69 / 69, where layout 1 read 73 / 70 / 61 and
+ *   layout 2 66 / 65 / 60: at S = 512 LayerNorm's exchange of two values per row and its cluster
+ *   of twice the CTAs cost more than RMSNorm's). On a wide card configuration 3 only when asked
+ *   in-kernel: it ties the tiled transpose for RMSNorm at 16K and loses for LayerNorm (P117,
+ *   H200: 63-64 against 64; LayerNorm 2K / 4K / 8K / 16K 63-64 / 58 / 57 / 51 against 66 / 63 /
+ *   60 / 61), but beats the register path's 16-row tile (30-36 %) and layout 2 (LayerNorm 53 /
+ *   51 / 45 at 2K-8K, P105).
  * Rows the band kernel does not take get their transposed copy from the tiled transpose after the
- * norm (with out_t_auto; asked in-kernel, ENGINE_NORM_EXTERNAL_TRANSPOSE = 0, the register path's
- * 16-row tile, 30-36 %).
+ * norm (with out_t_auto), or asked in-kernel from the register path's tile.
  */
-inline int fwd_band_cfg(int cols, int knob, bool lean, bool rms) {
+inline int fwd_band_cfg(int cols, int knob, bool lean, bool rms, bool t_auto) {
   if (knob != 0) return knob - 1;
   if (cols <= 1024 || cols > 16384) return 0;
   if (rms && cols <= 8192) return lean ? 1 : 2;
-  return lean ? 3 : 0;
+  return (lean || !t_auto) ? 3 : 0;
 }
 
 template <typename X, class Sh, bool kInStage, int kMinBlocks>
@@ -497,7 +501,7 @@ bool launch_fwd_band_as(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
 template <typename X>
 bool launch_fwd_band(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
   if (a.mode != kFull || a.out_t == nullptr || a.residual != nullptr || a.rows == 0) return false;
-  switch (fwd_band_cfg(a.cols, ctx.fwd_band, ctx.lean_dram != 0, a.is_rms != 0)) {
+  switch (fwd_band_cfg(a.cols, ctx.fwd_band, ctx.lean_dram != 0, a.is_rms != 0, a.t_auto != 0)) {
     case 1: return launch_fwd_band_as<X, BandShape<2>, false, 1>(a, ctx, st);
     case 2: return launch_fwd_band_as<X, BandShape<2>, true, 2>(a, ctx, st);
     case 3: return launch_fwd_band_as<X, BandShape<4>, true, 1>(a, ctx, st);
