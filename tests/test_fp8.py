@@ -322,12 +322,15 @@ def fp8_own_kernel(n, lean):
 
 @contextlib.contextmanager
 def register_path():
-    """CUDA: the forward's register path wherever the row fits it, the streamed and blocked
+    """CUDA: the forward's register path wherever the row fits it, the streamed, blocked and band
     kernels off (by default RMSNorm's FP8 outputs without a residual take the blocked kernel at
-    4K-16K and the stream above: cuda_fp8_own_path)."""
+    4K-16K and the stream above: cuda_fp8_own_path; an FP8 output with its transposed copy asked
+    in-kernel the band kernel at 1K-16K, NOTES P117, where its own row sums would make the bytes
+    differ from the register path's cast at rounding boundaries)."""
     from engine import cuda_backend
 
-    with cuda_backend.norm_fwd_stream_from(1 << 30), cuda_backend.norm_fwd_blocked_from(1 << 30):
+    with cuda_backend.norm_fwd_stream_from(1 << 30), cuda_backend.norm_fwd_blocked_from(1 << 30), \
+            cuda_backend.norm_fwd_band(1):
         yield
 
 
