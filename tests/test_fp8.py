@@ -800,7 +800,8 @@ def test_default_transpose_path_by_width(norm, n, form, dram_class):
         with cuda_backend.dram_class(dram_class):
             names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b, quantizer=q, **kw)))
         want = TRANSPOSE_DEFAULT[(norm, n, form)][dram_class]
-        assert any("byte_transpose_kernel" in name for name in names) is (want == "transpose"), names
+        tiled = any("byte_transpose_kernel" in name for name in names)
+        assert tiled is (want == "transpose"), names
         assert band_cfg_of(names) == (want if isinstance(want, int) else None), names
         t = out[0] if r is None else out[0][0]
         assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
@@ -834,7 +835,8 @@ def test_in_kernel_transpose_band_by_class(norm, n, want, dram_class):
                 lambda: out.append(call(is_rms, x, w, b, quantizer=delayed(E4M3, columnwise=True))))
         assert band_cfg_of(names) == want[dram_class], names
         # beyond 16K the norm's path hands the copy to the tiled transpose (no tile of 16 rows fits)
-        assert any("byte_transpose_kernel" in name for name in names) is (want[dram_class] is None), names
+        tiled = any("byte_transpose_kernel" in name for name in names)
+        assert tiled is (want[dram_class] is None), names
         t = out[0]
         assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
     finally:

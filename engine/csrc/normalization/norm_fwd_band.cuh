@@ -13,10 +13,11 @@
  * at most 16 CTAs; 1024: up to 16K, NOTES P117). A CTA of 8 warps holds the band's slice in shared
  * memory (32 x S values of x: 32 or 64 KB, a ring of kBandStages stages filled by cp.async one
  * band ahead); warp w owns rows 4w .. 4w + 3 of the band, lane l the 16-byte vectors l, l + 32, ...
- * of each, so a row's partial sums need only the warp's butterfly. One exchange per band (not per row): every warp sends its
- * four rows' partial sums (RMSNorm: sum of z^2; LayerNorm: sum of z and the sum of squares about
- * the slice's mean, Chan's formula over the slices, no E[z^2] - E[z]^2) by st.async into every
- * CTA of the cluster, counted by an mbarrier, and waits for the band's totals one phase later:
+ * of each, so a row's partial sums need only the warp's butterfly. One exchange per band (not per
+ * row): every warp sends its four rows' partial sums (RMSNorm: sum of z^2; LayerNorm: sum of z and
+ * the sum of squares about the slice's mean, Chan's formula over the slices, no E[z^2] - E[z]^2)
+ * by st.async into every CTA of the cluster, counted by an mbarrier, and waits for the band's
+ * totals one phase later:
  *
  *   iteration k:  copy band k+1;  wait for band k's copies;
  *                 phase A of band k: its partial sums, sent;
@@ -477,11 +478,13 @@ bool launch_fwd_band_as(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
   if (c > ctx.max_cluster || c > kBandMaxCluster) return false;
   const size_t smem = (size_t)band_smem_bytes<Sh>(kInStage);
   if (smem + 12288 > (size_t)ctx.max_smem_optin) return false; /* static: up to ~8.3 KB */
-  void (*kernel)(FwdArgs) = fwd_band_kernel<X, Sh, kInStage, kMinBlocks>(a.is_rms != 0, a.bias != nullptr);
+  void (*kernel)(FwdArgs) =
+      fwd_band_kernel<X, Sh, kInStage, kMinBlocks>(a.is_rms != 0, a.bias != nullptr);
   int active = 0;
   *st = active_clusters(reinterpret_cast<const void*>(kernel), kBandThreads, smem, c, &active);
   if (*st != ENGINE_SUCCESS) return true;
-  const int64_t grid = persistent_clusters(ceil_div(a.rows, Sh::kRows), active, ctx.sm_count, ctx.sm_margin);
+  const int64_t grid =
+      persistent_clusters(ceil_div(a.rows, Sh::kRows), active, ctx.sm_count, ctx.sm_margin);
   a.cluster = c;
   a.tpr = kBandThreads;
   a.rows_per_iter = Sh::kRows;
