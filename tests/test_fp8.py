@@ -663,17 +663,30 @@ def test_fp8_band_kernel(is_rms, zc, bias, fp8_dtype, m, n, band):
     boundaries only, amax is that output's max|y| to the last bits, scale_inv = 1 / scale, and the
     bytes are within one step of the float64 oracle's (rarely). Poisoned outputs: every byte of
     both copies is written."""
+    check_band_kernel(is_rms, zc, bias, fp8_dtype, m, n, band, BF16)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the band kernel of the CUDA forward (sm_90 clusters)")
+@pytest.mark.parametrize("is_rms,bias", [(True, False), (False, True)], ids=["rms", "ln"])
+@pytest.mark.parametrize("m,n,band", [(300, 2048, 2), (45, 7800, 3), (530, 16384, 4), (70, 4096, 0)])
+def test_fp8_band_kernel_fp16(is_rms, bias, m, n, band):
+    """The band kernel's fp16 x builds (every configuration; test_fp8_band_kernel's checks)."""
+    check_band_kernel(is_rms, False, bias, E4M3, m, n, band, torch.float16)
+
+
+def check_band_kernel(is_rms, zc, bias, fp8_dtype, m, n, band, x_dtype):
+    """test_fp8_band_kernel's checks for an x of ``x_dtype``."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("thread-block clusters need sm_90")
     from engine import cuda_backend
 
     use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
     try:
-        x = torch.randn(m, n, device=DEVICE, dtype=BF16)
+        x = torch.randn(m, n, device=DEVICE, dtype=x_dtype)
         if not is_rms:
             x[: m // 2] += 8.0  # rows of a large mean against their spread: the centred pass
-        w = (torch.rand(n, device=DEVICE) + 0.5).to(BF16)
-        b = torch.randn(n, device=DEVICE).to(BF16) if bias else None
+        w = (torch.rand(n, device=DEVICE) + 0.5).to(x_dtype)
+        b = torch.randn(n, device=DEVICE).to(x_dtype) if bias else None
         kw = dict(zero_centered_gamma=zc)
         with cuda_backend.norm_fwd_band(band):
             y32 = call(is_rms, x, w, b, out_dtype=F32, **kw)
