@@ -228,9 +228,11 @@ class Float8Tensor:
 
     @property
     def device(self) -> torch.device:
+        """The device of the data (that of ``scale_inv``)."""
         return self.scale_inv.device
 
     def size(self, dim: Optional[int] = None):
+        """The logical shape, or its extent in ``dim``, as ``torch.Tensor.size``."""
         return self._shape if dim is None else self._shape[dim]
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> Tensor:

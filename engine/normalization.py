@@ -248,6 +248,7 @@ class RMSNorm(_NormBase):
         super().__init__(normalized_shape, eps, zero_centered_gamma, sm_margin, False, device, dtype)
 
     def forward(self, x: Tensor, residual: Optional[Tensor] = None, quantizer=None):
+        """RMSNorm of ``x`` (or of ``x + residual``): what :func:`engine.rmsnorm` returns."""
         return _norm(x, self.weight, None, self.eps, True, self.zero_centered_gamma, residual, quantizer,
                      None, self.sm_margin)
 
@@ -271,5 +272,6 @@ class LayerNorm(_NormBase):
         super().__init__(normalized_shape, eps, zero_centered_gamma, sm_margin, bias, device, dtype)
 
     def forward(self, x: Tensor, residual: Optional[Tensor] = None, quantizer=None):
+        """LayerNorm of ``x`` (or of ``x + residual``): what :func:`engine.layernorm` returns."""
         return _norm(x, self.weight, self.bias, self.eps, False, self.zero_centered_gamma, residual,
                      quantizer, None, self.sm_margin)
