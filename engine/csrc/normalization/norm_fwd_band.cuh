@@ -82,15 +82,14 @@ constexpr int kBandSlots = 2;                  /* exchange slots (the header: wh
  * transposed runs are half sectors, as P106 found for Triton's bands. */
 template <int NVL>
 struct BandShape {
-  static constexpr int R = 32;
-  static constexpr int kRows = R;
+  static constexpr int kRows = 32;
   static constexpr int kNVL = NVL;
-  static constexpr int kRPW = R / (kBandThreads / 32); /* rows per warp and band */
+  static constexpr int kRPW = kRows / (kBandThreads / 32); /* rows per warp and band */
   static constexpr int kCols = NVL * 32 * 8;
   /* Bytes per row of the FP8 tile: S + 4, so that store_tile_transposed's two 16-row halves (read
    * by one warp) fall on different banks. */
   static constexpr int kPitch = kCols + 4;
-  static constexpr int kStageBytes = R * kCols * 2;
+  static constexpr int kStageBytes = kRows * kCols * 2;
 };
 
 /* kTileInStage: the FP8 tile of a band is written over its own stage once every thread has read
