@@ -903,6 +903,42 @@ def test_layernorm_stream_large_mean(n):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="a path of the CUDA forward")
+@pytest.mark.parametrize("threads", [0, 128])
+@pytest.mark.parametrize("n", [8200, 32776, 65536])
+def test_layernorm_stream_warp_means_apart(n, threads):
+    """The streamed LayerNorm forward's merge of the warps' statistics (pair_xchg_gather_chan:
+    Chan's formula in one round about warp 0's mean where D^2 / N <= 3/4 B, else a second round
+    about the row's mean; NOTES P118) on bf16 rows whose warps' means lie far apart: N(0, 1) noise
+    plus an offset of 1000 on the first or the last f of the row, f from 1/64 to 1/2, and a row of
+    noise alone. An offset at the start moves warp 0's mean (the one-round reference) away from
+    the row's: f = 1/2 stays in one round (D^2 / N = B / 2), small f crosses to the second where
+    the row spans more CTAs than its offset part. Statistics within STATS of float64, y within
+    fp32 rounding; 128-thread CTAs put 4 warps per CTA into the exchange (its compact entries,
+    rank * W + warp)."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    fracs = [1 / 64, 1 / 16, 1 / 4, 1 / 2]
+    x = torch.randn(2 * len(fracs) + 1, n, device=DEVICE)
+    for i, f in enumerate(fracs):
+        k = max(8, int(n * f))
+        x[2 * i, :k] += 1000.0
+        x[2 * i + 1, n - k:] += 1000.0
+    x = x.to(BF16)
+    w = torch.randn(n, device=DEVICE, dtype=BF16)
+    b = torch.randn(n, device=DEVICE, dtype=BF16)
+    try:
+        with cuda_backend.norm_fwd_stream_from(1), cuda_backend.norm_fwd_stream_threads(threads):
+            out, _, mu, rsigma = run_fwd(False, x, w, b, None, 1e-5, False, F32)
+        ref = ref_fwd(x, w, b, 1e-5, False)
+        torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+        torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+        torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_zero_rows(backend, is_rms):
     """M = 0 is a valid empty call: nothing written, dweight/dbias zero."""

@@ -192,23 +192,25 @@ __device__ __forceinline__ void st_async_f2(uint32_t rp, uint32_t rb, float a, f
 }
 
 /* The per-row exchange of the streamed cluster kernels (norm_fwd_stream.cuh, norm_bwd_stream.cuh),
- * over arrays the kernel declares in shared memory: recv[slot][source rank][source warp][pair]
+ * over arrays the kernel declares in shared memory: recv[slot][entry][pair] (PairRecv)
  * and one mbarrier per slot. pair_xchg_init: once, by every thread (zeroes recv, then a cluster
  * barrier; returns the thread's addresses, PairXchgAddr). Per row: pair_xchg_send by every thread
  * (each warp's pair, the same in all its lanes, sent by lane r to cluster rank r; thread 0 raises
  * its own CTA's expected bytes), later
  * pair_xchg_gather by every thread: the wait on this CTA's mbarrier, then lane l adds the entries
- * l, l + 32, ... of the slot's [rank][warp] array read as one flat array of C * 16 pairs (the
- * entries of warps a CTA does not have stay the zeros of init: no division by the warp count), and
- * the warp adds the lanes (warp_sum_pair): the same values in the same order in every warp of
- * every CTA of the cluster, so the same bits. (The earlier form, lane w adding warp w's C pairs
- * over the ranks, ran a rank loop of C loads per lane in half the lanes: ~60 instructions per row
- * at C = 8, NOTES P58.) When a slot may be reused is the kernels'
+ * l, l + 32, ... of the slot's C * W pairs, entry rank * W + warp (W = the CTA's warps: a compact
+ * array, so that a cluster of small CTAs reads only its own entries), and the warp adds the lanes
+ * (warp_sum_pair): the same values in the same order in every warp of every CTA of the cluster,
+ * so the same bits. (The earlier forms: lane w adding warp w's C pairs over the ranks ran a rank
+ * loop of C loads per lane in half the lanes, ~60 instructions per row at C = 8, NOTES P58; entry
+ * rank * 16 + warp read C * 16 pairs whatever W, 6 zeros of every 8 in the streamed forward's
+ * 128-thread CTAs at 64K on a lean card, NOTES P118.) When a slot may be reused is the kernels'
  * argument (their kSlots). */
 constexpr int kPairXchgMaxCluster = 16;
 constexpr int kPairXchgMaxWarps = 16;
+/* [slot][entry rank * W + warp][pair], W the CTA's warps */
 template <int kSlots>
-using PairRecv = float[kSlots][kPairXchgMaxCluster][kPairXchgMaxWarps][2];
+using PairRecv = float[kSlots][kPairXchgMaxCluster * kPairXchgMaxWarps][2];
 
 /* s summed over the warp by an xor butterfly (s[1] only where kTwo): every lane gets the same
  * bits. */
@@ -227,8 +229,9 @@ __device__ __forceinline__ void warp_sum_pair(float (&s)[2]) {
  * CTA's shared window, each remote address: ~20 instructions per row, NOTES P69). */
 struct PairXchgAddr {
   uint32_t bar;     /* this CTA's bar[0] (shared::cta) */
-  uint32_t to_recv; /* lane r < C: recv[0][this rank][this warp] in rank r's shared memory */
+  uint32_t to_recv; /* lane r < C: recv[0][this rank * W + this warp] in rank r's shared memory */
   uint32_t to_bar;  /* lane r < C: bar[0] in rank r's shared memory */
+  int n;            /* entries per slot: C * W */
 };
 constexpr uint32_t kPairSlotBytes = kPairXchgMaxCluster * kPairXchgMaxWarps * 2 * sizeof(float);
 
@@ -236,7 +239,7 @@ template <int kSlots>
 __device__ __forceinline__ PairXchgAddr pair_xchg_init(PairRecv<kSlots>& recv, uint64_t (&bar)[kSlots],
                                                        int rank, int C) {
   static_assert(sizeof(recv[0]) == kPairSlotBytes, "a slot of recv");
-  float* flat = &recv[0][0][0][0];
+  float* flat = &recv[0][0][0];
   for (int e = (int)threadIdx.x; e < (int)(sizeof(PairRecv<kSlots>) / sizeof(float)); e += (int)blockDim.x)
     flat[e] = 0.0f;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -253,8 +256,10 @@ __device__ __forceinline__ PairXchgAddr pair_xchg_init(PairRecv<kSlots>& recv, u
   x.bar = smem_u32(&bar[0]);
   const int lane = (int)threadIdx.x & 31;
   const int dst = lane < C ? lane : rank; /* lanes from C send nothing */
-  x.to_recv = mapa_u32(smem_u32(&recv[0][rank][threadIdx.x >> 5][0]), dst);
+  const int nw = (int)blockDim.x >> 5;
+  x.to_recv = mapa_u32(smem_u32(&recv[0][rank * nw + ((int)threadIdx.x >> 5)][0]), dst);
   x.to_bar = mapa_u32(x.bar, dst);
+  x.n = C * nw;
   return x;
 }
 
@@ -266,43 +271,17 @@ __device__ __forceinline__ void pair_xchg_send(const PairXchgAddr& x, int q, int
 
 template <bool kTwo, int kSlots>
 __device__ __forceinline__ void pair_xchg_gather(const PairRecv<kSlots>& recv, const PairXchgAddr& x,
-                                                 int q, unsigned parity, int C, float (&s)[2]) {
+                                                 int q, unsigned parity, float (&s)[2]) {
   mbar_wait(x.bar + (uint32_t)q * 8u, parity);
-  const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0][0]);
+  const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0]);
   s[0] = s[1] = 0.0f;
 #pragma unroll 4
-  for (int e = (int)threadIdx.x & 31; e < C * kPairXchgMaxWarps; e += 32) {
+  for (int e = (int)threadIdx.x & 31; e < x.n; e += 32) {
     const float2 v = flat[e];
     s[0] += v.x;
     if constexpr (kTwo) s[1] += v.y;
   }
   warp_sum_pair<kTwo>(s);
-}
-
-/* LayerNorm's gather (norm_fwd_stream.cuh): each entry is one warp's (sum, M2 about the warp's own
- * mean) over n_e values, n_e and 1 / n_e (0 where n_e = 0: a warp past the row or absent) from
- * tables the same in every CTA. The row's mean = sum / N and M2 = sum_e (M2_e + n_e (m_e - mean)^2)
- * with m_e = sum_e / n_e: Chan's formula in two rounds (the sums, then the centred terms; no
- * E[z^2] - E[z]^2), each added as pair_xchg_gather adds (lane l: entries l, l + 32, ..., then the
- * xor butterfly), so every warp of every CTA of the cluster gets the same bits. */
-template <int kSlots>
-__device__ __forceinline__ void pair_xchg_gather_chan(const PairRecv<kSlots>& recv, const PairXchgAddr& x,
-                                                      int q, unsigned parity, int C, const float* n_e,
-                                                      const float* inv_e, float inv_n, float& mean,
-                                                      float& m2) {
-  float s[2];
-  pair_xchg_gather<false>(recv, x, q, parity, C, s); /* round 1: the wait and the sums */
-  mean = s[0] * inv_n;
-  s[0] = 0.0f;
-  const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0][0]);
-#pragma unroll 4
-  for (int e = (int)threadIdx.x & 31; e < C * kPairXchgMaxWarps; e += 32) {
-    const float2 v = flat[e];
-    const float d = v.x * inv_e[e] - mean;
-    s[0] += fmaf(n_e[e] * d, d, v.y);
-  }
-  warp_sum_pair<false>(s);
-  m2 = s[0];
 }
 
 /* st_async_f2 for four floats (`p` 16-byte aligned, 16 transaction bytes). */

@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(kStreamMaxThreads, 1) norm_bwd_stream_kernel(c
       /* every warp's sums of every CTA, added in a fixed order (the same bits in every CTA) */
       float s[2];
       pair_xchg_gather<!kRms>(recv, xa, (int)((unsigned)kw % (unsigned)kSlots),
-                             ((unsigned)kw / (unsigned)kSlots) & 1u, C, s);
+                             ((unsigned)kw / (unsigned)kSlots) & 1u, s);
       const float c2 = s[0] * a.inv_n;
       const float c1 = kRms ? 0.0f : s[1] * a.inv_n;
       /* dz = rs * (dyg - xhat * c2 - c1) as in the register path (NOTES P40); row kw's rs / mu

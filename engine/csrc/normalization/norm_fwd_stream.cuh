@@ -96,6 +96,51 @@ __host__ __device__ constexpr int fwd_stream_stages(bool rms) {
   return kFwdStreamDepth + fwd_stream_lag(rms) + 1;
 }
 
+/* LayerNorm's gather (pair_xchg_gather's exchange, reduce.cuh, for Chan's formula): each entry
+ * is one warp's (sum, M2 about the warp's own mean) over n_e values, n_e and 1 / n_e (0 where
+ * n_e = 0: a warp past the row) from tables the same in every CTA. Chan's formula, M2 = sum_e
+ * (M2_e + n_e (m_e - mean)^2) with m_e = sum_e / n_e, in one round where that is exact enough
+ * (NOTES P118): about a reference r = m_0 (entry 0, rank 0's warp 0, always inside the row), with
+ * d_e = m_e - r, D = sum_e n_e d_e and B = sum_e (M2_e + n_e d_e^2), the row's mean = r + D / N and
+ * M2 = B - D^2 / N, taken where D^2 / N <= 3/4 B (ln_one_pass_m2: at most 2 bits lost to the
+ * subtraction). That holds wherever the warps' means lie near each other against the spread,
+ * rows of 1e4 + noise included. Otherwise (a warp's mean far from the others', or NaN / Inf) a
+ * second round adds the centred terms about that mean (the two-round form: no E[z^2] - E[z]^2).
+ * Each round adds as pair_xchg_gather adds (lane l: entries l, l + 32, ..., then the xor
+ * butterfly), so every warp of every CTA of the cluster gets the same bits and takes the same
+ * branch. The two-round form ran two dependent butterflies per row and warp (ncu: the gather and
+ * its wait held 45 % of the stall samples of LayerNorm 64K on the H100, NOTES P118). */
+template <int kSlots>
+__device__ __forceinline__ void pair_xchg_gather_chan(const PairRecv<kSlots>& recv, const PairXchgAddr& x,
+                                                      int q, unsigned parity, const float* n_e,
+                                                      const float* inv_e, float inv_n, float& mean,
+                                                      float& m2) {
+  mbar_wait(x.bar + (uint32_t)q * 8u, parity);
+  const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0]);
+  const float r = flat[0].x * inv_e[0];
+  float s[2] = {0.0f, 0.0f}; /* D, B */
+#pragma unroll 4
+  for (int e = (int)threadIdx.x & 31; e < x.n; e += 32) {
+    const float2 v = flat[e];
+    const float d = fmaf(v.x, inv_e[e], -r);
+    const float nd = n_e[e] * d;
+    s[0] += nd;
+    s[1] += fmaf(nd, d, v.y);
+  }
+  warp_sum_pair<true>(s);
+  mean = fmaf(s[0], inv_n, r);
+  if (ln_one_pass_m2(s[0], s[1], inv_n, m2)) return;
+  s[0] = 0.0f; /* round 2: the centred terms about the mean */
+#pragma unroll 4
+  for (int e = (int)threadIdx.x & 31; e < x.n; e += 32) {
+    const float2 v = flat[e];
+    const float d = fmaf(v.x, inv_e[e], -mean);
+    s[0] += fmaf(n_e[e] * d, d, v.y);
+  }
+  warp_sum_pair<false>(s);
+  m2 = s[0];
+}
+
 /* y = norm_y(z, mean, rsigma, gamma, beta) of one row's 16-bit x in clusters; the formula and
  * the FP8 cast are the register kernel's (norm_fwd.cuh). */
 template <typename X, typename O, bool kRms, bool kBias, bool kRes>
@@ -121,8 +166,8 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   __shared__ __align__(8) PairRecv<kSlots> recv;
   __shared__ uint64_t mbar[kSlots];
   __shared__ int amax_buf[32];
-  /* LayerNorm: values per exchange entry [rank][warp] of the row, and their reciprocals (0 for
-   * none), the same in every CTA (pair_xchg_gather_chan) */
+  /* LayerNorm: values per exchange entry rank * W + warp of the row (W = T / 32), and their
+   * reciprocals (0 for none), the same in every CTA (pair_xchg_gather_chan) */
   __shared__ float n_ent[kRms ? 1 : kFwdStreamMaxCluster * kPairXchgMaxWarps];
   __shared__ float inv_ent[kRms ? 1 : kFwdStreamMaxCluster * kPairXchgMaxWarps];
   extern __shared__ __align__(16) uint8_t ring[];
@@ -183,13 +228,11 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
   constexpr bool kFmaOut = !kRms && (kFp8 || sizeof(O) == 4);
   if constexpr (!kRms) { /* the tables, read after pair_xchg_init's barrier */
     const int nw = T >> 5;
-    for (int e = t; e < C * kPairXchgMaxWarps; e += T) {
-      const int r = e / kPairXchgMaxWarps, w = e % kPairXchgMaxWarps;
+    for (int e = t; e < C * nw; e += T) {
+      const int r = e / nw, w = e % nw;
       int n = 0;
-      if (w < nw) {
 #pragma unroll
-        for (int i = 0; i < NV; ++i) n += min(max(nvec - (r * T * NV + i * T + w * 32), 0), 32);
-      }
+      for (int i = 0; i < NV; ++i) n += min(max(nvec - (r * T * NV + i * T + w * 32), 0), 32);
       n_ent[e] = (float)(n * VEC);
       inv_ent[e] = n > 0 ? 1.0f / (float)(n * VEC) : 0.0f;
     }
@@ -276,7 +319,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
 
   const PairXchgAddr xa = pair_xchg_init(recv, mbar, rank, C);
   /* LayerNorm: 1 / the values of this thread's warp inside the row (0 for none) */
-  const float inv_nw = kRms ? 0.0f : inv_ent[rank * kPairXchgMaxWarps + (t >> 5)];
+  const float inv_nw = kRms ? 0.0f : inv_ent[rank * (T >> 5) + (t >> 5)];
 #pragma unroll
   for (int d = 0; d < D; ++d) issue((uint32_t)d);
   for (uint32_t k = 0; k < count + (uint32_t)LB; ++k) {
@@ -372,11 +415,11 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       const bool writer = rank == 0 && t == 0;
       if constexpr (kRms) {
         float s[2];
-        pair_xchg_gather<false>(recv, xa, q, parity, C, s);
+        pair_xchg_gather<false>(recv, xa, q, parity, s);
         rs_b = 1.0f / sqrtf(s[0] * a.inv_n + a.eps);
       } else {
         float m2;
-        pair_xchg_gather_chan(recv, xa, q, parity, C, n_ent, inv_ent, a.inv_n, mean_b, m2);
+        pair_xchg_gather_chan(recv, xa, q, parity, n_ent, inv_ent, a.inv_n, mean_b, m2);
         rs_b = 1.0f / sqrtf(m2 * a.inv_n + a.eps);
         if (writer) a.mu[cid + (int64_t)kw * stride] = mean_b;
         if constexpr (kFmaOut) fma_b = ln_fma_row(rs_b, mean_b); /* mean_b = c on an FMA row */
