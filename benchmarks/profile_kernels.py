@@ -113,6 +113,9 @@ def main(argv=None) -> int:
                          "never, 2-4: one configuration wherever it fits, 2 / 3: 32 x 512 per CTA, "
                          "tiles of their own / the tile in the stage, 4: 32 x 1024; "
                          "engine.cuda_backend.norm_fwd_band), for A/B runs")
+    ap.add_argument("--sm-margin", type=int, default=0,
+                    help="Both backends: the forward calls' sm_margin (SMs left out of the "
+                         "persistent grids; benchmarks.cases.SM_MARGIN), for runs of the grid size")
     ap.add_argument("--dram-class", type=int, choices=[0, 1, 2],
                     help="Both backends: the card class whose launch defaults they take (0: the "
                          "device's, 1: lean DRAM bandwidth per SM, the H100's, 2: wide, the H200's; "
@@ -140,6 +143,7 @@ def main(argv=None) -> int:
         from engine.triton_kernels import utils as triton_utils
 
         triton_utils.DRAM_CLASS = args.dram_class
+    C.SM_MARGIN = args.sm_margin
     if args.triton_band is not None:
         triton_norms.BAND_ROWS = args.triton_band
     if args.triton_band_cols is not None:
