@@ -911,11 +911,11 @@ def test_layernorm_stream_warp_means_apart(n, threads):
     Chan's formula in one round about warp 0's mean where D^2 / N <= 3/4 B, else a second round
     about the row's mean; NOTES P118) on bf16 rows whose warps' means lie far apart: N(0, 1) noise
     plus an offset of 1000 on the first or the last f of the row, f from 1/64 to 1/2, and a row of
-    noise alone. An offset at the start moves warp 0's mean (the one-round reference) away from
-    the row's: f = 1/2 stays in one round (D^2 / N = B / 2), small f crosses to the second where
-    the row spans more CTAs than its offset part. Statistics within STATS of float64, y within
-    fp32 rounding; 128-thread CTAs put 4 warps per CTA into the exchange (its compact entries,
-    rank * W + warp)."""
+    noise alone. An offset at the start puts warp 0's mean (the one-round reference) far from the
+    row's, one at the end near it; which rows take the second round depends on how the row falls
+    over the CTAs and warps (both rounds are exercised, not observed). Statistics within STATS of
+    float64, y within fp32 rounding; 128-thread CTAs put 4 warps per CTA into the exchange (its
+    compact entries, rank * W + warp)."""
     from engine import cuda_backend
 
     use_backend("cuda")
