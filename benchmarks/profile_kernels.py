@@ -108,11 +108,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fwd-stream-threads", type=int, choices=[0, 128, 256, 512],
                     help="CUDA: largest CTA of the forward's streamed kernel (0: the default; "
                          "engine.cuda_backend.norm_fwd_stream_threads), for A/B runs")
-    ap.add_argument("--fwd-band", type=int, choices=range(6),
+    ap.add_argument("--fwd-band", type=int, choices=range(5),
                     help="CUDA: the forward's band kernel for FP8 + transposed (0: the default, 1: "
-                         "never, 2-5: one configuration wherever it fits, 2 / 3: 32 x 512 per CTA, "
-                         "tiles of their own / the tile in the stage, 4: 32 x 1024, 5: 32 x 2048 "
-                         "in one stage; "
+                         "never, 2-4: one configuration wherever it fits, 2 / 3: 32 x 512 per CTA, "
+                         "tiles of their own / the tile in the stage, 4: 32 x 1024; "
                          "engine.cuda_backend.norm_fwd_band), for A/B runs")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="Both backends: the forward calls' sm_margin (SMs left out of the "

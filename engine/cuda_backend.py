@@ -437,16 +437,15 @@ def norm_fwd_band(n: int):
     configuration at every width whose cluster of at most 16 CTAs fits: ``2`` bands of 32 rows x
     512 columns per CTA whose FP8 tiles have shared memory of their own (one CTA per SM; rows of up
     to 8192), ``3`` the same with the tile written over its band's stage (two CTAs per SM), ``4``
-    32 x 1024 with the tile in the stage (one CTA per SM; up to 16384), ``5`` (experimental) 32 x
-    2048 in one stage, the bands in turn (one CTA per SM; up to 32768; NOTES P122); ``0`` (the
-    default) the launcher's choice (from 1025 columns;
+    32 x 1024 with the tile in the stage (one CTA per SM; up to 16384); ``0`` (the default) the
+    launcher's choice (from 1025 columns;
     benchmarks/NOTES.md P104, P117). It
     applies only where the transposed copy is asked of the norm kernel (``data_t`` passed to
     :func:`norm_fwd`; ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` and ``engine._norm_ops.external_transpose``
     decide). For tests and A/B benchmarks. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` raises ValueError at the call."""
-    if type(n) is not int or n not in range(6):
-        raise ValueError(f"norm_fwd_band: n must be an int in 0..5, got {n!r}")
+    if type(n) is not int or n not in range(5):
+        raise ValueError(f"norm_fwd_band: n must be an int in 0..4, got {n!r}")
     return _knob("set_norm_fwd_band", n)
 
 

@@ -343,7 +343,7 @@ int engine_set_norm_fwd_stream_threads(int n) {
 }
 
 int engine_set_norm_fwd_band(int n) {
-  if (n < 0 || n > 5) return -1;
+  if (n < 0 || n > 4) return -1;
   return engine::g_norm_fwd_band.exchange(n);
 }
 

@@ -97,15 +97,11 @@ struct BandShape {
  * 512: two CTAs per SM at up to 128 registers); otherwise two tiles of their own (131 KB: one CTA
  * per SM). */
 template <class Sh>
-__host__ __device__ constexpr int band_smem_bytes(bool in_stage, bool serial = false) {
-  return (serial ? 1 : kBandStages) * Sh::kStageBytes + (in_stage ? 0 : 2 * Sh::kRows * Sh::kPitch);
+__host__ __device__ constexpr int band_smem_bytes(bool in_stage) {
+  return kBandStages * Sh::kStageBytes + (in_stage ? 0 : 2 * Sh::kRows * Sh::kPitch);
 }
 
-/* kSerial (configuration 4, S = 2048: 128 KB per band, so one stage; NOTES P122): each band in
- * turn is copied, waited for, reduced and exchanged, and its phase B runs once the exchange
- * returns, with nothing of the CTA's own in flight meanwhile; the other SMs' copies are what keeps
- * the DRAM busy. */
-template <typename X, bool kRms, bool kBias, class Sh, bool kTileInStage, int kMinBlocks, bool kSerial = false>
+template <typename X, bool kRms, bool kBias, class Sh, bool kTileInStage, int kMinBlocks>
 __global__ void __launch_bounds__(kBandThreads, kMinBlocks) norm_fwd_band_kernel(const FwdArgs a) {
   static_assert(sizeof(X) == 2, "the band forward takes a 16-bit x");
   constexpr int VEC = 8;
@@ -119,9 +115,7 @@ __global__ void __launch_bounds__(kBandThreads, kMinBlocks) norm_fwd_band_kernel
   constexpr int kWarpVals = RPW * kVals;
   static_assert(kWarpVals % 4 == 0, "a warp's values go out as float4 sends");
   static_assert(!kTileInStage || kBandRows * P <= Sh::kStageBytes, "the tile fits its stage");
-  static_assert(!kSerial || kTileInStage, "one stage holds the band and then its tile");
   constexpr uint32_t kStageBytes = (uint32_t)Sh::kStageBytes;
-  constexpr int kStages = kSerial ? 1 : kBandStages;
   /* [slot][source rank][row of the band][value]: every CTA's partial sums, by st.async */
   __shared__ __align__(16) float recv[kBandSlots][kBandMaxCluster][kBandRows * kVals];
   __shared__ __align__(8) uint64_t mbar[kBandSlots];
@@ -185,9 +179,9 @@ __global__ void __launch_bounds__(kBandThreads, kMinBlocks) norm_fwd_band_kernel
    * reads only its own vectors, so cp.async's per-thread completion is the only synchronisation
    * the stages need. */
   const uint32_t ring_s = smem_u32(smem) + (uint32_t)t * 16u;
-  const StageRing stages{ring_s, ring_s + (uint32_t)kStages * kStageBytes, kStageBytes};
+  const StageRing stages{ring_s, ring_s + (uint32_t)kBandStages * kStageBytes, kStageBytes};
   uint32_t st_copy = ring_s, st_a = ring_s, st_b = ring_s;
-  uint8_t* const tiles = smem + kStages * kStageBytes;
+  uint8_t* const tiles = smem + kBandStages * kStageBytes;
 
   /* the next copy's band (its first row of this warp), and phase B's */
   const int64_t row_step = gstride * kBandRows;
@@ -409,38 +403,23 @@ __global__ void __launch_bounds__(kBandThreads, kMinBlocks) norm_fwd_band_kernel
   };
 
   const bool e5m2 = a.e5m2 != 0;
+#pragma unroll
+  for (int d = 0; d < kBandDepth; ++d) issue((uint32_t)d);
   int64_t row_g = cid * kBandRows + warp * RPW; /* the gather's band (this warp's first row) */
-  if constexpr (kSerial) {
-    for (uint32_t k = 0; k < count; ++k) {
-      issue(k);
-      cp_async_wait<0>();
-      phase_a(k);
-      gather(k, row_g);
-      row_g += row_step;
+  for (uint32_t k = 0; k < count + 1u; ++k) {
+    issue(k + kBandDepth);
+    cp_async_wait<kBandDepth>();
+    if (k < count) phase_a(k);
+    if (k >= 1u) {
       if (e5m2) {
-        phase_b(k, std::true_type{});
+        phase_b(k - 1u, std::true_type{});
       } else {
-        phase_b(k, std::false_type{});
+        phase_b(k - 1u, std::false_type{});
       }
     }
-  } else {
-#pragma unroll
-    for (int d = 0; d < kBandDepth; ++d) issue((uint32_t)d);
-    for (uint32_t k = 0; k < count + 1u; ++k) {
-      issue(k + kBandDepth);
-      cp_async_wait<kBandDepth>();
-      if (k < count) phase_a(k);
-      if (k >= 1u) {
-        if (e5m2) {
-          phase_b(k - 1u, std::true_type{});
-        } else {
-          phase_b(k - 1u, std::false_type{});
-        }
-      }
-      if (k < count) {
-        gather(k, row_g);
-        row_g += row_step;
-      }
+    if (k < count) {
+      gather(k, row_g);
+      row_g += row_step;
     }
   }
   cluster_sync(); /* no CTA exits while a send to it may be in flight */
@@ -451,10 +430,8 @@ __global__ void __launch_bounds__(kBandThreads, kMinBlocks) norm_fwd_band_kernel
  * S per CTA, where the FP8 tile lives, CTAs per SM; bands of 32 rows):
  *   1: S = 512, tiles of their own (131 KB), one CTA per SM ("layout 1"; rows of up to 8K);
  *   2: S = 512, the tile in its stage (96 KB), two CTAs per SM ("layout 2"; up to 8K);
- *   3: S = 1024, the tile in its stage (192 KB), one CTA per SM (up to 16K);
- *   4: S = 2048, one stage (128 KB) holding the band and then its tile, one CTA per SM, the bands
- *      in turn (kSerial; up to 32K; experimental, only by engine_set_norm_fwd_band(5); NOTES P122).
- * engine_set_norm_fwd_band's value where set (1: never; 2-5: configuration 1-4 at every width
+ *   3: S = 1024, the tile in its stage (192 KB), one CTA per SM (up to 16K).
+ * engine_set_norm_fwd_band's value where set (1: never; 2-4: configuration 1-3 at every width
  * whose cluster fits), else by the card's class (`lean`: lean_dram, the H100; NOTES P109) and
  * whether the launcher picks the path (`t_auto`: out_t_auto) or the caller asked for the copy
  * in-kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE = 0):
@@ -484,24 +461,24 @@ inline int fwd_band_cfg(int cols, int knob, bool lean, bool rms, bool t_auto) {
   return (lean || !t_auto) ? 3 : 0;
 }
 
-template <typename X, class Sh, bool kInStage, int kMinBlocks, bool kSerial>
+template <typename X, class Sh, bool kInStage, int kMinBlocks>
 auto fwd_band_kernel(bool rms, bool bias) -> void (*)(FwdArgs) {
-  return rms ? &norm_fwd_band_kernel<X, true, false, Sh, kInStage, kMinBlocks, kSerial>
-             : (bias ? &norm_fwd_band_kernel<X, false, true, Sh, kInStage, kMinBlocks, kSerial>
-                     : &norm_fwd_band_kernel<X, false, false, Sh, kInStage, kMinBlocks, kSerial>);
+  return rms ? &norm_fwd_band_kernel<X, true, false, Sh, kInStage, kMinBlocks>
+             : (bias ? &norm_fwd_band_kernel<X, false, true, Sh, kInStage, kMinBlocks>
+                     : &norm_fwd_band_kernel<X, false, false, Sh, kInStage, kMinBlocks>);
 }
 
 /* Launch configuration (Sh, kInStage, kMinBlocks) of the band kernel if its cluster of
  * C = max(2, ceil(cols / S)) CTAs fits ctx.max_cluster; false where it launched nothing. */
-template <typename X, class Sh, bool kInStage, int kMinBlocks, bool kSerial = false>
+template <typename X, class Sh, bool kInStage, int kMinBlocks>
 bool launch_fwd_band_as(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
   int c = (int)ceil_div(a.cols, Sh::kCols);
   if (c < 2) c = 2; /* the exchange's sends and barriers are cluster instructions */
   if (c > ctx.max_cluster || c > kBandMaxCluster) return false;
-  const size_t smem = (size_t)band_smem_bytes<Sh>(kInStage, kSerial);
+  const size_t smem = (size_t)band_smem_bytes<Sh>(kInStage);
   if (smem + 12288 > (size_t)ctx.max_smem_optin) return false; /* static: up to ~8.3 KB */
   void (*kernel)(FwdArgs) =
-      fwd_band_kernel<X, Sh, kInStage, kMinBlocks, kSerial>(a.is_rms != 0, a.bias != nullptr);
+      fwd_band_kernel<X, Sh, kInStage, kMinBlocks>(a.is_rms != 0, a.bias != nullptr);
   int active = 0;
   *st = active_clusters(reinterpret_cast<const void*>(kernel), kBandThreads, smem, c, &active);
   if (*st != ENGINE_SUCCESS) return true;
@@ -530,7 +507,6 @@ bool launch_fwd_band(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
     case 1: return launch_fwd_band_as<X, BandShape<2>, false, 1>(a, ctx, st);
     case 2: return launch_fwd_band_as<X, BandShape<2>, true, 2>(a, ctx, st);
     case 3: return launch_fwd_band_as<X, BandShape<4>, true, 1>(a, ctx, st);
-    case 4: return launch_fwd_band_as<X, BandShape<8>, true, 1, true>(a, ctx, st);
     default: return false;
   }
 }

@@ -135,12 +135,11 @@ int engine_set_norm_fwd_stream_threads(int n);
 
 /* The norm forward's band kernel (normalization/norm_fwd_band.cuh: an FP8 output with its
  * transposed copy in one kernel, delayed scaling, a 16-bit x without a residual, rows spread over
- * a cluster in bands of 32): n = 1 never; 2-5 configuration n - 1 at every width whose cluster
+ * a cluster in bands of 32): n = 1 never; 2-4 configuration n - 1 at every width whose cluster
  * of at most 16 CTAs fits: 2 bands of 32 rows x 512 columns per CTA with FP8 tiles of their own
  * (one CTA per SM; rows of up to 8192), 3 the same with the tile written over its band's stage
  * (two CTAs per SM), 4 32 x 1024 columns, the tile in the stage (one CTA per SM; rows of up to
- * 16384), 5 (experimental) 32 x 2048 columns in one stage, the bands in turn (one CTA per SM;
- * rows of up to 32768); 0 (the default) the launcher's choice (norm_fwd_band.cuh:
+ * 16384); 0 (the default) the launcher's choice (norm_fwd_band.cuh:
  * fwd_band_cfg, by the width and the card: engine_set_dram_class). For tests and A/B runs.
  * Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_band(int n);
