@@ -56,8 +56,6 @@ TOL = {"y": 2e-2, "res": 1e-2, "dx": 3e-2, "q": 0.1, "qt": 0.0}
 NORM_MODES = ("fwd", "fwd+bwd", "res-fwd")
 FP8_MODES = ("fp8-delayed", "fp8-current", "fp8-T", "res-fp8", "cast-T")
 ENGINE_IMPLS = ("cuda", "triton", "cuda-int", "triton-int", "cuda-ext", "triton-ext")
-#: sm_margin of the engine impls' norm forward calls (profile_kernels.py --sm-margin; 0: every SM)
-SM_MARGIN = 0
 PEERS = ("eager", "F", "compile", "liger")
 IMPL_ORDER = ENGINE_IMPLS + PEERS
 
@@ -75,6 +73,7 @@ class Spec:
     norm: str  # "rmsnorm" | "layernorm" ("cast-T" ignores it)
     mode: str
     impl: str
+    sm_margin: int = 0  # the engine impls' norm forward calls (profile_kernels.py --sm-margin)
 
     @property
     def is_rms(self) -> bool:
@@ -320,7 +319,7 @@ def _forward(spec: Spec, inp: Dict[str, Tensor]) -> Callable[[], object]:
         if mode == "cast-T":
             q = engine.Float8Quantizer(scale, amax, FP8, rowwise=True, columnwise=True)
             return lambda: engine.cast_transpose(x, q)
-        kw = {"sm_margin": SM_MARGIN} if SM_MARGIN else {}
+        kw = {"sm_margin": spec.sm_margin} if spec.sm_margin else {}
         if mode in ("res-fwd", "res-fp8"):
             kw["residual"] = r
         if mode in ("fp8-delayed", "fp8-T", "res-fp8"):

@@ -115,7 +115,8 @@ def main(argv=None) -> int:
                          "engine.cuda_backend.norm_fwd_band), for A/B runs")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="Both backends: the forward calls' sm_margin (SMs left out of the "
-                         "persistent grids; benchmarks.cases.SM_MARGIN), for runs of the grid size")
+                         "persistent grids; benchmarks.cases.Spec.sm_margin), for runs of the grid "
+                         "size")
     ap.add_argument("--dram-class", type=int, choices=[0, 1, 2],
                     help="Both backends: the card class whose launch defaults they take (0: the "
                          "device's, 1: lean DRAM bandwidth per SM, the H100's, 2: wide, the H200's; "
@@ -143,7 +144,6 @@ def main(argv=None) -> int:
         from engine.triton_kernels import utils as triton_utils
 
         triton_utils.DRAM_CLASS = args.dram_class
-    C.SM_MARGIN = args.sm_margin
     if args.triton_band is not None:
         triton_norms.BAND_ROWS = args.triton_band
     if args.triton_band_cols is not None:
@@ -199,7 +199,7 @@ def run(args) -> int:
             for impl in args.impls:
                 for n in args.n:
                     m, n = H.large_shape(n)
-                    spec = C.Spec(norm, mode, impl)
+                    spec = C.Spec(norm, mode, impl, args.sm_margin)
                     inp = C.make_inputs(norm, mode, m, n, H.device())
                     try:
                         case = C.build(spec, inp)
