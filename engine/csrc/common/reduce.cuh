@@ -269,19 +269,27 @@ __device__ __forceinline__ void pair_xchg_send(const PairXchgAddr& x, int q, int
   if ((t & 31) < C) st_async_f2(x.to_recv + (uint32_t)q * kPairSlotBytes, x.to_bar + (uint32_t)q * 8u, s0, s1);
 }
 
+/* The exchange's fixed order of addition: lane l applies add(e, entry e, s) to the entries l,
+ * l + 32, ... of a slot's n (s zeroed first), then the warp adds the lanes (warp_sum_pair<kTwo>).
+ * Every warp of every CTA gets the same bits of whatever `add` computes from the entries. */
+template <bool kTwo, typename Add>
+__device__ __forceinline__ void pair_xchg_add(const float2* flat, int n, Add add, float (&s)[2]) {
+  s[0] = s[1] = 0.0f;
+#pragma unroll 4
+  for (int e = (int)threadIdx.x & 31; e < n; e += 32) add(e, flat[e], s);
+  warp_sum_pair<kTwo>(s);
+}
+
 template <bool kTwo, int kSlots>
 __device__ __forceinline__ void pair_xchg_gather(const PairRecv<kSlots>& recv, const PairXchgAddr& x,
                                                  int q, unsigned parity, float (&s)[2]) {
   mbar_wait(x.bar + (uint32_t)q * 8u, parity);
-  const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0]);
-  s[0] = s[1] = 0.0f;
-#pragma unroll 4
-  for (int e = (int)threadIdx.x & 31; e < x.n; e += 32) {
-    const float2 v = flat[e];
-    s[0] += v.x;
-    if constexpr (kTwo) s[1] += v.y;
-  }
-  warp_sum_pair<kTwo>(s);
+  pair_xchg_add<kTwo>(reinterpret_cast<const float2*>(&recv[q][0][0]), x.n,
+                      [](int, float2 v, float (&a)[2]) {
+                        a[0] += v.x;
+                        if constexpr (kTwo) a[1] += v.y;
+                      },
+                      s);
 }
 
 /* st_async_f2 for four floats (`p` 16-byte aligned, 16 transaction bytes). */

@@ -118,26 +118,24 @@ __device__ __forceinline__ void pair_xchg_gather_chan(const PairRecv<kSlots>& re
   mbar_wait(x.bar + (uint32_t)q * 8u, parity);
   const float2* flat = reinterpret_cast<const float2*>(&recv[q][0][0]);
   const float r = flat[0].x * inv_e[0];
-  float s[2] = {0.0f, 0.0f}; /* D, B */
-#pragma unroll 4
-  for (int e = (int)threadIdx.x & 31; e < x.n; e += 32) {
-    const float2 v = flat[e];
-    const float d = fmaf(v.x, inv_e[e], -r);
-    const float nd = n_e[e] * d;
-    s[0] += nd;
-    s[1] += fmaf(nd, d, v.y);
-  }
-  warp_sum_pair<true>(s);
+  float s[2]; /* D, B */
+  pair_xchg_add<true>(flat, x.n,
+                      [&](int e, float2 v, float (&a)[2]) {
+                        const float d = fmaf(v.x, inv_e[e], -r);
+                        const float nd = n_e[e] * d;
+                        a[0] += nd;
+                        a[1] += fmaf(nd, d, v.y);
+                      },
+                      s);
   mean = fmaf(s[0], inv_n, r);
   if (ln_one_pass_m2(s[0], s[1], inv_n, m2)) return;
-  s[0] = 0.0f; /* round 2: the centred terms about the mean */
-#pragma unroll 4
-  for (int e = (int)threadIdx.x & 31; e < x.n; e += 32) {
-    const float2 v = flat[e];
-    const float d = fmaf(v.x, inv_e[e], -mean);
-    s[0] += fmaf(n_e[e] * d, d, v.y);
-  }
-  warp_sum_pair<false>(s);
+  const float mu = mean; /* round 2: the centred terms about the mean */
+  pair_xchg_add<false>(flat, x.n,
+                       [&](int e, float2 v, float (&a)[2]) {
+                         const float d = fmaf(v.x, inv_e[e], -mu);
+                         a[0] += fmaf(n_e[e] * d, d, v.y);
+                       },
+                       s);
   m2 = s[0];
 }
 
