@@ -4,13 +4,15 @@
 #   * every .cu under engine/csrc: plain `nvcc -c` with the flags of engine/_build.py (sm_90 by
 #     default; ENGINE_CUDA_ARCHS overrides, e.g. "8.0;9.0");
 #   * every binding .cpp under engine/csrc/extensions: `c++ -c` against torch's headers (plus the
-#     CUDA and Python include dirs) with -DTORCH_EXTENSION_NAME=_C and torch's C++ ABI flag.
+#     CUDA and Python include dirs) with -DTORCH_EXTENSION_NAME=_C and torch's C++ ABI flag;
+#   * ci/check_ptx_stores.py: the blocked forward's one-chunk y store is one st.global.v4.b32 in
+#     the PTX of norm_fwd_bf16.cu (NOTES P124).
 # All files compile in parallel over the cores (the binding first: it is the longest job).
 # Options: --ptxas-v   also print the ptxas register / spill / stack report of every kernel
 #          --keep DIR  keep objects and logs in DIR instead of a temporary directory
 #          -j N        parallel jobs (default: nproc)
-# Exits non-zero on any compile error, on a compiler warning in our sources, and (with --ptxas-v)
-# on any kernel with a non-zero stack frame (register spills / local memory).
+# Exits non-zero on any compile error, on a compiler warning in our sources, on a failed PTX check,
+# and (with --ptxas-v) on any kernel with a non-zero stack frame (register spills / local memory).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -116,6 +118,8 @@ export -f compile_one
 status=0
 START=$SECONDS
 printf '%s\n' "${SRCS[@]}" | xargs -P "$JOBS" -I{} bash -c 'compile_one "$@"' _ {} || status=1
+# the blocked forward's one-chunk y store is one vector store in PTX (NOTES P124)
+"$PY" "$ROOT/ci/check_ptx_stores.py" --nvcc "$NVCC" || status=1
 
 if [[ "$PTXAS_V" == 1 ]]; then
   echo "compile_csrc: ptxas report per kernel (registers, stack frame, spills):"

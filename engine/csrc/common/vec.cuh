@@ -61,6 +61,29 @@ __device__ __forceinline__ void store_words(void* p, const uint32_t (&w)[B / 4])
   }
 }
 
+/* store_words as one vector store per 16 (or 8) bytes, whatever NVVM can prove of p's alignment
+ * (the caller guarantees it, as for store_words): a plain (weak) st.global.v4.b32 / .v2.b32 in
+ * inline PTX. The blocked forward's 16-bit y stored through store_words became four
+ * st.global.u32 per 16 bytes: NVVM took the uint4 apart into its fields and, with p an O* of
+ * 2-byte alignment, did not join them again (NOTES P124; ci/check_ptx_stores.py checks the PTX).
+ * __builtin_assume_aligned did not join them either, and __stwb compiled to STG.E.128.STRONG.SM.
+ * The asm has a memory clobber: the compiler moves no other memory access across it, as it moved
+ * none across a store it could not tell apart from a later load anyway. */
+template <int B>
+__device__ __forceinline__ void store_words_v(void* p, const uint32_t (&w)[B / 4]) {
+  static_assert(B == 8 || (B >= 16 && B % 16 == 0), "8 bytes or whole 16-byte vectors");
+  if constexpr (B >= 16) {
+#pragma unroll
+    for (int k = 0; k < B / 16; ++k) {
+      asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(static_cast<uint4*>(p) + k),
+                   "r"(w[4 * k]), "r"(w[4 * k + 1]), "r"(w[4 * k + 2]), "r"(w[4 * k + 3])
+                   : "memory");
+    }
+  } else {
+    asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(p), "r"(w[0]), "r"(w[1]) : "memory");
+  }
+}
+
 /* ---- typed vectors of N elements <-> float[N] --------------------------------------------- */
 
 template <typename T, int N>
