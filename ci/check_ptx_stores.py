@@ -23,9 +23,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "engine/csrc/normalization/norm_fwd_bf16.cu"
-# mangled names of norm_fwd_blocked_kernel<X, X, bf16, 8, 4, W, kNorm> (X a 16-bit type: the
-# packed builds, whose y is stored 16 bytes at a time)
-PACKED = re.compile(r"_ZN6engine4norm23norm_fwd_blocked_kernelI(13__nv_bfloat16|6__half)S\d_S\d_Li8ELi4E")
+# mangled names of norm_fwd_blocked_kernel<X, X, bf16, 8, 4, W, kNorm> (X bf16 or fp16: the
+# packed builds, whose bf16 y is stored 16 bytes at a time)
+PACKED = re.compile(r"_ZN6engine4norm23norm_fwd_blocked_kernelI"
+                    r"(13__nv_bfloat16S2_S2_|6__halfS2_13__nv_bfloat16)Li8ELi4E")
 
 
 def build_flags() -> list:
