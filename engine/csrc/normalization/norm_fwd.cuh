@@ -807,10 +807,11 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
             } else if constexpr (VEC * sizeof(O) % 8 == 0) {
               O* orow = static_cast<O*>(a.out) + row * a.out_stride;
               /* A row of one chunk (z held since pass 1): one vector store per 16 bytes, where
-               * store_vec made four 4-byte stores (store_words_v). Measured (NOTES P124, kernel
-               * time, two alternations): under the blocked knob LayerNorm bf16 16K +4 to +6 on
-               * the H100 (one chunk), RMSNorm +2 to +4, the residual rows at 8K +1 to +2 on the
-               * H100 and the H200. The same store on rows of two chunks lost 1-4 points on the
+               * store_vec made four 4-byte stores (store_words_v). Measured (NOTES P124 / P125,
+               * kernel time, means of two alternations, three calls): under the blocked knob
+               * LayerNorm bf16 16K +5 to +7 on the H100 (one chunk), RMSNorm +1.5 to +4, the
+               * residual rows at 8K (their default kernel) +0.9 to +1.6 on the H100 and the
+               * H200. The same store on rows of two chunks lost 1-4 points on the
                * H100 (32K, every 16-bit form; the residual form on the H200 too) and gained with
                * Triton's L2 eviction hints beside it (P125, branch s38-blocked-hints): rows of
                * several chunks keep store_vec until that is measured on both cards. */
