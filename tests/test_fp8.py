@@ -89,13 +89,14 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None):
     the stream takes RMSNorm's FP8 outputs from 16K and LayerNorm's from 8K, up to 32K (sm_90),
     and the register path the rows below. With a residual of x's dtype (``residual``): at 2K-8K
     the blocked kernel for the fp32 output and the register kernel for an FP8 one
-    (fwd_take_blocked; NOTES P91; at 32K-64K both take the blocked kernel since P103). All only
+    (fwd_take_blocked; NOTES P91), at 16K the blocked kernel and the streamed one (NOTES P130; at
+    32K-64K both take the blocked kernel since P103). All only
     for a 16-bit x and rows of 16-byte vectors (n a multiple of 8)."""
     if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
         return False
     sm90 = torch.cuda.get_device_capability()[0] >= 9
     if residual:
-        return 2048 <= n < 16384
+        return 2048 <= n <= 16384
     lo, mid, hi = FP8_OWN_RMS
     if cuda_lean() if lean is None else lean:
         return is_rms and (lo <= n <= mid or (sm90 and mid < n < hi))
@@ -110,7 +111,7 @@ def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
     output) except where the FP8 output takes another kernel than the fp32 one
     (cuda_fp8_own_path: without a residual its blocked or streamed kernel for FP8 only at
     RMSNorm 4K-32K, NOTES P100, P102 / P59/P67/P68; with a residual of x's dtype its
-    blocked kernel for the fp32 output only at 2K-8K, NOTES P91), whose sums add in another
+    blocked kernel for the fp32 output only at 2K-16K, NOTES P91, P130), whose sums add in another
     order. Triton does not: its tiles
     are tuned per output kind (engine.triton_kernels.norms_common), and even where the FP8 tile's
     shape equals the high-precision one, Triton lays the FP8 tile out with 16 values per thread
@@ -383,17 +384,18 @@ def test_fp8_own_kernel_widths(n, dram_class, fp8_dtype):
 
 @pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [2048, 4096, 8200])
+@pytest.mark.parametrize("n", [2048, 4096, 8200, 16384])
 @pytest.mark.parametrize("fp8_dtype", FP8)
 def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
     """By default the CUDA forward takes its blocked kernel for the fused residual add of a 16-bit
-    x to a non-FP8 output at 2K-8K (NOTES P91), while an FP8 output keeps the register kernel
-    there (fwd_take_blocked; 8200 leaves the last chunk partly past the row). Over 67 rows with
-    a bf16 residual: the fp32 output is the blocked kernel's (its knob at n) bit for bit and not
-    the register kernel's (the blocked knob at 1 << 30); the FP8 bytes, delayed scaling, are the
-    exact cast of the register kernel's fp32 output with its exact amax, and within one step of
-    the default fp32 output's cast at rounding boundaries only; residual_out is the same rounded
-    sum on every path."""
+    x to a non-FP8 output at 2K-16K (NOTES P91, P130), while an FP8 output keeps the register
+    kernel at 2K-8K and the streamed kernel at 16K (fwd_take_blocked, fwd_take_stream; 8200
+    leaves the last chunk partly past the row). Over 67 rows with a bf16 residual: the fp32
+    output is the blocked kernel's (its knob at n) bit for bit and not the FP8 output's kernel's
+    (the blocked knob at 1 << 30, the register kernel; at 16K the stream's knob at n); the FP8
+    bytes, delayed scaling, are the exact cast of that kernel's fp32 output with its exact amax,
+    and within one step of the default fp32 output's cast at rounding boundaries only;
+    residual_out is the same rounded sum on every path."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -405,7 +407,9 @@ def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
         y32, ro = call(is_rms, x, w, b, residual=r, out_dtype=F32)
         with cuda_backend.norm_fwd_blocked_from(n):
             y32b, rob = call(is_rms, x, w, b, residual=r, out_dtype=F32)
-        with cuda_backend.norm_fwd_blocked_from(1 << 30):
+        other = (cuda_backend.norm_fwd_stream_from(n) if n >= 16384
+                 else cuda_backend.norm_fwd_blocked_from(1 << 30))
+        with other:
             y32o, roo = call(is_rms, x, w, b, residual=r, out_dtype=F32)
         assert torch.equal(ro, z) and torch.equal(rob, z) and torch.equal(roo, z)
         assert torch.equal(y32, y32b) and not torch.equal(y32, y32o)
@@ -421,13 +425,14 @@ def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
 
 @pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [16384, 32768, 40000, 131072])
+@pytest.mark.parametrize("n", [16392, 32768, 40000, 131072])
 @pytest.mark.parametrize("fp8_dtype", FP8)
 def test_fp8_residual_default_wide(is_rms, n, fp8_dtype):
-    """From 16K the CUDA forward takes one kernel for the fused residual add (a bf16 residual)
-    whatever the output dtype: the streamed kernel at 16K and from 64K on sm_90, the blocked
+    """Past 16K the CUDA forward takes one kernel for the fused residual add (a bf16 residual)
+    whatever the output dtype: the streamed kernel under 32K and from 64K on sm_90, the blocked
     kernel at 32K-64K (fwd_take_stream; NOTES P96, and P103 for FP8 outputs, which took the
-    stream there before: 40000 leaves its last chunk partly past the row). So by default,
+    stream there before: 40000 leaves its last chunk partly past the row). At 16K itself the
+    non-FP8 outputs take the blocked kernel (test_fp8_residual_blocked_widths). So by default,
     over 67 rows, delayed scaling with the transposed copy and current scaling are each the exact
     cast of the default fp32 output with its exact amax (check_fp8_path with no knob);
     test_norm_contract.py::test_fwd_stream_residual_taken checks which kernel runs."""

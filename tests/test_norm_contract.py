@@ -430,7 +430,7 @@ def test_fwd_vector_layouts(is_rms, vectors, n):
     zero-centred gamma; 0 is the default (4 at 1024 and 1032 for bf16, 8 otherwise). 1032 and 2056
     leave a row group's last lanes partly idle; 16384 at 4 vectors would need 512 threads and keeps
     8. 301 rows: CTAs loop over several row blocks. The blocked and streamed kernels are off (by
-    default the residual rows take the blocked kernel at 2K-8K and the stream from 16K, LayerNorm
+    default the residual rows take the blocked kernel at 2K-16K and the stream past 16K, LayerNorm
     the stream from 16K without one), so that every row here runs the register path."""
     from engine import cuda_backend
 
@@ -492,14 +492,14 @@ def test_fwd_blocked_from_taken(is_rms, n):
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n,res,taken", [
     (1536, True, False), (2048, True, True), (4096, True, True), (8200, True, True),
-    (16384, True, False), (32768, True, True), (131072, True, True),
+    (16384, True, True), (16392, True, False), (32768, True, True), (131072, True, True),
     (4096, False, False), (32768, False, False), (65536, False, False)])
 def test_fwd_blocked_default(is_rms, n, res, taken):
     """By default (fwd_take_blocked, 16-bit outputs) the fused residual add of a 16-bit x takes the
-    blocked kernel at 2K-8K (NOTES P91) and from 32K where the streamed kernel does not take it
-    (here: the stream's knob off; a residual of x's dtype streams from 16K by default,
-    test_fwd_stream_residual_taken), not at 1536 or 16K (the register kernel there with the stream
-    off), and no row without a residual does (RMSNorm 32K moved to its 2-CTA cluster when the
+    blocked kernel at 2K-16K (NOTES P91; 16K, one chunk, since P130) and from 32K where the
+    streamed kernel does not take it (here: the stream's knob off; a residual of x's dtype streams
+    from just past 16K by default, test_fwd_stream_residual_taken), not at 1536 or 16392 (two
+    chunks; the register kernel there with the stream off), and no row without a residual does (RMSNorm 32K moved to its 2-CTA cluster when the
     cluster's exchange became st.async: NOTES P53): the same bits as the knob at n where taken,
     the bits of the knob off elsewhere, which differ from the blocked kernel's at these widths.
     An FP8 output with a residual keeps the register kernel at 2K-8K
@@ -640,12 +640,13 @@ def test_fwd_stream_residual_taken(is_rms, n, out_dtype):
     """A row with a residual of x's dtype takes the streamed kernel under its knob
     (norm_fwd_stream_from(n)), before the blocked kernel of the residual rows: over 301 rows the
     statistics agree within rounding with the other paths' (the stream's knob off: at 8K the
-    blocked kernel for bf16, the register kernel for e4m3; the register kernel at 16K; the
-    blocked kernel from 32K) but not bit for bit (another order of the row sums), while
-    residual_out, the same rounded sum on every path, is equal bit for bit. The default takes the
-    stream for these rows from 16K, both norms (fwd_stream_from_default; NOTES P89, P90), instead of
-    the register kernel at 16K and the blocked kernel from 64K; at 32K-64K the blocked kernel
-    (fwd_take_stream; NOTES P96; for an FP8 output since P103)."""
+    blocked kernel for bf16, the register kernel for e4m3; at 16K the blocked kernel for bf16,
+    the register kernel for e4m3; the blocked kernel from 32K) but not bit for bit (another order
+    of the row sums), while residual_out, the same rounded sum on every path, is equal bit for
+    bit. The default takes the stream for these rows from 16K, both norms (fwd_stream_from_default;
+    NOTES P89, P90), instead of the register kernel at 16K and the blocked kernel from 64K; at
+    32K-64K the blocked kernel (fwd_take_stream; NOTES P96; for an FP8 output since P103), and at
+    16K for a bf16 output (one chunk of the blocked kernel, fwd_take_blocked; NOTES P130)."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -660,7 +661,7 @@ def test_fwd_stream_residual_taken(is_rms, n, out_dtype):
         assert torch.equal(ro_s, residual_sum(x, r)) and torch.equal(ro_o, ro_s) and torch.equal(ro_d, ro_s)
         torch.testing.assert_close(st_s, st_o, rtol=1e-5, atol=1e-6)
         assert not torch.equal(st_s, st_o)
-        stream_default = n >= 16384 and not 32768 <= n < 65536
+        stream_default = n >= 16384 and not 32768 <= n < 65536 and not (n == 16384 and out_dtype == BF16)
         assert torch.equal(st_d, st_s if stream_default else st_o)
     finally:
         engine.backend.reset_for_tests()
@@ -751,8 +752,8 @@ def test_fwd_grid_per_sm(is_rms, n):
     3001 rows, so that CTAs loop over many row blocks and the grid's last CTAs get fewer; and bit
     for bit against the default grid: the grid must change no row's arithmetic (y, statistics,
     residual_out; the FP8 output and amax: test_fp8.py::test_fp8_grid_per_sm). The blocked and
-    streamed kernels are off: by default a bf16 residual takes the blocked kernel at 2K-8K (NOTES
-    P91) and the stream from 16K (P90), so that every width here runs the register path."""
+    streamed kernels are off: by default a bf16 residual takes the blocked kernel at 2K-16K (NOTES
+    P91, P130) and the stream past 16K (P90), so that every width here runs the register path."""
     from engine import cuda_backend
 
     use_backend("cuda")

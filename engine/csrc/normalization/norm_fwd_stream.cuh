@@ -458,17 +458,20 @@ inline int fwd_stream_from_default(bool rms, bool fp8, bool res, bool lean) {
   if (fp8) return rms ? 16384 : (lean ? 32768 : 8192);
   return 32768;
 }
-/* The default's one gap: the fused residual add at 32K-64K goes to the blocked kernel
+/* The default's gaps: the fused residual add at 32K-64K goes to the blocked kernel
  * (fwd_take_blocked), which, since it loads a chunk's residual before its stores (P96), beat the
  * stream there (H200, kernel time, % of copy, two alternations, h200_ab_s29_p96_stream.log, bf16
  * out: 32K RMSNorm 86.3 -> 87.5, LayerNorm 82.5 -> 86.8; at 64K the stream wins, 87.9 / 83.2
  * against 77.9 / 76.5; at 16K they tie, 85.8 / 81.3 against 84.9 / 81.3), for every output dtype
  * since P103 (H100, e4m3 out, two alternations, h100_ab_s30_p103_knob.log: 32K RMSNorm 89.1 ->
  * 89.1, LayerNorm 82.7 -> 87.0; an FP8 output had kept the stream, within one FP8 step of the
- * fp32 output's cast; now its exact cast). The knob (stream_from != 0) has no gap. */
+ * fp32 output's cast; now its exact cast); and to a 16-bit or fp32 output at 16K, where the
+ * blocked kernel holds the row in one chunk (fwd_take_blocked, NOTES P130). The knob
+ * (stream_from != 0) has no gap. */
 inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res, bool lean) {
   if (stream_from != 0) return cols >= stream_from;
   if (res && cols >= 32768 && cols < 65536) return false; /* NOTES P96 / P97 / P103 */
+  if (res && !fp8 && cols <= 16384) return false;          /* NOTES P130 */
   return cols >= fwd_stream_from_default(rms, fp8, res, lean);
 }
 
