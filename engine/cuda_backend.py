@@ -340,9 +340,9 @@ def norm_fwd_blocked_from(n: int):
     for rows of ``n`` columns and more where x and the residual stream share a dtype and allow
     16-byte vectors, instead of the register path or a thread-block cluster (a width past every
     row, e.g. ``1 << 30``: never, the paths before session 15); ``n = 0``, the default, the
-    launcher's choice: the fused residual add of a 16-bit x to a non-FP8 output at 2K-8K
-    columns (where an FP8 output keeps the register path and is then within one FP8 step of the
-    fp32 output's cast), an RMSNorm FP8 output of a 16-bit x without a residual at 4K-16K on a
+    launcher's choice: the fused residual add of a 16-bit x to a non-FP8 output at 2K-16K
+    columns (where an FP8 output keeps the register path, at 16K the stream, and is then within
+    one FP8 step of the fp32 output's cast; 16K since P130), an RMSNorm FP8 output of a 16-bit x without a residual at 4K-16K on a
     lean card (:func:`device_dram_class` 1, the H100; the H200 keeps the register path and the
     stream there, P116; where the other outputs keep the register path, so that the FP8 output is
     within one FP8 step of the fp32 output's cast), and from 32K, whatever the output dtype,
@@ -403,12 +403,13 @@ def norm_fwd_stream_from(n: int):
     delayed and current scaling, from 16384, and on a lean card (the H100) past 16384, below which
     the blocked kernel takes them from 4096 (``norm_fwd_blocked_from``); LayerNorm's FP8 outputs
     from 8192 on a card that is not lean (the H200, P116); a residual of x's dtype from 16384, both norms, before the
-    blocked kernel, except at 32K-64K (the blocked kernel there, every output dtype: an ``n > 0``
-    keeps the stream); benchmarks/NOTES.md P56, P89, P90, P96, P103, and NOTES P59/P67/P68
+    blocked kernel, except at 32K-64K (the blocked kernel there, every output dtype) and, for a
+    non-FP8 output, at 16384 itself (the blocked kernel's one chunk, P130); an ``n > 0`` keeps
+    the stream at those widths too; benchmarks/NOTES.md P56, P89, P90, P96, P103, and NOTES P59/P67/P68
     measurements (RMSNorm 16K e4m3 75.0 -> 81.7)). At RMSNorm 4K-32K (16K-32K on a card that is
-    not lean), and at LayerNorm 8K-32K on a card that is not lean, an FP8 output is then within
-    one FP8 step of the cast of the same call's fp32 output (which takes another kernel), not its
-    exact cast. For tests and A/B
+    not lean), at LayerNorm 8K-32K on a card that is not lean, and with a residual at 2K-16K, an
+    FP8 output is then within one FP8 step of the cast of the same call's fp32 output (which
+    takes another kernel), not its exact cast. For tests and A/B
     benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` (not an int, or negative) raises ValueError at the call."""
     if type(n) is not int or n < 0:
