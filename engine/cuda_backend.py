@@ -399,7 +399,8 @@ def norm_fwd_stream_from(n: int):
     (engine/csrc/normalization/norm_fwd_stream.cuh). A width past every row (e.g. ``1 << 30``)
     never takes it: the paths before session 18; an ``n > 0`` applies to every output dtype,
     with a residual or without. ``n = 0``, the default, is the launcher's choice
-    (``fwd_take_stream``: from 32768 columns, both norms (P101, P102); RMSNorm's FP8 outputs,
+    (``fwd_take_stream``: from 32768 columns, both norms (P101, P102; on a card that is not lean
+    LayerNorm's 16-bit outputs without a residual from past 32768, the clusters taking 32K, P131); RMSNorm's FP8 outputs,
     delayed and current scaling, from 16384, and on a lean card (the H100) past 16384, below which
     the blocked kernel takes them from 4096 (``norm_fwd_blocked_from``); LayerNorm's FP8 outputs
     from 8192 on a card that is not lean (the H200, P116); a residual of x's dtype from 16384, both norms, before the
@@ -478,7 +479,9 @@ def dram_class(n: int):
     cluster (128 threads at 64K, 256 at 128K; every output dtype alike), and session 30's kernel
     choices for FP8 outputs without a residual: RMSNorm's rows of 4K-16K on the blocked kernel,
     LayerNorm's on the register path up to 32K (a wide card keeps RMSNorm's on the register path
-    below 16K and streams LayerNorm's from 8K; NOTES P116). The Triton kernels' twin
+    below 16K and streams LayerNorm's from 8K; NOTES P116), and the streamed kernel for
+    LayerNorm's 16-bit rows of 32K without a residual (a wide card takes the clusters there;
+    NOTES P131). The Triton kernels' twin
     is ``engine.triton_kernels.utils.DRAM_CLASS``. For A/B benchmarks of the two sets on one GPU.
     Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
     ValueError at the call."""

@@ -686,7 +686,39 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
     torch.testing.assert_close(stats[1], stats[0], rtol=1e-5, atol=1e-6)
     assert not torch.equal(stats[1], stats[0])
     stream = n >= 32768 or (fp8 and not cuda_lean() and n >= (16384 if is_rms else 8192))
+    if not is_rms and not fp8 and not cuda_lean() and n == 32768:
+        stream = False  # the clusters there (NOTES P131; test_fwd_ln_32k_default_path)
     assert torch.equal(stats[2], stats[0] if stream else stats[1])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a default path of the CUDA forward")
+@pytest.mark.parametrize("is_rms,n", [(False, 32768), (False, 32776), (True, 32768)],
+                         ids=["ln-32768", "ln-32776", "rms-32768"])
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
+def test_fwd_ln_32k_default_path(is_rms, n, dram_class):
+    """LayerNorm's bf16 rows of 32K without a residual take the clusters by default on a card that
+    is not lean (dram_class 2, the H200: NOTES P131, the clusters 80 % of copy against the stream's
+    76-79) and the streamed kernel on a lean one (the H100); rows past 32K and RMSNorm's take the
+    stream on both. Over 301 rows the default's statistics are that path's bit for bit (the stream:
+    its knob at n; the clusters: the stream's knob past every row) and differ from the other's."""
+    from engine import cuda_backend
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
+    use_backend("cuda")
+    try:
+        x, _, w, b = bf16_rows(301, n, is_rms)
+        stats = {}
+        for path, stream_from in (("stream", n), ("clusters", 1 << 30), ("default", 0)):
+            with cuda_backend.norm_fwd_stream_from(stream_from), cuda_backend.dram_class(dram_class):
+                _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
+            stats[path] = rsigma if is_rms else torch.cat([mu, rsigma])
+    finally:
+        engine.backend.reset_for_tests()
+    torch.testing.assert_close(stats["clusters"], stats["stream"], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(stats["clusters"], stats["stream"])
+    want = "clusters" if (not is_rms and n == 32768 and dram_class == 2) else "stream"
+    assert torch.equal(stats["default"], stats[want])
 
 
 # The FP8 output's default kernel without a residual, by (norm, width) and card class (1 lean, the

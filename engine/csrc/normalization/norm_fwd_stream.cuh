@@ -466,12 +466,16 @@ inline int fwd_stream_from_default(bool rms, bool fp8, bool res, bool lean) {
  * since P103 (H100, e4m3 out, two alternations, h100_ab_s30_p103_knob.log: 32K RMSNorm 89.1 ->
  * 89.1, LayerNorm 82.7 -> 87.0; an FP8 output had kept the stream, within one FP8 step of the
  * fp32 output's cast; now its exact cast); and to a 16-bit or fp32 output at 16K, where the
- * blocked kernel holds the row in one chunk (fwd_take_blocked, NOTES P130). The knob
+ * blocked kernel holds the row in one chunk (fwd_take_blocked, NOTES P130); and LayerNorm's rows
+ * of 32K without a residual to a 16-bit or fp32 output on a card that is not lean (the H200) go to
+ * the clusters (NOTES Q23 / P131, kernel time, three alternations over two calls: the stream
+ * 75.7-78.6, the clusters 80.0-80.9; at 64K / 128K the stream leads by 11-15). The knob
  * (stream_from != 0) has no gap. */
 inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res, bool lean) {
   if (stream_from != 0) return cols >= stream_from;
   if (res && cols >= 32768 && cols < 65536) return false; /* NOTES P96 / P97 / P103 */
   if (res && !fp8 && cols <= 16384) return false;          /* NOTES P130 */
+  if (!rms && !fp8 && !res && !lean && cols <= 32768) return false; /* NOTES P131 */
   return cols >= fwd_stream_from_default(rms, fp8, res, lean);
 }
 
