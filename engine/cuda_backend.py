@@ -342,14 +342,14 @@ def norm_fwd_blocked_from(n: int):
     row, e.g. ``1 << 30``: never, the paths before session 15); ``n = 0``, the default, the
     launcher's choice: the fused residual add of a 16-bit x to a non-FP8 output at 2K-16K
     columns (where an FP8 output keeps the register path, at 16K the stream, and is then within
-    one FP8 step of the fp32 output's cast; 16K since P130), an RMSNorm FP8 output of a 16-bit x without a residual at 4K-16K on a
-    lean card (:func:`device_dram_class` 1, the H100; the H200 keeps the register path and the
-    stream there, P116; where the other outputs keep the register path, so that the FP8 output is
-    within one FP8 step of the fp32 output's cast), and from 32K, whatever the output dtype,
-    where the streamed kernel does not take it (``norm_fwd_stream_from``; by default it does not
-    take a residual of x's dtype at 32K-64K) (benchmarks/NOTES.md, P44, P45,
-    P53, P89, P91, P96, P100, P102 and P103); an
-    ``n > 0`` takes precedence over the streamed kernel. For tests and A/B benchmarks of the paths on one
+    one FP8 step of the fp32 output's cast; 16K since P130), an RMSNorm FP8 output of a 16-bit
+    x without a residual at 4K-16K on a lean card (:func:`device_dram_class` 1, the H100; the
+    H200 keeps the register path and the stream there, P116; where the other outputs keep the
+    register path, so that the FP8 output is within one FP8 step of the fp32 output's cast), and
+    from 32K, whatever the output dtype, where the streamed kernel does not take it
+    (``norm_fwd_stream_from``; by default it does not take a residual of x's dtype at 32K-64K)
+    (benchmarks/NOTES.md, P44, P45, P53, P89, P91, P96, P100, P102, P103 and P130); an ``n > 0``
+    takes precedence over the streamed kernel. For tests and A/B benchmarks of the paths on one
     GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` (not an
     int, or negative) raises ValueError at the call."""
     if type(n) is not int or n < 0:
@@ -399,16 +399,17 @@ def norm_fwd_stream_from(n: int):
     (engine/csrc/normalization/norm_fwd_stream.cuh). A width past every row (e.g. ``1 << 30``)
     never takes it: the paths before session 18; an ``n > 0`` applies to every output dtype,
     with a residual or without. ``n = 0``, the default, is the launcher's choice
-    (``fwd_take_stream``: from 32768 columns, both norms (P101, P102; on a card that is not lean
-    LayerNorm's 16-bit outputs without a residual from past 32768, the clusters taking 32K, P131); RMSNorm's FP8 outputs,
+    (``fwd_take_stream``: from 32768 columns, both norms (P101, P102; on a card that is not
+    lean LayerNorm's 16-bit outputs without a residual from past 32768, the clusters taking
+    32K, P131); RMSNorm's FP8 outputs,
     delayed and current scaling, from 16384, and on a lean card (the H100) past 16384, below which
     the blocked kernel takes them from 4096 (``norm_fwd_blocked_from``); LayerNorm's FP8 outputs
     from 8192 on a card that is not lean (the H200, P116); a residual of x's dtype from 16384, both norms, before the
     blocked kernel, except at 32K-64K (the blocked kernel there, every output dtype) and, for a
     non-FP8 output, at 16384 itself (the blocked kernel's one chunk, P130); an ``n > 0`` keeps
-    the stream at those widths too; benchmarks/NOTES.md P56, P89, P90, P96, P103, and NOTES P59/P67/P68
-    measurements (RMSNorm 16K e4m3 75.0 -> 81.7)). At RMSNorm 4K-32K (16K-32K on a card that is
-    not lean), at LayerNorm 8K-32K on a card that is not lean, and with a residual at 2K-16K, an
+    the stream at those widths too; benchmarks/NOTES.md P56, P89, P90, P96, P103, and NOTES
+    P59/P67/P68 measurements (RMSNorm 16K e4m3 75.0 -> 81.7)). At RMSNorm 4K-32K (16K-32K on a
+    card that is not lean), at LayerNorm 8K-32K on a card that is not lean, and with a residual at 2K-16K, an
     FP8 output is then within one FP8 step of the cast of the same call's fp32 output (which
     takes another kernel), not its exact cast. For tests and A/B
     benchmarks of the paths on one GPU. Process-wide, not thread-safe; restores the previous

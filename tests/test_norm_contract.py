@@ -499,10 +499,11 @@ def test_fwd_blocked_default(is_rms, n, res, taken):
     blocked kernel at 2K-16K (NOTES P91; 16K, one chunk, since P130) and from 32K where the
     streamed kernel does not take it (here: the stream's knob off; a residual of x's dtype streams
     from just past 16K by default, test_fwd_stream_residual_taken), not at 1536 or 16392 (two
-    chunks; the register kernel there with the stream off), and no row without a residual does (RMSNorm 32K moved to its 2-CTA cluster when the
-    cluster's exchange became st.async: NOTES P53): the same bits as the knob at n where taken,
-    the bits of the knob off elsewhere, which differ from the blocked kernel's at these widths.
-    An FP8 output with a residual keeps the register kernel at 2K-8K
+    chunks; the register kernel there with the stream off), and no row without a residual does
+    (RMSNorm 32K moved to its 2-CTA cluster when the cluster's exchange became st.async: NOTES
+    P53): the same bits as the knob at n where taken, the bits of the knob off elsewhere, which
+    differ from the blocked kernel's at these widths. An FP8 output with a residual keeps the
+    register kernel at 2K-8K and the stream at 16K
     (test_fp8.py::test_fp8_residual_blocked_widths)."""
     from engine import cuda_backend
 
@@ -661,7 +662,8 @@ def test_fwd_stream_residual_taken(is_rms, n, out_dtype):
         assert torch.equal(ro_s, residual_sum(x, r)) and torch.equal(ro_o, ro_s) and torch.equal(ro_d, ro_s)
         torch.testing.assert_close(st_s, st_o, rtol=1e-5, atol=1e-6)
         assert not torch.equal(st_s, st_o)
-        stream_default = n >= 16384 and not 32768 <= n < 65536 and not (n == 16384 and out_dtype == BF16)
+        stream_default = (n >= 16384 and not 32768 <= n < 65536
+                          and not (n == 16384 and out_dtype == BF16))
         assert torch.equal(st_d, st_s if stream_default else st_o)
     finally:
         engine.backend.reset_for_tests()
@@ -710,7 +712,8 @@ def test_fwd_ln_32k_default_path(is_rms, n, dram_class):
         x, _, w, b = bf16_rows(301, n, is_rms)
         stats = {}
         for path, stream_from in (("stream", n), ("clusters", 1 << 30), ("default", 0)):
-            with cuda_backend.norm_fwd_stream_from(stream_from), cuda_backend.dram_class(dram_class):
+            with cuda_backend.norm_fwd_stream_from(stream_from), \
+                    cuda_backend.dram_class(dram_class):
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
             stats[path] = rsigma if is_rms else torch.cat([mu, rsigma])
     finally:

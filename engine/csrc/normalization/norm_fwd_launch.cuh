@@ -231,11 +231,12 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
  * P45, P53 and P91; kernel time, % of copy, register path / clusters -> blocked):
  *   - the fused residual add of a 16-bit x to a 16-bit or fp32 output at 2K-8K (P91, CTAs sized
  *     to the row, means of two alternations): RMSNorm 2K / 4K / 8K 89.5 / 88.7 / 86.5 -> 91.2 /
- *     89.4 / 90.0, LayerNorm 88.5 / 86.2 / 83.5 -> 90.8 / 90.0 / 86.8; at 16K, the widest row of
- *     one chunk (512 threads), since the one-chunk rows' vector store (P124) and no longer a tie
- *     with the streamed kernel (P130, session 39, kernel time, two alternations: H200 stream ->
- *     blocked RMSNorm 86.0-86.1 -> 90.4-90.5, LayerNorm 82.1-82.2 -> 88.5-89.2). Rows past 16K
- *     and under 32K (two chunks) keep the stream. Not to an FP8 output: the blocked kernel's general FP8
+ *     89.4 / 90.0, LayerNorm 88.5 / 86.2 / 83.5 -> 90.8 / 90.0 / 86.8; and at 16K, the widest
+ *     row of one chunk (512 threads), no longer a tie with the streamed kernel since the
+ *     one-chunk rows' vector store (P124): P130, kernel time, two alternations, stream ->
+ *     blocked, H100 RMSNorm 92.0-92.1 -> 93.6-93.8, LayerNorm 89.8-90.0 -> 92.2-92.3, H200
+ *     86.0-86.1 -> 90.4-90.5, 82.1-82.2 -> 88.5-89.2. Rows past 16K and under 32K (two chunks)
+ *     keep the stream. Not to an FP8 output: the blocked kernel's general FP8
  *     epilogue lost 14-23 points there to the register kernel's fast FP8 loop (P91: RMSNorm e4m3
  *     89.6 -> 75.8 at 2K), so at 2K-8K an FP8 output with a residual is within one FP8 step of
  *     the cast of the same call's fp32 output (another order of the row's sums), not its exact

@@ -468,9 +468,9 @@ inline int fwd_stream_from_default(bool rms, bool fp8, bool res, bool lean) {
  * fp32 output's cast; now its exact cast); and to a 16-bit or fp32 output at 16K, where the
  * blocked kernel holds the row in one chunk (fwd_take_blocked, NOTES P130); and LayerNorm's rows
  * of 32K without a residual to a 16-bit or fp32 output on a card that is not lean (the H200) go to
- * the clusters (NOTES Q23 / P131, kernel time, three alternations over two calls: the stream
- * 75.7-78.6, the clusters 80.0-80.9; at 64K / 128K the stream leads by 11-15). The knob
- * (stream_from != 0) has no gap. */
+ * the clusters (NOTES Q23 / P131, kernel time: three alternations over two calls, the stream
+ * 75.7-78.6 against the clusters 80.0-80.9; the A/B of the defaults, 76.7-78.1 -> 79.7-80.5; at
+ * 64K / 128K the stream leads by 11-15). The knob (stream_from != 0) has no gap. */
 inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res, bool lean) {
   if (stream_from != 0) return cols >= stream_from;
   if (res && cols >= 32768 && cols < 65536) return false; /* NOTES P96 / P97 / P103 */
