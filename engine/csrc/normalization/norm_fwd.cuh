@@ -804,7 +804,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
                   for (int j = 0; j < VEC; ++j) orow[j] = fp8_from_float(y[j] * scale, e5m2);
                 }
               }
-            } else if constexpr (VEC * sizeof(O) % 8 == 0) {
+            } else {
               O* orow = static_cast<O*>(a.out) + row * a.out_stride;
               /* A row of one chunk (z held since pass 1): one vector store per 16 bytes, where
                * store_vec made four 4-byte stores (store_words_v). Measured (NOTES P124 / P125,
@@ -815,16 +815,16 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
                * H100 (32K, every 16-bit form; the residual form on the H200 too) and gained with
                * Triton's L2 eviction hints beside it (P125, branch s38-blocked-hints): rows of
                * several chunks keep store_vec until that is measured on both cards. */
-              if (keep_z) {
-                uint32_t w[PackedWords<O, VEC>::kWords];
-                pack_to<O, VEC>(y, w);
-                store_words_v<VEC * (int)sizeof(O)>(orow + col[i], w);
+              constexpr bool kVecStore = VEC * sizeof(O) % 8 == 0;
+              if (kVecStore && keep_z) {
+                if constexpr (kVecStore) {
+                  uint32_t w[PackedWords<O, VEC>::kWords];
+                  pack_to<O, VEC>(y, w);
+                  store_words_v<VEC * (int)sizeof(O)>(orow + col[i], w);
+                }
               } else {
                 store_vec<O, VEC>(orow + col[i], y);
               }
-            } else {
-              O* orow = static_cast<O*>(a.out) + row * a.out_stride;
-              store_vec<O, VEC>(orow + col[i], y);
             }
           }
         }
