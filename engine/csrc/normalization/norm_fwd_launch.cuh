@@ -268,7 +268,8 @@ engine_status launch_fwd_blocked_w(const FwdArgs& a, const LaunchCtx& ctx) {
  * P90: fwd_take_stream) it runs instead of the register path and the clusters, unless this says
  * blocked (an RMSNorm FP8 output at 16K unless the stream's knob is set; the blocked knob);
  * fwd_take_stream leaves a residual at 32K-64K to the blocked kernel (NOTES P96 / P97 /
- * P103), and at 16K where this takes it (P130). */
+ * P103), and its default for a non-FP8 residual row starts past 16K, where this takes 16K
+ * (P130). */
 inline bool fwd_take_blocked(int cols, bool has_res, int knob, bool fp8_out, bool x16, bool rms,
                              bool lean) {
   if (knob != 0) return cols >= knob;

@@ -454,28 +454,27 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
  * + T 16K 55.8 -> 60.9-61.3, current scaling 16K +2.9), so a card that is not lean (`lean`:
  * lean_dram) streams LayerNorm's FP8 rows from 8K, as before P101; its 16-bit rows keep 32K. */
 inline int fwd_stream_from_default(bool rms, bool fp8, bool res, bool lean) {
-  if (res) return 16384; /* the fused residual add, before the blocked kernel (NOTES P89, P90) */
+  /* the fused residual add, before the blocked kernel (NOTES P89, P90); a non-FP8 output past
+   * 16K, the blocked kernel taking its rows of one chunk (fwd_take_blocked has P130's numbers) */
+  if (res) return fp8 ? 16384 : 16384 + 1;
   if (fp8) return rms ? 16384 : (lean ? 32768 : 8192);
-  return 32768;
+  /* LayerNorm's rows on a card that is not lean (the H200) past 32K: 32K itself on the clusters
+   * (NOTES Q23 / P131, kernel time: three alternations over two calls, the stream 75.7-78.6
+   * against the clusters 80.0-80.9; the A/B of the defaults, 76.7-78.1 -> 79.7-80.5; at 64K /
+   * 128K the stream leads by 11-15) */
+  return rms || lean ? 32768 : 32768 + 1;
 }
-/* The default's gaps: the fused residual add at 32K-64K goes to the blocked kernel
+/* The default's one gap: the fused residual add at 32K-64K goes to the blocked kernel
  * (fwd_take_blocked), which, since it loads a chunk's residual before its stores (P96), beat the
  * stream there (H200, kernel time, % of copy, two alternations, h200_ab_s29_p96_stream.log, bf16
  * out: 32K RMSNorm 86.3 -> 87.5, LayerNorm 82.5 -> 86.8; at 64K the stream wins, 87.9 / 83.2
- * against 77.9 / 76.5; at 16K they tie, 85.8 / 81.3 against 84.9 / 81.3), for every output dtype
- * since P103 (H100, e4m3 out, two alternations, h100_ab_s30_p103_knob.log: 32K RMSNorm 89.1 ->
- * 89.1, LayerNorm 82.7 -> 87.0; an FP8 output had kept the stream, within one FP8 step of the
- * fp32 output's cast; now its exact cast); and to a 16-bit or fp32 output at 16K, where the
- * blocked kernel holds the row in one chunk (fwd_take_blocked, NOTES P130); and LayerNorm's rows
- * of 32K without a residual to a 16-bit or fp32 output on a card that is not lean (the H200) go to
- * the clusters (NOTES Q23 / P131, kernel time: three alternations over two calls, the stream
- * 75.7-78.6 against the clusters 80.0-80.9; the A/B of the defaults, 76.7-78.1 -> 79.7-80.5; at
- * 64K / 128K the stream leads by 11-15). The knob (stream_from != 0) has no gap. */
+ * against 77.9 / 76.5; at 16K they tied then, 85.8 / 81.3 against 84.9 / 81.3), for every output
+ * dtype since P103 (H100, e4m3 out, two alternations, h100_ab_s30_p103_knob.log: 32K RMSNorm 89.1
+ * -> 89.1, LayerNorm 82.7 -> 87.0; an FP8 output had kept the stream, within one FP8 step of the
+ * fp32 output's cast; now its exact cast). The knob (stream_from != 0) has no gap. */
 inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res, bool lean) {
   if (stream_from != 0) return cols >= stream_from;
   if (res && cols >= 32768 && cols < 65536) return false; /* NOTES P96 / P97 / P103 */
-  if (res && !fp8 && cols <= 16384) return false;          /* NOTES P130 */
-  if (!rms && !fp8 && !res && !lean && cols <= 32768) return false; /* NOTES P131 */
   return cols >= fwd_stream_from_default(rms, fp8, res, lean);
 }
 
