@@ -134,8 +134,8 @@ def _impl(is_rms_norm: bool, device: torch.device):
 
 def external_transpose(impl, n: int, is_rms_norm: bool) -> Optional[bool]:
     """Whether the FP8 transposed norm output of rows of ``n`` on backend module ``impl`` comes
-    from a tiled transpose after the norm (True), from the norm kernel itself (False), or from
-    whichever the backend measured faster for the call (None: ``out_t_auto``):
+    from a tiled transpose after the norm (True: ``out_t_after``), from the norm kernel itself
+    (False), or from whichever the backend measured faster for the call (None: ``out_t_auto``):
     ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` where it is set; else True for rows wider than the norm's
     ``impl.IN_KERNEL_TRANSPOSE_MAX_N``, None for the others."""
     flag = backend.settings().norm_external_transpose
@@ -194,7 +194,9 @@ def norm_fwd_fp8(
 
     ``scale`` is read (delayed) or written (current); ``amax`` is max-updated (delayed) or written
     (current). The transposed copy comes from the norm kernel or from a tiled transpose of the
-    rowwise data (:func:`external_transpose`); both are bitwise equal.
+    rowwise data (:func:`external_transpose`); both are bitwise equal. The backend makes it in
+    either case, so that its launcher knows whether a copy is made (CUDA chooses the norm's
+    kernel by it: benchmarks/NOTES.md P133).
     """
     m, n = x.shape
     dev = x.device
@@ -205,16 +207,12 @@ def norm_fwd_fp8(
     mu, rsigma = _stats(m, is_rms_norm, dev)
     impl = _impl(is_rms_norm, dev)
     how = external_transpose(impl, n, is_rms_norm) if columnwise else False
-    external = how is True
     impl.norm_fwd(
-        x, weight, bias, residual, eps, data, res_out, mu, rsigma, scale, amax, scale_inv,
-        None if external else data_t,
+        x, weight, bias, residual, eps, data, res_out, mu, rsigma, scale, amax, scale_inv, data_t,
         is_rms_norm=is_rms_norm, zero_centered_gamma=zero_centered_gamma,
         current_scaling=current_scaling, amax_epsilon=amax_epsilon, sm_margin=sm_margin,
-        out_t_auto=how is None,
+        out_t_auto=how is None, out_t_after=how is True,
     )
-    if external:
-        impl.fp8_transpose(data, data_t)
     return data, data_t, scale_inv, res_out, mu, rsigma
 
 

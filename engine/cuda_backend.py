@@ -40,7 +40,8 @@ __all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_tr
 #: path by the width and the card's class: the band kernel where it applies and won; the register
 #: path's tile up to 1024, in-kernel against external 72 / 65 % of copy on the H200 for RMSNorm at
 #: 1K; the tiled transpose after the norm elsewhere; engine/csrc/normalization/norm_fwd_band.cuh:
-#: fwd_band_cfg), wider rows take the tiled transpose directly. The band kernel takes rows of up
+#: fwd_band_cfg), wider rows ask for the tiled transpose after the norm (``out_t_after``), which the
+#: extension runs in the same call. The band kernel takes rows of up
 #: to 16384 (benchmarks/NOTES.md P104, P105, P117).
 IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 16384, "layernorm": 16384}
 
@@ -177,18 +178,23 @@ def norm_fwd(
     amax_epsilon: float,
     sm_margin: int,
     out_t_auto: bool = False,
+    out_t_after: bool = False,
 ) -> None:
     """Norm forward; see :func:`engine.reference.norm_fwd` for the contract. With ``out_t_auto``
     the transposed copy comes from the band kernel where it applies and the card's defaults take it
     (FP8 with delayed scaling, a 16-bit x without a residual, rows of 1025-16384;
     :func:`norm_fwd_band`), the register path's tile for rows of up to 1024, the tiled transpose
-    after the norm otherwise."""
+    after the norm otherwise; with ``out_t_after`` from the tiled transpose after the norm, run by
+    the extension in the same call (whether a copy is made can choose the norm's kernel: on a
+    lean card delayed scaling without one takes the clusters at 16K-32K, benchmarks/NOTES.md P133)."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_fwd", "x", x)
+    if out_t_auto and out_t_after:
+        raise ValueError("norm_fwd: out_t_auto and out_t_after exclude each other")
     err = (_ext or _ext_or_load()).norm_fwd(
         x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
         out_t, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin,
-        out_t_auto,
+        out_t_auto, out_t_after,
     )
     if err:
         _raise(err)

@@ -23,8 +23,9 @@ max-updates ``amax`` with ``max|y|`` (before scaling). Current scaling first com
 that is 0 or not finite), written to ``scale``, and quantizes with it. Both write
 ``scale_inv = 1 / scale``. ``out_t``, if given, receives the FP8 data transposed, ``[N, M]``;
 with ``out_t_auto`` a backend writes it by whichever of its paths is faster at that width (its norm
-kernel or a tiled transpose after it), without it by its norm kernel where that can; the bytes are
-the same either way (here there is one path).
+kernel or a tiled transpose after it), with ``out_t_after`` by a tiled transpose after the norm,
+with neither by its norm kernel where that can; the bytes are the same in every case (here there
+is one path).
 
 Norm backward: ``dz = d(norm)/dz . dy + dresidual``; ``dx`` receives ``dz`` (and ``dres``, when
 given, the same values in the residual's dtype); ``dweight = sum_rows(dy * xhat)``,
@@ -119,10 +120,13 @@ def norm_fwd(
     amax_epsilon: float,
     sm_margin: int,
     out_t_auto: bool = False,
+    out_t_after: bool = False,
 ) -> None:
-    """Norm forward (see the module docstring). ``sm_margin`` and ``out_t_auto`` are accepted and
-    unused here (one path)."""
-    del sm_margin, out_t_auto
+    """Norm forward (see the module docstring). ``sm_margin``, ``out_t_auto`` and ``out_t_after``
+    are accepted and unused here (one path)."""
+    if out_t_auto and out_t_after:
+        raise ValueError("norm_fwd: out_t_auto and out_t_after exclude each other")
+    del sm_margin
     z = x.float()
     if residual is not None:
         z = z + residual.float()

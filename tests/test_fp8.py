@@ -39,12 +39,14 @@ SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
 # lean-card tiles on an H100 (two blocked chunks of 32K; NOTES P110).
 WIDE = [(301, 24584), (19, 65536), (37, 131072)] if ON_GPU else []
 # CUDA's RMSNorm FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): on a lean
-# card (the H100) the blocked kernel from the first width to the second, the streamed kernel above
-# it up to the third, where the other outputs take the stream too; on another card (the H200) the
-# stream from the second width (cuda_fp8_own_path; NOTES P100 / P102 / P116).
+# card (the H100) the blocked kernel from the first width to the second, above it up to the third
+# the streamed kernel with a transposed copy or current scaling, the fp32 output's clusters in
+# delayed scaling alone (NOTES P133), and at the third, where the other outputs take the stream,
+# delayed scaling alone the clusters (both norms); on another card (the H200) the stream from
+# the second width (cuda_fp8_own_path; NOTES P100 / P102 / P116).
 FP8_OWN_RMS = (4096, 16384, 32768)
 # CUDA's LayerNorm FP8 outputs without a residual on a card that is not lean: the stream from
-# here up to FP8_OWN_RMS[2] (NOTES P116; on a lean card the fp32 output's kernel).
+# here up to FP8_OWN_RMS[2] (NOTES P116; on a lean card the fp32 output's kernel but at 32768).
 FP8_OWN_LN_WIDE = 8192
 
 
@@ -77,21 +79,26 @@ def fp8_steps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (ordinal(a) - ordinal(b)).abs()
 
 
-def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None):
+def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=True):
     """Whether CUDA's forward, by default, takes another kernel for an FP8 output of contiguous
     rows of n than for an fp32 one, with the launch defaults of a lean card or not (``lean``; None:
-    this GPU's class, cuda_lean). Without a residual, on a lean card (the H100) RMSNorm only: its
-    blocked kernel for FP8 outputs at 4K-16K (fwd_take_blocked, norm_fwd_launch.cuh; NOTES P100 /
-    P102), its streamed cluster kernel for FP8 outputs above that and up to the other outputs'
-    32K (fwd_take_stream, norm_fwd_stream.cuh; on a device with thread-block clusters, sm_90),
-    where the fp32 output takes the register path; LayerNorm's FP8 outputs take the fp32
-    output's kernel at every width (NOTES P101 / P102). On another card (the H200; NOTES P116)
-    the stream takes RMSNorm's FP8 outputs from 16K and LayerNorm's from 8K, up to 32K (sm_90),
-    and the register path the rows below. With a residual of x's dtype (``residual``): at 2K-8K
-    the blocked kernel for the fp32 output and the register kernel for an FP8 one
-    (fwd_take_blocked; NOTES P91), at 16K the blocked kernel and the streamed one (NOTES P130; at
-    32K-64K both take the blocked kernel since P103). All only
-    for a 16-bit x and rows of 16-byte vectors (n a multiple of 8)."""
+    this GPU's class, cuda_lean), in delayed scaling without a transposed copy (``alone``) or not
+    (current scaling's statistics pass, or a copy made after the norm: the band kernel that writes
+    it at 1K-16K by default has its own row sums, test_default_transpose_path_by_width).
+
+    Without a residual, on a lean card (the H100): RMSNorm's blocked kernel for FP8 outputs at
+    4K-16K (fwd_take_blocked, norm_fwd_launch.cuh; NOTES P100 / P102); not alone its streamed
+    cluster kernel above that and up to the other outputs' 32K (fwd_take_stream,
+    norm_fwd_stream.cuh; on a device with thread-block clusters, sm_90), where the fp32 output
+    takes the register path, and alone that register path, but at 32K, where the fp32 output
+    takes the stream and an FP8 one alone the register path's clusters, both norms (NOTES P133);
+    LayerNorm's FP8 outputs otherwise take the fp32 output's kernel (NOTES P101 / P102). On
+    another card (the H200; NOTES P116) the stream takes RMSNorm's FP8 outputs from 16K and
+    LayerNorm's from 8K, up to 32K (sm_90), and the register path the rows below. With a residual
+    of x's dtype (``residual``): at 2K-8K the blocked kernel for the fp32 output and the register
+    kernel for an FP8 one (fwd_take_blocked; NOTES P91), at 16K the blocked kernel and the
+    streamed one (NOTES P130; at 32K-64K both take the blocked kernel since P103). All only for a
+    16-bit x and rows of 16-byte vectors (n a multiple of 8)."""
     if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
         return False
     sm90 = torch.cuda.get_device_capability()[0] >= 9
@@ -99,18 +106,21 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None):
         return 2048 <= n <= 16384
     lo, mid, hi = FP8_OWN_RMS
     if cuda_lean() if lean is None else lean:
+        if alone:
+            return (is_rms and lo <= n <= mid) or (sm90 and n == hi)
         return is_rms and (lo <= n <= mid or (sm90 and mid < n < hi))
     return sm90 and (mid if is_rms else FP8_OWN_LN_WIDE) <= n < hi
 
 
-def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
+def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False, alone=True):
     """Whether the backend adds a row's sums in the same order for an FP8 and an fp32 output, for
     rows of n of ``x_dtype`` with or without a residual, at the default launch knobs.
 
     The reference does by construction. CUDA does (one thread layout per row width, whatever the
     output) except where the FP8 output takes another kernel than the fp32 one
     (cuda_fp8_own_path: without a residual its blocked or streamed kernel for FP8 only at
-    RMSNorm 4K-32K, NOTES P100, P102 / P59/P67/P68; with a residual of x's dtype its
+    RMSNorm 4K-32K, NOTES P100, P102 / P59/P67/P68, and on a lean card in delayed scaling alone
+    the clusters at 32K, P133; with a residual of x's dtype its
     blocked kernel for the fp32 output only at 2K-16K, NOTES P91, P130), whose sums add in another
     order. Triton does not: its tiles
     are tuned per output kind (engine.triton_kernels.norms_common), and even where the FP8 tile's
@@ -122,7 +132,7 @@ def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False):
     """
     if backend == "triton":
         return False
-    return not (backend == "cuda" and cuda_fp8_own_path(is_rms, n, x_dtype, residual))
+    return not (backend == "cuda" and cuda_fp8_own_path(is_rms, n, x_dtype, residual, alone=alone))
 
 
 def assert_cast_of(data, y32, scale, bias, *, exact, terms=None):
@@ -190,7 +200,7 @@ def test_norm_fp8_current_scaling(backend, is_rms, fp8_dtype):
     y32 = call(is_rms, x, w, b, out_dtype=F32)
     q = Float8CurrentScalingQuantizer(fp8_dtype)
     t = call(is_rms, x, w, b, quantizer=q)
-    same = same_row_sums(backend, is_rms, n)
+    same = same_row_sums(backend, is_rms, n, alone=False)
     amax = y32.abs().max()
     if same:
         assert q.amax.item() == amax.item()
@@ -309,15 +319,18 @@ def test_norm_fp8_stream_residual(is_rms, fp8_dtype, n, dram_class):
                    dram_class=dram_class)
 
 
-def fp8_own_kernel(n, lean):
+def fp8_own_kernel(n, lean, alone=True):
     """The knob (engine.cuda_backend) that puts an fp32 output of RMSNorm rows of n on the kernel
     CUDA's forward takes by default for an FP8 output without a residual, where that is its own
-    (cuda_fp8_own_path): on a lean card the blocked kernel to 16K, the stream above; on another
-    the stream."""
+    (cuda_fp8_own_path; ``alone``: delayed scaling without a transposed copy): on a lean card the
+    blocked kernel to 16K, above it the stream, but alone at 32K the register path's clusters;
+    on another card the stream."""
     from engine import cuda_backend
 
     if lean and n <= FP8_OWN_RMS[1]:
         return cuda_backend.norm_fwd_blocked_from(n)
+    if lean and alone:
+        return register_path()
     return cuda_backend.norm_fwd_stream_from(n)
 
 
@@ -336,21 +349,23 @@ def register_path():
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
-@pytest.mark.parametrize("n,dram_class", [(4096, 1), (16384, 1), (16392, 1), (24584, 1), (16384, 2),
-                                          (24584, 2)])
+@pytest.mark.parametrize("n,dram_class", [(4096, 1), (16384, 1), (16392, 1), (24584, 1), (32768, 1),
+                                          (16384, 2), (24584, 2)])
 @pytest.mark.parametrize("fp8_dtype", FP8)
 def test_fp8_own_kernel_widths(n, dram_class, fp8_dtype):
     """By default the CUDA forward takes another kernel for RMSNorm's FP8 outputs than for the
     others at 4K-32K on a lean card (cuda_fp8_own_path): its blocked kernel at 4K-16K
-    (fwd_take_blocked; NOTES P100 / P102), its streamed kernel above (fwd_take_stream; NOTES
-    P59/P67/P68); on another card the stream from 16K (P116). The other outputs take the register
-    path (test_norm_contract.py::test_fwd_fp8_default_path checks the paths taken). There, over
-    67 rows (16392 and 24584 on the stream: rows not a power of two), with each class's defaults
-    (engine.cuda_backend.dram_class), the FP8 bytes, delayed scaling, are the exact cast of that
-    kernel's fp32 output (its knob at n) with its exact amax, and within one step of the default
-    fp32 output's cast (another order of the row sums) at rounding boundaries only; current
-    scaling's bytes are delayed scaling's at its scale (its statistics pass on the same kernel,
-    its output pass from them)."""
+    (fwd_take_blocked; NOTES P100 / P102), its streamed kernel above with the transposed copy and
+    in current scaling (fwd_take_stream; NOTES P59/P67/P68), where delayed scaling alone takes the
+    fp32 output's path but at 32K, where it takes the clusters and the fp32 output the stream
+    (P133); on another card the stream from 16K (P116). test_norm_contract.py::
+    test_fwd_fp8_default_path checks the paths taken. Here, over 67 rows (16392 and 24584: rows
+    not a power of two), with each class's defaults (engine.cuda_backend.dram_class): delayed
+    scaling's bytes, alone and (past 16K, where the copy comes after the norm) with the copy, are
+    the exact cast of their kernel's fp32 output (its knob) with its exact amax, and where that
+    kernel is not the default fp32 output's, within one step of that one's cast at rounding
+    boundaries only; current scaling's bytes are delayed scaling's at its scale (its statistics
+    pass on the kernel that delayed scaling with the copy takes, its output pass from them)."""
     from engine import cuda_backend
 
     lean = dram_class == 1
@@ -359,21 +374,30 @@ def test_fp8_own_kernel_widths(n, dram_class, fp8_dtype):
     use_backend("cuda")
     stack = contextlib.ExitStack()
     try:
-        assert cuda_fp8_own_path(True, n, lean=lean)  # the case this test is for
+        own = {alone: cuda_fp8_own_path(True, n, lean=lean, alone=alone) for alone in (True, False)}
+        assert own[True] or own[False]  # the case this test is for
         stack.enter_context(cuda_backend.dram_class(dram_class))
         x, w, b = inputs(67, n, True)
         y32 = call(True, x, w, b, out_dtype=F32)
-        with fp8_own_kernel(n, lean):
-            y32s = call(True, x, w, b, out_dtype=F32)
-        q = delayed(fp8_dtype, scale=3.0, amax=0.25)
-        t = call(True, x, w, b, quantizer=q)
-        assert_cast_of(t.data, y32s, 3.0, b, exact=True)
-        assert q.amax.item() == max(0.25, y32s.abs().max().item())
-        assert_cast_of(t.data, y32, 3.0, b, exact=False)
+        after = n > FP8_OWN_RMS[1]  # the transposed copy from the tiled transpose after the norm
+        data = {}
+        for alone in (True, False) if after else (True,):
+            y32s = y32
+            if own[alone]:
+                with fp8_own_kernel(n, lean, alone):
+                    y32s = call(True, x, w, b, out_dtype=F32)
+            q = delayed(fp8_dtype, scale=3.0, amax=0.25, columnwise=not alone)
+            t = call(True, x, w, b, quantizer=q)
+            assert_cast_of(t.data, y32s, 3.0, b, exact=True)
+            assert q.amax.item() == max(0.25, y32s.abs().max().item())
+            assert_cast_of(t.data, y32, 3.0, b, exact=not own[alone])
+            if not alone:
+                assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+            data[alone] = y32s
         qc = Float8CurrentScalingQuantizer(fp8_dtype)
         tc = call(True, x, w, b, quantizer=qc)
-        assert qc.amax.item() == y32s.abs().max().item()
-        qd = delayed(fp8_dtype, scale=qc.scale.item(), amax=0.0)
+        assert qc.amax.item() == data[not after].abs().max().item()
+        qd = delayed(fp8_dtype, scale=qc.scale.item(), amax=0.0, columnwise=after)
         td = call(True, x, w, b, quantizer=qd)
         assert torch.equal(td.data.view(torch.uint8), tc.data.view(torch.uint8))
         assert qd.amax.item() == qc.amax.item()
@@ -827,6 +851,41 @@ def test_default_transpose_path_by_width(norm, n, form, dram_class):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels a norm to FP8 launches")
+@pytest.mark.parametrize("norm,n", [("rms", 24576), ("rms", 32768), ("ln", 32768), ("rms", 40960)])
+@pytest.mark.parametrize("external", [None, "1"], ids=["unset", "external"])
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
+def test_fp8_alone_kernel_by_copy(norm, n, external, dram_class):
+    """Through the public API (ENGINE_NORM_EXTERNAL_TRANSPOSE unset, or 1), whether the quantizer
+    asks for the transposed copy chooses the norm's kernel (NOTES P133): on a lean card delayed
+    scaling without the copy runs the register path's clusters at RMSNorm 16K-32K and LayerNorm
+    32K, with it the streamed kernel and then the tiled transpose; past 32K, on a wide card, and
+    in current scaling (its statistics pass), the stream either way. The copy is data.T bitwise."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
+    from engine import cuda_backend
+
+    use_backend("cuda", **({} if external is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": external}))
+    try:
+        is_rms = norm == "rms"
+        x, w, b = inputs(64, n, is_rms)
+        for quantizer in (delayed(E4M3), delayed(E4M3, columnwise=True),
+                          Float8CurrentScalingQuantizer(E4M3)):
+            out = []
+            with cuda_backend.dram_class(dram_class):
+                names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b, quantizer=quantizer)))
+            copy = quantizer.columnwise
+            alone = not copy and isinstance(quantizer, Float8Quantizer)
+            stream = not (alone and dram_class == 1 and n <= 32768)
+            assert any("norm_fwd_stream_kernel" in name for name in names) is stream, names
+            assert any("byte_transpose_kernel" in name for name in names) is copy, names
+            if copy:
+                t = out[0]
+                assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.skipif(not ON_GPU, reason="which CUDA kernel writes the transposed copy in-kernel")
 @pytest.mark.parametrize("norm,n,want", [("rms", 2048, {1: 1, 2: 2}), ("rms", 16384, {1: 3, 2: 3}),
                                          ("ln", 2048, {1: 3, 2: 3}), ("ln", 16384, {1: 3, 2: 3}),
@@ -862,16 +921,29 @@ def test_in_kernel_transpose_band_by_class(norm, n, want, dram_class):
 
 
 @pytest.mark.parametrize("is_rms", NORMS)
-def test_out_t_auto_on_each_backend(backend, is_rms):
-    """The backends' norm_fwd with ``out_t_auto=True`` (ENGINE_NORM_EXTERNAL_TRANSPOSE unset):
+@pytest.mark.parametrize("t_path", ["out_t_auto", "out_t_after"])
+def test_out_t_auto_on_each_backend(backend, is_rms, t_path):
+    """The backends' norm_fwd with ``out_t_auto=True`` (ENGINE_NORM_EXTERNAL_TRANSPOSE unset) or
+    ``out_t_after=True`` (set to 1, or rows wider than the backend's IN_KERNEL_TRANSPOSE_MAX_N):
     whichever path each takes (the reference's one path, Triton's bands for RMSNorm and its tiled
     transpose after the norm for LayerNorm, CUDA's band kernel at 2048 or the register path's tile
-    at 64), out_t is out.T bit for bit and out is the bytes of the call without a transposed
-    copy."""
+    at 64; with out_t_after every backend's tiled transpose after the norm), out_t is out.T bit
+    for bit and out is the bytes of the call without a transposed copy (within one step where
+    the band kernel's own row sums add in another order). Both flags at once raise."""
     from engine import _norm_ops
 
     use_backend(backend)
     try:
+        x, w, b = inputs(5, 64, is_rms)
+        impl = _norm_ops._impl(is_rms, x.device)
+        with pytest.raises(ValueError, match="exclude each other"):
+            impl.norm_fwd(x, w, b, None, 1e-5, torch.empty(5, 64, dtype=E4M3, device=DEVICE), None,
+                          None if is_rms else torch.empty(5, device=DEVICE),
+                          torch.empty(5, device=DEVICE), torch.tensor([2.0], device=DEVICE),
+                          torch.zeros(1, device=DEVICE), torch.empty(1, device=DEVICE),
+                          torch.empty(64, 5, dtype=E4M3, device=DEVICE), is_rms_norm=is_rms,
+                          zero_centered_gamma=False, current_scaling=False, amax_epsilon=0.0,
+                          sm_margin=0, out_t_auto=True, out_t_after=True)
         for n in (64, 2048):
             x, w, b = inputs(37, n, is_rms)
             impl = _norm_ops._impl(is_rms, x.device)
@@ -884,7 +956,7 @@ def test_out_t_auto_on_each_backend(backend, is_rms):
                               torch.tensor([2.0], device=DEVICE), torch.zeros(1, device=DEVICE),
                               torch.empty(1, device=DEVICE), data_t, is_rms_norm=is_rms,
                               zero_centered_gamma=False, current_scaling=False, amax_epsilon=0.0,
-                              sm_margin=0, out_t_auto=True)
+                              sm_margin=0, **{t_path: True})
                 outs.append((data, data_t))
             (data, data_t), (plain, _) = outs
             assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())

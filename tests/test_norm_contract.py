@@ -43,7 +43,10 @@ def rows_with_stride(m, n, dtype, extra=0, scale=1.0, offset=0.0):
     return base.to(dtype)[:, :n]
 
 
-def run_fwd(is_rms, x, w, b, res, eps, zcg, out_dtype, current=False):
+def run_fwd(is_rms, x, w, b, res, eps, zcg, out_dtype, current=False, out_t=None, **t_path):
+    """The backend's forward into poisoned outputs: ``(out, residual_out, mu, rsigma)``. An FP8
+    ``out_dtype`` in delayed scaling at 2, or current scaling; ``out_t`` (an FP8 ``[n, m]``
+    tensor) receives the transposed copy by the path ``t_path`` asks (out_t_auto / out_t_after)."""
     m, n = x.shape
     out = poisoned((m, n), out_dtype)
     res_out = poisoned((m, n), res.dtype) if res is not None else None
@@ -54,9 +57,9 @@ def run_fwd(is_rms, x, w, b, res, eps, zcg, out_dtype, current=False):
     amax = torch.zeros(1, device=DEVICE) if fp8 else None
     scale_inv = poisoned((1,), F32) if fp8 else None
     impl_for(is_rms).norm_fwd(
-        x, w, b, res, eps, out, res_out, mu, rsigma, scale, amax, scale_inv, None,
+        x, w, b, res, eps, out, res_out, mu, rsigma, scale, amax, scale_inv, out_t,
         is_rms_norm=is_rms, zero_centered_gamma=zcg, current_scaling=fp8 and current,
-        amax_epsilon=0.0, sm_margin=0)
+        amax_epsilon=0.0, sm_margin=0, **t_path)
     return out, res_out, mu, rsigma
 
 
@@ -724,17 +727,24 @@ def test_fwd_ln_32k_default_path(is_rms, n, dram_class):
     assert torch.equal(stats["default"], stats[want])
 
 
-# The FP8 output's default kernel without a residual, by (norm, width) and card class (1 lean, the
-# H100; 2 not, the H200): NOTES P100 / P102 on the H100, P116 on the H200.
+# The FP8 output's default kernel without a residual in delayed scaling, by (norm, width) and card
+# class (1 lean, the H100; 2 not, the H200): NOTES P100 / P102 / P133 on the H100, P116 on the
+# H200; current scaling's statistics pass where it differs (FP8_CURRENT_PATH: P133 is delayed
+# scaling's without a transposed copy), the bf16 output's where it is not the register path.
 FP8_DEFAULT_PATH = {
     (True, 4096): {1: "blocked", 2: "register"}, (True, 16384): {1: "blocked", 2: "stream"},
-    (True, 16392): {1: "stream", 2: "stream"}, (False, 8192): {1: "register", 2: "stream"},
-    (False, 16384): {1: "register", 2: "stream"}}
+    (True, 16392): {1: "register", 2: "stream"}, (True, 32768): {1: "register", 2: "stream"},
+    (False, 8192): {1: "register", 2: "stream"}, (False, 16384): {1: "register", 2: "stream"},
+    (False, 32768): {1: "register", 2: "stream"}}
+FP8_CURRENT_PATH = {(True, 16392, 1): "stream", (True, 32768, 1): "stream",
+                    (False, 32768, 1): "stream"}
+BF16_PATH = {(True, 32768, 1): "stream", (True, 32768, 2): "stream", (False, 32768, 1): "stream"}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms,n", list(FP8_DEFAULT_PATH),
-                         ids=["rms-4096", "rms-16384", "rms-16392", "ln-8192", "ln-16384"])
+                         ids=["rms-4096", "rms-16384", "rms-16392", "rms-32768", "ln-8192", "ln-16384",
+                              "ln-32768"])
 @pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
 @pytest.mark.parametrize("out_dtype,current", [
     (BF16, False), (torch.float8_e4m3fn, False), (torch.float8_e5m2, False),
@@ -743,20 +753,26 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     """FP8 outputs without a residual take another kernel by default than the other outputs at
     some widths (FP8_DEFAULT_PATH), by card class (engine.cuda_backend.dram_class). On a lean card
     (the H100) RMSNorm's take the blocked kernel at 4K-16K (fwd_take_blocked; NOTES P100 / P102:
-    e4m3 8K 87.1 -> 90.4 % of copy), the streamed kernel above, to 32K (fwd_take_stream; NOTES
-    P59/P67/P68), and LayerNorm's the register path with the other outputs (``register``; NOTES
-    P102: e4m3 8K 85.9 against the blocked kernel's 83.2, 16K 84.4 against the stream's 76.8). On
+    e4m3 8K 87.1 -> 90.4 % of copy), above it to 32K in delayed scaling without a transposed copy
+    the register path's clusters (NOTES P133: e4m3 24K 82.2 -> 86.8 against the stream) and
+    current scaling's statistics pass the streamed kernel (fwd_take_stream; NOTES P59/P67/P68),
+    and LayerNorm's the register path with the other outputs (``register``; NOTES P102: e4m3 8K
+    85.9 against the blocked kernel's 83.2, 16K 84.4 against the stream's 76.8), at 32K (where the
+    bf16 output takes the stream) delayed scaling the clusters (P133: 77.7 -> 82.7). On
     another card (the H200; NOTES P116: the blocked kernel 10-14 points behind there, the register
     path for LayerNorm 7-10) RMSNorm's keep the register path below 16K and take the stream from
     16K, LayerNorm's the stream from 8K. Over 301 rows, the default's statistics of an FP8 output,
     delayed scaling or current scaling's statistics pass, are that kernel's (its knob at n, the
-    other one off) bit for bit, those of a bf16 output the register path's (both off); they
-    differ from the other kernels' (the blocked kernel's and the stream's where the register path
-    is the FP8 output's)."""
+    other one off) bit for bit, those of a bf16 output the register path's (both off; at 32K the
+    stream's, but LayerNorm's on a wide card, P131: BF16_PATH); they differ from the other
+    kernels' (the blocked kernel's and the stream's where the register path is the one taken)."""
     from engine import cuda_backend
 
     fp8_path = FP8_DEFAULT_PATH[(is_rms, n)][dram_class]
-    if fp8_path != "blocked" and torch.cuda.get_device_capability()[0] < 9:
+    if current:
+        fp8_path = FP8_CURRENT_PATH.get((is_rms, n, dram_class), fp8_path)
+    want = BF16_PATH.get((is_rms, n, dram_class), "register") if out_dtype == BF16 else fp8_path
+    if want != "blocked" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
     off = 1 << 30
     knobs = {"blocked": (n, off), "stream": (off, n), "register": (off, off), "default": (0, 0)}
@@ -771,11 +787,62 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
             stats[path] = rsigma if is_rms else torch.cat([mu, rsigma])
     finally:
         engine.backend.reset_for_tests()
-    others = ("blocked", "stream") if fp8_path == "register" else ("register",)
+    others = ("blocked", "stream") if want == "register" else ("register",)
     for other in others:
-        torch.testing.assert_close(stats[other], stats[fp8_path], rtol=1e-5, atol=1e-6)
-        assert not torch.equal(stats[other], stats[fp8_path]), other
-    assert torch.equal(stats["default"], stats["register" if out_dtype == BF16 else fp8_path])
+        torch.testing.assert_close(stats[other], stats[want], rtol=1e-5, atol=1e-6)
+        assert not torch.equal(stats[other], stats[want]), other
+    assert torch.equal(stats["default"], stats[want])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms,n", [(True, 16392), (True, 24584), (True, 32768), (False, 32768),
+                                      (True, 40960)])
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
+def test_fwd_fp8_alone_path(is_rms, n, dram_class):
+    """Whether a transposed copy of the FP8 output is made chooses the forward's kernel (NOTES
+    P133): on a lean card, delayed scaling without the copy takes the register path's clusters
+    at RMSNorm 16K-32K and LayerNorm 32K (the stream's rows there lost 2-5 points to them), with
+    the copy (asked with out_t_after, the tiled transpose after the norm, or with out_t_auto,
+    which takes it past 16K) the streamed kernel (the clusters lost 1-2 there); past 32K, and on a
+    wide card, the stream either way. Over 301 rows, each call's statistics are its kernel's bit for
+    bit (the stream: its knob at n; the clusters: both knobs off), the two kernels' differ, the
+    FP8 bytes are within one step of one another and the copy is the rowwise bytes transposed."""
+    from engine import cuda_backend
+    from test_fp8 import fp8_steps
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
+    off = 1 << 30
+    e4m3 = torch.float8_e4m3fn
+    use_backend("cuda")
+    try:
+        x, _, w, b = bf16_rows(301, n, is_rms)
+        stats, data = {}, {}
+        t_paths = {"alone": {}, "after": {"out_t_after": True}, "auto": {"out_t_auto": True}}
+        with cuda_backend.dram_class(dram_class):
+            for path, (blocked_from, stream_from) in (("stream", (off, n)), ("clusters", (off, off))):
+                with cuda_backend.norm_fwd_blocked_from(blocked_from), \
+                        cuda_backend.norm_fwd_stream_from(stream_from):
+                    _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, e4m3)
+                stats[path] = rsigma if is_rms else torch.cat([mu, rsigma])
+            for path, t_path in t_paths.items():
+                out_t = poisoned((n, 301), e4m3) if t_path else None
+                data[path], _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, e4m3,
+                                                    out_t=out_t, **t_path)
+                stats[path] = rsigma if is_rms else torch.cat([mu, rsigma])
+                if out_t is not None:
+                    assert torch.equal(out_t.view(torch.uint8), data[path].view(torch.uint8).t())
+    finally:
+        engine.backend.reset_for_tests()
+    torch.testing.assert_close(stats["clusters"], stats["stream"], rtol=1e-5, atol=1e-6)
+    assert not torch.equal(stats["clusters"], stats["stream"])
+    alone = "clusters" if dram_class == 1 and n <= 32768 else "stream"
+    assert torch.equal(stats["alone"], stats[alone])
+    assert torch.equal(stats["after"], stats["stream"])
+    assert torch.equal(stats["auto"], stats["stream"])
+    assert torch.equal(data["after"].view(torch.uint8), data["auto"].view(torch.uint8))
+    steps = fp8_steps(data["alone"], data["after"])
+    assert steps.max().item() <= 1
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a grid knob of the CUDA forward")

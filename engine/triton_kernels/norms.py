@@ -1048,12 +1048,15 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
 
 def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
              out_t, *, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin,
-             out_t_auto=False):
+             out_t_auto=False, out_t_after=False):
     """Norm forward; the contract of :func:`engine.reference.norm_fwd`. With ``out_t_auto`` the
     transposed copy comes from the norm kernel's bands where they measured faster
-    (:func:`band_by_default`), else from the tiled transpose after the norm."""
-    external = out_t is not None and out_t_auto and not band_by_default(
-        x.shape[1], is_rms_norm, residual is not None, current_scaling, x.device)
+    (:func:`band_by_default`), else from the tiled transpose after the norm; with ``out_t_after``
+    from the tiled transpose after the norm."""
+    if out_t_auto and out_t_after:
+        raise ValueError("norm_fwd: out_t_auto and out_t_after exclude each other")
+    external = out_t is not None and (out_t_after or (out_t_auto and not band_by_default(
+        x.shape[1], is_rms_norm, residual is not None, current_scaling, x.device)))
     launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
                None if external else out_t, is_rms_norm=is_rms_norm,
                zero_centered_gamma=zero_centered_gamma, current_scaling=current_scaling,

@@ -160,7 +160,7 @@ Msg norm_fwd(const Tensor& x, const Tensor& weight, const OptTensor& bias, const
               const Tensor& rsigma, const OptTensor& scale, const OptTensor& amax,
               const OptTensor& scale_inv, const OptTensor& out_t, bool is_rms_norm,
               bool zero_centered_gamma, bool current_scaling, double amax_epsilon,
-              int64_t sm_margin, bool out_t_auto) {
+              int64_t sm_margin, bool out_t_auto, bool out_t_after) {
   BCHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
   const at::Device dev = x.device();
   BCHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
@@ -244,7 +244,8 @@ Msg norm_fwd(const Tensor& x, const Tensor& weight, const OptTensor& bias, const
   p.is_rms_norm = is_rms_norm ? 1 : 0;
   p.zero_centered_gamma = zero_centered_gamma ? 1 : 0;
   p.current_scaling = current_scaling ? 1 : 0;
-  p.out_t_auto = out_t_auto ? 1 : 0;
+  BCHECK(!(out_t_auto && out_t_after), "engine: out_t_auto and out_t_after exclude each other");
+  p.out_t_auto = out_t_after ? 2 : (out_t_auto ? 1 : 0);
 
   const c10::cuda::CUDAGuard guard(dev);
   const int sms = sm_count(dev.index());
@@ -442,7 +443,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("residual_out"), py::arg("mu"), py::arg("rsigma"), py::arg("scale"),
         py::arg("amax"), py::arg("scale_inv"), py::arg("out_t"), py::arg("is_rms_norm"),
         py::arg("zero_centered_gamma"), py::arg("current_scaling"), py::arg("amax_epsilon"),
-        py::arg("sm_margin"), py::arg("out_t_auto") = false, guard());
+        py::arg("sm_margin"), py::arg("out_t_auto") = false, py::arg("out_t_after") = false,
+        guard());
   m.def("norm_bwd", &norm_bwd, "RMSNorm / LayerNorm backward (engine/reference.py:norm_bwd)",
         py::arg("dy"), py::arg("x"), py::arg("mu"), py::arg("rsigma"), py::arg("weight"),
         py::arg("dresidual"), py::arg("dx"), py::arg("dres"), py::arg("dweight"), py::arg("dbias"),

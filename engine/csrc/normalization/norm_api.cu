@@ -155,6 +155,8 @@ extern "C" engine_status engine_norm_fwd(const engine_norm_fwd_params* p, int sm
   } else {
     ENGINE_CHECK_ARG(p->out_t == nullptr, "%s: out_t is only supported for FP8 outputs", fn);
   }
+  ENGINE_CHECK_ARG(p->out_t_auto >= 0 && p->out_t_auto <= 2, "%s: out_t_auto must be 0, 1 or 2, got %d",
+                   fn, p->out_t_auto);
 
   DeviceInfo info;
   ENGINE_TRY(current_device_info(&info));
@@ -183,8 +185,10 @@ extern "C" engine_status engine_norm_fwd(const engine_norm_fwd_params* p, int sm
   a.scale = p->scale;
   a.amax = p->amax;
   a.scale_inv = p->scale_inv;
-  a.out_t = static_cast<uint8_t*>(p->out_t);
-  a.t_auto = p->out_t_auto != 0 ? 1 : 0;
+  /* out_t_auto 2: no kernel writes the copy; the tiled transpose below does */
+  a.out_t = p->out_t_auto == 2 ? nullptr : static_cast<uint8_t*>(p->out_t);
+  a.t_auto = p->out_t_auto == 1 ? 1 : 0;
+  a.t_wanted = p->out_t != nullptr ? 1 : 0;
   a.eps = p->eps;
   a.inv_n = 1.0f / (float)cols;
   a.amax_eps = p->amax_epsilon;

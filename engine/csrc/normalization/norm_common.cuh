@@ -59,7 +59,8 @@ struct FwdArgs {
   int tile_rows;     /* rows per transposed tile (0: no in-kernel transpose) */
   int tile_pitch;    /* bytes per shared-memory tile row */
   int t_vec16;       /* out_t rows are 16-byte aligned runs */
-  int t_auto;        /* out_t by the faster path (engine_norm_fwd_params::out_t_auto) */
+  int t_auto;        /* out_t by the faster path (engine_norm_fwd_params::out_t_auto == 1) */
+  int t_wanted;      /* a transposed copy of out is made, by the kernel (out_t) or after it */
   int cluster;       /* CTAs per thread-block cluster sharing each row (1: none; register path) */
   int grid_clusters; /* gridDim.x / cluster, the row loop's stride (a parameter, not a register) */
   int gb_off;        /* register path: byte offset in dynamic shared memory of gamma (+ the

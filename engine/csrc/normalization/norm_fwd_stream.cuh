@@ -44,7 +44,8 @@
  * statistics back and computes y with the same formula (norm_y) on the register path: the same
  * bits as this kernel's kFull output, so current scaling's FP8 output is delayed scaling's at the
  * same scale, and the cast of the fp32 output wherever that output takes this kernel too
- * (fwd_take_stream: RMSNorm's FP8 outputs take it from 16K, the other rows from 32K).
+ * (fwd_take_stream: RMSNorm's FP8 outputs take it from 16K, the other rows from 32K; on a lean
+ * card an FP8 output in delayed scaling without a transposed copy only past 32K).
  */
 #ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_STREAM_CUH_
 #define ENGINE_CSRC_NORMALIZATION_NORM_FWD_STREAM_CUH_
@@ -434,7 +435,9 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
  * else from fwd_stream_from_default, per norm and output kind. FP8 covers both scalings: delayed
  * scaling's kFull and current scaling's kStats both run with O = fp8 (norm_api.cu dispatches
  * either pass on the FP8 out dtype: fwd_out_fp8), so current scaling's statistics are delayed
- * scaling's and its bytes delayed scaling's at the same scale. Measured (kernel time, % of copy,
+ * scaling's and its bytes delayed scaling's at the same scale, except where delayed scaling
+ * without a transposed copy takes another kernel (`alone`, P133 below): there they are those of
+ * delayed scaling with the copy. Measured (kernel time, % of copy,
  * register path -> streamed): on the H200 (NOTES P59/P67/P68) FP8 outputs gained one width below
  * the others (RMSNorm 16K e4m3 75.0 -> 81.7, LayerNorm 8K e4m3 60.5 -> 68.3), which lost there
  * (RMSNorm 16K bf16 86.3 -> 82.7, LayerNorm 8K bf16 80.0 -> 76.5), so FP8 from 16K (RMSNorm) /
@@ -452,11 +455,19 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
  * the H200 LayerNorm's FP8 rows lost 7-10 points on the register path (NOTES P116, kernel time,
  * two alternations, register path -> stream: e4m3 8K 67.5-68.3 -> 74.3-75.0, 16K 65.2-65.5 -> 75.7,
  * + T 16K 55.8 -> 60.9-61.3, current scaling 16K +2.9), so a card that is not lean (`lean`:
- * lean_dram) streams LayerNorm's FP8 rows from 8K, as before P101; its 16-bit rows keep 32K. */
-inline int fwd_stream_from_default(bool rms, bool fp8, bool res, bool lean) {
+ * lean_dram) streams LayerNorm's FP8 rows from 8K, as before P101; its 16-bit rows keep 32K.
+ * Session 30's losses at 32K were the transposed copy's and current scaling's; delayed scaling
+ * with no transposed copy (`alone`: mode kFull, FwdArgs::t_wanted 0) gains on the clusters on a
+ * lean card at every width to 32K (NOTES Q25 / Q26, H100, kernel time, three alternations, the
+ * stream -> the clusters: RMSNorm e4m3 20K / 24K / 28K / 32K 84.3 / 82.2 / 82.9 / 84.6 -> 86.1 /
+ * 86.8 / 85.5 / 86.8, LayerNorm 32K 77.7 -> 82.7; past 32K the stream leads by 1.6-13.5; with the
+ * copy at 32K the clusters lose 1-2, the tiled transpose after them running slower), so there
+ * such rows take the stream only past 32K (P133). */
+inline int fwd_stream_from_default(bool rms, bool fp8, bool res, bool lean, bool alone) {
   /* the fused residual add, before the blocked kernel (NOTES P89, P90); a non-FP8 output past
    * 16K, the blocked kernel taking its rows of one chunk (fwd_take_blocked has P130's numbers) */
   if (res) return fp8 ? 16384 : 16384 + 1;
+  if (fp8 && lean && alone) return 32768 + 1; /* P133 */
   if (fp8) return rms ? 16384 : (lean ? 32768 : 8192);
   /* LayerNorm's rows on a card that is not lean (the H200) past 32K: 32K itself on the clusters
    * (NOTES Q23 / P131, kernel time: three alternations over two calls, the stream 75.7-78.6
@@ -472,10 +483,11 @@ inline int fwd_stream_from_default(bool rms, bool fp8, bool res, bool lean) {
  * dtype since P103 (H100, e4m3 out, two alternations, h100_ab_s30_p103_knob.log: 32K RMSNorm 89.1
  * -> 89.1, LayerNorm 82.7 -> 87.0; an FP8 output had kept the stream, within one FP8 step of the
  * fp32 output's cast; now its exact cast). The knob (stream_from != 0) has no gap. */
-inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res, bool lean) {
+inline bool fwd_take_stream(int cols, int stream_from, bool rms, bool fp8, bool res, bool lean,
+                            bool alone) {
   if (stream_from != 0) return cols >= stream_from;
   if (res && cols >= 32768 && cols < 65536) return false; /* NOTES P96 / P97 / P103 */
-  return cols >= fwd_stream_from_default(rms, fp8, res, lean);
+  return cols >= fwd_stream_from_default(rms, fp8, res, lean, alone);
 }
 
 template <typename X, typename O, bool kRes>
@@ -505,7 +517,7 @@ bool launch_fwd_stream(FwdArgs& a, const LaunchCtx& ctx, engine_status* st) {
     const bool res = a.residual != nullptr;
     if (a.mode == kApply) return false;
     if (!fwd_take_stream(a.cols, ctx.fwd_stream_from, a.is_rms != 0, is_fp8_v<O>, res,
-                         ctx.lean_dram != 0)) {
+                         ctx.lean_dram != 0, a.mode == kFull && a.t_wanted == 0)) {
       return false;
     }
     int tmax = ctx.fwd_stream_threads != 0
