@@ -683,7 +683,8 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
     outputs' from 8K before), on a card that is not lean (the H200) also RMSNorm's FP8 outputs
     from 16K and LayerNorm's from 8K (NOTES P116), and the path it takes with the stream off
     below (the register path; on a lean card for RMSNorm's FP8 output at 8K-16K the blocked
-    kernel: test_fwd_fp8_default_path)."""
+    kernel: test_fwd_fp8_default_path), and at 32K on a lean card for an FP8 output in delayed
+    scaling without a transposed copy, as here (the clusters: NOTES P133)."""
     from test_fp8 import cuda_lean
 
     fp8 = out_dtype != BF16
@@ -693,6 +694,8 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
     stream = n >= 32768 or (fp8 and not cuda_lean() and n >= (16384 if is_rms else 8192))
     if not is_rms and not fp8 and not cuda_lean() and n == 32768:
         stream = False  # the clusters there (NOTES P131; test_fwd_ln_32k_default_path)
+    if fp8 and cuda_lean() and n == 32768:
+        stream = False  # the clusters there (NOTES P133; test_fwd_fp8_alone_path)
     assert torch.equal(stats[2], stats[0] if stream else stats[1])
 
 
