@@ -185,8 +185,9 @@ def norm_fwd(
     (FP8 with delayed scaling, a 16-bit x without a residual, rows of 1025-16384;
     :func:`norm_fwd_band`), the register path's tile for rows of up to 1024, the tiled transpose
     after the norm otherwise; with ``out_t_after`` from the tiled transpose after the norm, run by
-    the extension in the same call (whether a copy is made can choose the norm's kernel: on a
-    lean card delayed scaling without one takes the clusters at 16K-32K, benchmarks/NOTES.md P133)."""
+    the extension in the same call. Whether a copy is made can choose the norm's kernel: on a lean
+    card delayed scaling without one takes the register path's clusters at RMSNorm 16K-32K and
+    LayerNorm 32K, with one the streamed kernel (benchmarks/NOTES.md P133)."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_fwd", "x", x)
     if out_t_auto and out_t_after:
