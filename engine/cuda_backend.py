@@ -411,7 +411,9 @@ def norm_fwd_stream_from(n: int):
     32K, P131); RMSNorm's FP8 outputs,
     delayed and current scaling, from 16384, and on a lean card (the H100) past 16384, below which
     the blocked kernel takes them from 4096 (``norm_fwd_blocked_from``); LayerNorm's FP8 outputs
-    from 8192 on a card that is not lean (the H200, P116); a residual of x's dtype from 16384, both norms, before the
+    from 8192 on a card that is not lean (the H200, P116); on a lean card an FP8 output in delayed
+    scaling with no transposed copy (``out_t`` None) only past 32768, both norms, the clusters
+    taking RMSNorm's 16K-32K and LayerNorm's 32K (P133); a residual of x's dtype from 16384, both norms, before the
     blocked kernel, except at 32K-64K (the blocked kernel there, every output dtype) and, for a
     non-FP8 output, at 16384 itself (the blocked kernel's one chunk, P130); an ``n > 0`` keeps
     the stream at those widths too; benchmarks/NOTES.md P56, P89, P90, P96, P103, and NOTES
@@ -487,9 +489,10 @@ def dram_class(n: int):
     cluster (128 threads at 64K, 256 at 128K; every output dtype alike), and session 30's kernel
     choices for FP8 outputs without a residual: RMSNorm's rows of 4K-16K on the blocked kernel,
     LayerNorm's on the register path up to 32K (a wide card keeps RMSNorm's on the register path
-    below 16K and streams LayerNorm's from 8K; NOTES P116), and the streamed kernel for
-    LayerNorm's 16-bit rows of 32K without a residual (a wide card takes the clusters there;
-    NOTES P131). The Triton kernels' twin
+    below 16K and streams LayerNorm's from 8K; NOTES P116), the clusters for an FP8 output in
+    delayed scaling without a transposed copy at RMSNorm 16K-32K and LayerNorm 32K (a wide card
+    streams them; NOTES P133), and the streamed kernel for LayerNorm's 16-bit rows of 32K without
+    a residual (a wide card takes the clusters there; NOTES P131). The Triton kernels' twin
     is ``engine.triton_kernels.utils.DRAM_CLASS``. For A/B benchmarks of the two sets on one GPU.
     Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
     ValueError at the call."""
