@@ -1095,6 +1095,42 @@ def test_fp8_transpose_orders(backend, order, shape):
     assert torch.equal(out_t.view(torch.uint8), data.view(torch.uint8).t())
 
 
+@pytest.mark.parametrize("m", [18, 20, 24, 17, 130, 200])
+@pytest.mark.parametrize("order", [1, 2])
+def test_transposed_copy_narrow_runs(backend, m, order):
+    """Copies whose rows of m bytes are not 16-byte runs (m mod 16 = 2, 4, 8: CUDA's kernels
+    write them in 2-, 4- and 8-byte stores, the kNarrow form of store_tile_transposed; 17 odd:
+    bytes) over more than one tile of rows (130, 200 against tiles of 64 and 128 rows), in either
+    tile order, from cast_transpose, fp8_transpose and a norm's copy after the norm
+    (ENGINE_NORM_EXTERNAL_TRANSPOSE=1): every byte of the copy written (poisoned with 0x7f, an
+    e4m3 NaN the data never holds) and the data transposed bit for bit."""
+    from engine.backend import OpFamily, select
+    from engine.triton_kernels import transpose
+
+    n = 260
+    x = torch.randn(m, n, device=DEVICE, dtype=BF16)
+    saved = transpose.FP8_TRANSPOSE_ORDER
+    with contextlib.ExitStack() as stack:
+        if backend == "cuda":
+            from engine import cuda_backend
+
+            stack.enter_context(cuda_backend.fp8_transpose_order(order))
+        transpose.FP8_TRANSPOSE_ORDER = order
+        stack.callback(setattr, transpose, "FP8_TRANSPOSE_ORDER", saved)
+        t = engine.cast_transpose(x, delayed(E4M3, columnwise=True))
+        data = t.data.view(torch.uint8)
+        assert not (data == 0x7F).any()
+        assert torch.equal(t.transpose_data.view(torch.uint8), data.t())
+        out_t = torch.full((n, m), 0x7F, device=DEVICE, dtype=torch.uint8).view(E4M3)
+        select(OpFamily.CAST_TRANSPOSE, x.device).fp8_transpose(t.data, out_t)
+        assert torch.equal(out_t.view(torch.uint8), data.t())
+        use_backend(backend, ENGINE_NORM_EXTERNAL_TRANSPOSE="1")
+        stack.callback(engine.backend.reset_for_tests)
+        w = torch.rand(n, device=DEVICE, dtype=BF16) + 0.5
+        tn = call(True, x, w, quantizer=delayed(E4M3, columnwise=True))
+        assert torch.equal(tn.transpose_data.view(torch.uint8), tn.data.view(torch.uint8).t())
+
+
 def test_float8tensor_dequantize():
     data = torch.tensor([[1.0, -2.0], [0.5, 448.0]]).to(E4M3)
     t = Float8Tensor(data, torch.tensor([0.25]), E4M3)

@@ -7,8 +7,11 @@
  * consecutive words of one tile row: no bank conflicts whatever the pitch), transposes the 16x4
  * bytes in registers with __byte_perm, and writes four 16-byte runs, one per column, each a
  * contiguous piece of an output row. With a 32-row tile two lanes complete one 32-byte sector.
- * Tails (fewer than 16 valid rows, or an output that is not 16-byte aligned) fall back to byte
- * stores of the valid bytes only.
+ * Tails (fewer than 16 valid rows) and an output whose runs are not 16-byte aligned (ld, the
+ * copy's row length M, not a multiple of 16) fall back to byte stores of the valid bytes only,
+ * except with kNarrow (the tiled transposes' kernels for such an output): there each full run is
+ * written in stores of the widest width that divides every run's address (8, 4 or 2 bytes, the
+ * lowest set bit of the output's address, ld and r0; run_align), bytes where M is odd.
  */
 #ifndef ENGINE_CSRC_COMMON_TILE_CUH_
 #define ENGINE_CSRC_COMMON_TILE_CUH_
@@ -31,16 +34,56 @@ __device__ __forceinline__ void transpose4x4_bytes(uint32_t a0, uint32_t a1, uin
   o3 = __byte_perm(t1, t3, 0x7632);
 }
 
+/* One store of v at p, streaming (st.global.cs) with kStream. */
+template <bool kStream, typename T>
+__device__ __forceinline__ void store_as(T* p, T v) {
+  if constexpr (kStream) {
+    __stcs(p, v);
+  } else {
+    *p = v;
+  }
+}
+
+/* The alignment of every 16-row run that store_tile_transposed writes at dst (row length ld, first
+ * row r0): the lowest set bit of the three and 16, so 1, 2, 4, 8 or 16. */
+__host__ __device__ __forceinline__ int run_align(const void* dst, int64_t ld, int64_t r0) {
+  const uint64_t bits = (uint64_t)reinterpret_cast<uintptr_t>(dst) | (uint64_t)ld | (uint64_t)r0 | 16u;
+  return (int)(bits & (~bits + 1u));
+}
+
+/* The 16-byte run w (w[0]'s bytes first) at d, which is `g`-byte aligned (g = 2, 4, 8 or 16),
+ * in stores of g bytes. */
+template <bool kStream>
+__device__ __forceinline__ void store_run(uint8_t* d, const uint32_t (&w)[4], int g) {
+  if (g == 16) {
+    store_as<kStream>(reinterpret_cast<uint4*>(d), make_uint4(w[0], w[1], w[2], w[3]));
+  } else if (g == 8) {
+    store_as<kStream>(reinterpret_cast<uint2*>(d), make_uint2(w[0], w[1]));
+    store_as<kStream>(reinterpret_cast<uint2*>(d + 8), make_uint2(w[2], w[3]));
+  } else if (g == 4) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) store_as<kStream>(reinterpret_cast<unsigned int*>(d + 4 * m), w[m]);
+  } else {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      store_as<kStream>(reinterpret_cast<unsigned short*>(d + 4 * m), (unsigned short)(w[m] & 0xFFFFu));
+      store_as<kStream>(reinterpret_cast<unsigned short*>(d + 4 * m + 2), (unsigned short)(w[m] >> 16));
+    }
+  }
+}
+
 /*
  * dst[(c0 + c) * ld + r0 + r] = tile[r * pitch + c] for r < nr, c < nc.
  * tile: shared memory with at least round_up(nr, 16) rows of `pitch` bytes (pitch % 4 == 0,
  * pitch >= round_up(nc, 4)); bytes outside [0, nr) x [0, nc) may hold anything (never stored).
  * vec16: dst + c0 * ld + r0 is 16-byte aligned and ld % 16 == 0 (then every full run is one
- * 16-byte store). Work is spread over `nthreads` threads starting at `tid`; no barrier inside.
+ * 16-byte store). kNarrow: full runs in store_run's stores of run_align(dst, ld, r0) bytes
+ * instead (vec16 unused); a separate instantiation, so that the kernels of 16-byte runs keep
+ * their registers. Work is spread over `nthreads` threads starting at `tid`; no barrier inside.
  * kStream: the stores are streaming (st.global.cs: evict first in L2), for a copy nothing reads
  * soon that should not push out what is read next (NOTES P114).
  */
-template <bool kStream = false>
+template <bool kStream = false, bool kNarrow = false>
 __device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, int pitch, int nr, int nc,
                                                       uint8_t* dst, int64_t ld, int64_t r0,
                                                       int64_t c0, bool vec16, int tid,
@@ -48,6 +91,7 @@ __device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, int p
   const int nq = (nc + 3) >> 2;
   const int nh = (nr + 15) >> 4;
   const int items = nq * nh;
+  const int g = kNarrow ? run_align(dst, ld, r0) : 16; /* every run's alignment (d below) */
   for (int item = tid; item < items; item += nthreads) {
     /* h (the 16-row group) varies fastest across threads: the nh threads of one q write whole
      * 16 * nh-byte runs of the same output rows in one store instruction (a warp covers 32 / nh
@@ -72,23 +116,14 @@ __device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, int p
       const int c = 4 * q + j;
       if (c < nc) {
         uint8_t* d = dst + (c0 + c) * ld + r0 + 16 * h;
-        if (vec16 && nvalid == 16) {
-          const uint4 v = make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]);
-          if constexpr (kStream) {
-            __stcs(reinterpret_cast<uint4*>(d), v);
-          } else {
-            *reinterpret_cast<uint4*>(d) = v;
-          }
+        if (nvalid == 16 && (kNarrow ? g > 1 : vec16)) {
+          store_run<kStream>(d, o[j], g);
         } else {
 #pragma unroll
           for (int k = 0; k < 16; ++k) {
             if (k < nvalid) {
-              const uint8_t b = (uint8_t)(o[j][k >> 2] >> (8 * (k & 3)));
-              if constexpr (kStream) {
-                __stcs(reinterpret_cast<unsigned char*>(d + k), (unsigned char)b);
-              } else {
-                d[k] = b;
-              }
+              store_as<kStream>(reinterpret_cast<unsigned char*>(d + k),
+                                (unsigned char)(o[j][k >> 2] >> (8 * (k & 3))));
             }
           }
         }

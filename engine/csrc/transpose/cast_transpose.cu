@@ -67,7 +67,7 @@ struct CastArgs {
   int t_vec16;
 };
 
-template <typename X, int VEC>
+template <typename X, int VEC, bool kNarrow>
 __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs a) {
   constexpr int VPR = kTileC / VEC;              /* vectors per tile row */
   constexpr int NL = kTileR * VPR / kThreads;    /* vectors per thread per tile */
@@ -153,8 +153,9 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs
     if (has_t) { /* uniform */
       __syncthreads();
       const int64_t rl = a.rows - r0, cl = a.cols - c0;
-      store_tile_transposed(tile, kPitch, rl < kTileR ? (int)rl : kTileR, cl < kTileC ? (int)cl : kTileC,
-                            a.out_t, a.rows, r0, c0, a.t_vec16 != 0, threadIdx.x, kThreads);
+      store_tile_transposed<false, kNarrow>(tile, kPitch, rl < kTileR ? (int)rl : kTileR,
+                                            cl < kTileC ? (int)cl : kTileC, a.out_t, a.rows, r0, c0,
+                                            a.t_vec16 != 0, threadIdx.x, kThreads);
       __syncthreads();
     }
   }
@@ -163,8 +164,9 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs
 
 /* Bitwise transpose of 1-byte elements, VEC = 16 (16-byte loads) or 1. kRev: the tiles from the
  * last to the first (tile_at's order reversed: the last rows first) and the transposed copy's
- * stores streaming (fp8_transpose_order, NOTES P114). */
-template <int VEC, bool kRev>
+ * stores streaming (fp8_transpose_order, NOTES P114). kNarrow: the copy's rows (M bytes) are not
+ * 16-byte runs but 2-, 4- or 8-byte aligned ones (store_tile_transposed). */
+template <int VEC, bool kRev, bool kNarrow>
 __global__ void __launch_bounds__(kThreads)
     byte_transpose_kernel(const uint8_t* in, int64_t rows, int64_t cols, int64_t in_stride,
                           uint8_t* out_t, int t_vec16) {
@@ -218,9 +220,9 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     const int64_t rl = rows - r0, cl = cols - c0;
-    store_tile_transposed<kRev>(tile, kPitch, rl < kTileR ? (int)rl : kTileR,
-                                cl < kTileC ? (int)cl : kTileC, out_t, rows, r0, c0, t_vec16 != 0,
-                                threadIdx.x, kThreads);
+    store_tile_transposed<kRev, kNarrow>(tile, kPitch, rl < kTileR ? (int)rl : kTileR,
+                                         cl < kTileC ? (int)cl : kTileC, out_t, rows, r0, c0,
+                                         t_vec16 != 0, threadIdx.x, kThreads);
     __syncthreads();
   }
 }
@@ -231,22 +233,28 @@ __global__ void __launch_bounds__(kThreads)
  * consistent gain. Triton's twin defaults to the reverse order (+0.5 to +2 on its rows). */
 inline bool byte_transpose_reverse() { return fp8_transpose_order() == 2; }
 
+/* Whether a transposed copy at out_t of rows bytes per row takes the kernels' kNarrow form: its
+ * runs are not 16-byte aligned but at least 2-byte aligned (run_align; the tiles start at
+ * multiples of kTileR rows). */
+inline bool narrow_runs(const void* out_t, int64_t rows) {
+  const int g = run_align(out_t, rows, 0);
+  return out_t != nullptr && g > 1 && g < 16;
+}
+
 template <typename X>
 engine_status launch_cast(const CastArgs& a, int sm_count, cudaStream_t stream) {
   constexpr int VEC = 16 / sizeof(X);
   const bool vec = (a.cols % VEC == 0) && vec_ok(a.x, a.x_stride, a.rows, sizeof(X), VEC) &&
                    vec_ok(a.out, a.out_stride, a.rows, 1, VEC);
   const int64_t ntiles = ceil_div(a.rows, kTileR) * ceil_div(a.cols, kTileC);
-  const void* fn = vec ? reinterpret_cast<const void*>(&cast_transpose_kernel<X, VEC>)
-                       : reinterpret_cast<const void*>(&cast_transpose_kernel<X, 1>);
+  using Kernel = void (*)(const CastArgs);
+  const bool narrow = narrow_runs(a.out_t, a.rows);
+  const Kernel kernel = vec ? (narrow ? &cast_transpose_kernel<X, VEC, true> : &cast_transpose_kernel<X, VEC, false>)
+                            : (narrow ? &cast_transpose_kernel<X, 1, true> : &cast_transpose_kernel<X, 1, false>);
   int per_sm = 1;
-  ENGINE_TRY(blocks_per_sm(fn, kThreads, 0, &per_sm));
+  ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0, &per_sm));
   const unsigned grid = (unsigned)persistent_grid(ntiles, sm_count, 0, per_sm);
-  if (vec) {
-    cast_transpose_kernel<X, VEC><<<grid, kThreads, 0, stream>>>(a);
-  } else {
-    cast_transpose_kernel<X, 1><<<grid, kThreads, 0, stream>>>(a);
-  }
+  kernel<<<grid, kThreads, 0, stream>>>(a);
   ENGINE_CHECK_LAUNCH("cast_transpose_kernel");
   return ENGINE_SUCCESS;
 }
@@ -339,8 +347,12 @@ extern "C" engine_status engine_fp8_transpose(const void* in, int64_t rows, int6
   const int64_t ntiles = ceil_div(rows, kTileR) * ceil_div(cols, kTileC);
   const bool rev = byte_transpose_reverse();
   using Kernel = void (*)(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*, int);
-  const Kernel kernel = vec ? (rev ? &byte_transpose_kernel<16, true> : &byte_transpose_kernel<16, false>)
-                            : (rev ? &byte_transpose_kernel<1, true> : &byte_transpose_kernel<1, false>);
+  static const Kernel kernels[2][2][2] = {  /* [vec][rev][narrow] */
+      {{&byte_transpose_kernel<1, false, false>, &byte_transpose_kernel<1, false, true>},
+       {&byte_transpose_kernel<1, true, false>, &byte_transpose_kernel<1, true, true>}},
+      {{&byte_transpose_kernel<16, false, false>, &byte_transpose_kernel<16, false, true>},
+       {&byte_transpose_kernel<16, true, false>, &byte_transpose_kernel<16, true, true>}}};
+  const Kernel kernel = kernels[vec][rev][narrow_runs(out_t, rows)];
   int per_sm = 1;
   ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0, &per_sm));
   const unsigned grid = (unsigned)persistent_grid(ntiles, info.sm_count, 0, per_sm);
