@@ -149,6 +149,14 @@ def drive(rec: Recorder) -> None:
             transpose.FP8_TRANSPOSE_ORDER = order
             transpose.fp8_transpose(t((m, n), e4m3), t((n, m), e4m3))
         transpose.FP8_TRANSPOSE_ORDER = 0
+    for mn in (18, 20, 24, 32):  # copies of rows of M % 16 = 2, 4, 8, 0 bytes (T_ALIGN; NOTES P134)
+        transpose.cast_transpose(t((mn, 4096), bf16), t((1,), f32), t((1,), f32), t((1,), f32),
+                                 t((mn, 4096), e4m3), t((4096, mn), e4m3), current_scaling=False,
+                                 amax_epsilon=0.0)
+        for order in (1, 2):
+            transpose.FP8_TRANSPOSE_ORDER = order
+            transpose.fp8_transpose(t((mn, 4096), e4m3), t((4096, mn), e4m3))
+        transpose.FP8_TRANSPOSE_ORDER = 0
 
 
 def compile_variant(key, fn, target):

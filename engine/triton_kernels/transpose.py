@@ -64,6 +64,7 @@ def _cast_transpose_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     REV: tl.constexpr,  # tiles from the last to the first, OUT_T stored evict-first (FP8_TRANSPOSE_ORDER)
+    T_ALIGN: tl.constexpr,  # the largest power of two up to 16 that divides M (t_align)
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -95,8 +96,12 @@ def _cast_transpose_kernel(
             if STORE_ROW:
                 tl.store(OUT + tl.cast(rows, tl.int64)[:, None] * stride_o + cols[None, :], q, mask=mask)
             if STORE_T:
-                mask_t = (cols[:, None] < N) & (rows[None, :] < M)  # built, not tl.trans(mask)
-                tl.store(OUT_T + tl.cast(cols, tl.int64)[:, None] * M + rows[None, :], tl.trans(q),
+                # M itself; written (M // T_ALIGN) * T_ALIGN below 16 so that the compiler knows
+                # the copy's rows and mask come in runs of T_ALIGN bytes (Triton specializes M
+                # on 16 only) and stores them T_ALIGN bytes at a time, not byte by byte (P134)
+                m_t = M if T_ALIGN == 16 else (M // T_ALIGN) * T_ALIGN
+                mask_t = (cols[:, None] < N) & (rows[None, :] < m_t)  # built, not tl.trans(mask)
+                tl.store(OUT_T + tl.cast(cols, tl.int64)[:, None] * m_t + rows[None, :], tl.trans(q),
                          mask=mask_t, eviction_policy="evict_first" if REV else "")
     if CAST:
         if PASS != 2:
@@ -110,13 +115,18 @@ def _cast_transpose_kernel(
 _LAUNCH = Launcher(_cast_transpose_kernel)
 
 
+def t_align(m: int) -> int:
+    """The largest power of two up to 16 that divides ``m`` (the transposed copy's row length)."""
+    return min(16, m & -m) if m > 0 else 16
+
+
 @functools.lru_cache(maxsize=None)
 def _constexprs(cast, store_row, store_t, pass_, interpreter, mant, min_exp, block_m, block_n,
-                rev=False) -> tuple:
+                rev=False, align=16) -> tuple:
     """The kernel's constexpr tuple (Launcher.launch), built once per combination."""
     return _LAUNCH.constexprs(CAST=cast, STORE_ROW=store_row, STORE_T=store_t, PASS=pass_,
                               INTERPRETER=interpreter, MANT=mant, MIN_EXP=min_exp, BLOCK_M=block_m,
-                              BLOCK_N=block_n, REV=rev)
+                              BLOCK_N=block_n, REV=rev, T_ALIGN=align)
 
 
 def _grid(m: int, n: int, device: torch.device, cfg: tuple) -> int:
@@ -146,7 +156,7 @@ def cast_transpose(x, scale, amax, scale_inv, out, out_t, *, current_scaling, am
             x.stride(0), out.stride(0) if out is not None else 0, m, n, float(fp8_max),
             float(amax_epsilon)), warps, 3,
             _constexprs(True, out is not None, out_t is not None, pass_, interpreter_rounding(), mant,
-                        min_exp, bm, bn))
+                        min_exp, bm, bn, align=t_align(m)))
 
     if current_scaling:
         amax.zero_()
@@ -166,4 +176,5 @@ def fp8_transpose(data, out_t):
     bm, bn, warps, _ = cfg = COPY_CONFIG
     _LAUNCH.launch(_grid(m, n, data.device, cfg), (src, dst, dst, src, src, src),
                    (src.stride(0), 0, m, n, 0.0, 0.0), warps, 3,
-                   _constexprs(False, False, True, 0, False, 0, 0, bm, bn, FP8_TRANSPOSE_ORDER != 1))
+                   _constexprs(False, False, True, 0, False, 0, 0, bm, bn, FP8_TRANSPOSE_ORDER != 1,
+                               t_align(m)))
