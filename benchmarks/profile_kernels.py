@@ -101,6 +101,10 @@ def main(argv=None) -> int:
     ap.add_argument("--bwd-stream-threads", type=int, choices=[0, 128, 256, 512],
                     help="CUDA: largest CTA of the backward's streamed kernel (0: the default; "
                          "engine.cuda_backend.norm_bwd_stream_threads), for A/B runs")
+    ap.add_argument("--m-adjust", type=int, default=0,
+                    help="rows per cell: M = 2^26 // N + this (default 0; e.g. -12 gives M % 16 = 4 "
+                         "and -14 M % 16 = 2 at power-of-two widths: transposed copies whose runs "
+                         "are not 16-byte aligned, NOTES P134 / P135)")
     ap.add_argument("--fwd-stream-from", type=int,
                     help="CUDA: row width from which the forward runs its streamed cluster kernel "
                          "(0: the default, 1073741824: never; engine.cuda_backend."
@@ -199,6 +203,7 @@ def run(args) -> int:
             for impl in args.impls:
                 for n in args.n:
                     m, n = H.large_shape(n)
+                    m = max(1, m + args.m_adjust)
                     spec = C.Spec(norm, mode, impl, args.sm_margin)
                     inp = C.make_inputs(norm, mode, m, n, H.device())
                     try:
@@ -215,11 +220,12 @@ def run(args) -> int:
                     timed = 100 * H.gbps(nb, ms) / copy
                     kern = 100 * H.gbps(nb, dev_us / 1e3) / copy
                     graph = None if g_ms is None else 100 * H.gbps(nb, g_ms) / copy
-                    rows.append(dict(norm=norm, mode=mode, impl=impl, n=n, timed_ms=ms, device_us=dev_us,
+                    rows.append(dict(norm=norm, mode=mode, impl=impl, n=n, m=m, timed_ms=ms, device_us=dev_us,
                                      timed_pct=timed, kernels_pct=kern, graph_ms=g_ms, graph_pct=graph))
                     g_txt = "" if not args.graph else (
                         "   graph      -" if g_ms is None else f"   graph {g_ms * 1e3:8.1f} us = {graph:5.1f} %")
-                    print(f"{spec.label:14s} {impl:7s} N={n:6d}: timed {ms * 1e3:8.1f} us = {timed:5.1f} %   "
+                    m_txt = "" if not args.m_adjust else f" M={m:6d}"
+                    print(f"{spec.label:14s} {impl:7s} N={n:6d}{m_txt}: timed {ms * 1e3:8.1f} us = {timed:5.1f} %   "
                           f"kernels {dev_us:8.1f} us = {kern:5.1f} %{g_txt}", flush=True)
                     del inp, case
                     H.free_memory()

@@ -851,6 +851,39 @@ def test_default_transpose_path_by_width(norm, n, form, dram_class):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
+@pytest.mark.parametrize("m", [18, 20, 40, 17, 48])
+@pytest.mark.parametrize("norm,n", [("rms", 1024), ("rms", 2048), ("ln", 4096)])
+def test_default_transpose_path_narrow_rows(norm, n, m):
+    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, a copy whose rows of M bytes are 2-, 4- or
+    8-byte aligned runs (M even, M % 16 != 0) comes from the tiled transpose after the norm, not
+    from the norm kernel (the band kernel and the register path's tile store such runs in bytes;
+    the tiled transpose in the runs' width: NOTES P134 / P135); odd M and M % 16 == 0 keep the
+    width's default (TRANSPOSE_DEFAULT's writer on a lean card: the register path's tile at 1K,
+    the band kernel at 2K-4K). The copy is data.T bitwise."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the band kernel needs thread-block clusters (sm_90)")
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        is_rms = norm == "rms"
+        x, w, b = inputs(m, n, is_rms)
+        out = []
+        with cuda_backend.dram_class(1):
+            names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b,
+                                                              quantizer=delayed(E4M3, columnwise=True))))
+        narrow = m % 16 != 0 and m % 2 == 0
+        tiled = any("byte_transpose_kernel" in name for name in names)
+        assert tiled is narrow, names
+        band = band_cfg_of(names)
+        assert (band is None) if (narrow or n == 1024) else (band is not None), names
+        t = out[0]
+        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels a norm to FP8 launches")
 @pytest.mark.parametrize("norm,n", [("rms", 24576), ("rms", 32768), ("ln", 32768), ("rms", 40960)])
 @pytest.mark.parametrize("external", [None, "1"], ids=["unset", "external"])
@@ -974,7 +1007,9 @@ def test_triton_out_t_auto_path(is_rms, residual, current, dram_class, monkeypat
     """Triton's norm_fwd with ``out_t_auto``: bands in the norm kernel for RMSNorm with delayed
     scaling and no residual (the form measured faster, NOTES P106), up to 4096 on a lean card (the
     H100) and 2048 on a wide one (the H200; NOTES P109, utils.DRAM_CLASS forces each), the tiled
-    transpose after the norm otherwise (counted here); the copy is out.T either way."""
+    transpose after the norm otherwise (counted here), and wherever M is even and not a multiple of
+    16 (the copy's runs 2-, 4- or 8-byte aligned: the tiled transpose's narrow stores, where the
+    bands store bytes; NOTES P135); the copy is out.T either way."""
     use_backend("triton")  # skips on a CPU without the interpreter
     from engine.triton_kernels import norms, transpose, utils
 
@@ -984,8 +1019,7 @@ def test_triton_out_t_auto_path(is_rms, residual, current, dram_class, monkeypat
     monkeypatch.setattr(utils, "DRAM_CLASS", dram_class)
     widest = 4096 if dram_class == 1 else 2048
     try:
-        for n in (256, 2056, 4096, 4104):
-            m = 40
+        for m, n in ((32, 256), (40, 256), (17, 256), (40, 2056), (32, 4096), (40, 4104)):
             x, w, b = inputs(m, n, is_rms)
             r = torch.randn(m, n, device=DEVICE, dtype=BF16) if residual else None
             data = torch.empty(m, n, dtype=E4M3, device=DEVICE)
@@ -997,8 +1031,9 @@ def test_triton_out_t_auto_path(is_rms, residual, current, dram_class, monkeypat
                            torch.empty(1, device=DEVICE), data_t, is_rms_norm=is_rms,
                            zero_centered_gamma=False, current_scaling=current, amax_epsilon=0.0,
                            sm_margin=0, out_t_auto=True)
-            bands = is_rms and n <= widest and not residual and not current
-            assert bands == norms.band_by_default(n, is_rms, residual, current, x.device)
+            narrow = m % 16 != 0 and m % 2 == 0  # the copy's runs 2-, 4- or 8-byte aligned
+            bands = is_rms and n <= widest and not residual and not current and not narrow
+            assert bands == norms.band_by_default(m, n, is_rms, residual, current, x.device)
             assert calls == ([] if bands else [(m, n)]), n
             assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
     finally:
@@ -1101,8 +1136,9 @@ def test_transposed_copy_narrow_runs(backend, m, order):
     """Copies whose rows of m bytes are not 16-byte runs (m mod 16 = 2, 4, 8: CUDA's kernels
     write them in 2-, 4- and 8-byte stores, the kNarrow form of store_tile_transposed; 17 odd:
     bytes) over more than one tile of rows (130, 200 against tiles of 64 and 128 rows), in either
-    tile order, from cast_transpose, fp8_transpose and a norm's copy after the norm
-    (ENGINE_NORM_EXTERNAL_TRANSPOSE=1): every byte of the copy written (poisoned with 0x7f, an
+    tile order, from cast_transpose, fp8_transpose and a norm's copy (after the norm:
+    ENGINE_NORM_EXTERNAL_TRANSPOSE=1; and the default, which sends the even m here too, NOTES
+    P135): every byte of the copy written (poisoned with 0x7f, an
     e4m3 NaN the data never holds) and the data transposed bit for bit."""
     from engine.backend import OpFamily, select
     from engine.triton_kernels import transpose
@@ -1124,11 +1160,12 @@ def test_transposed_copy_narrow_runs(backend, m, order):
         out_t = torch.full((n, m), 0x7F, device=DEVICE, dtype=torch.uint8).view(E4M3)
         select(OpFamily.CAST_TRANSPOSE, x.device).fp8_transpose(t.data, out_t)
         assert torch.equal(out_t.view(torch.uint8), data.t())
-        use_backend(backend, ENGINE_NORM_EXTERNAL_TRANSPOSE="1")
         stack.callback(engine.backend.reset_for_tests)
         w = torch.rand(n, device=DEVICE, dtype=BF16) + 0.5
-        tn = call(True, x, w, quantizer=delayed(E4M3, columnwise=True))
-        assert torch.equal(tn.transpose_data.view(torch.uint8), tn.data.view(torch.uint8).t())
+        for env in ({"ENGINE_NORM_EXTERNAL_TRANSPOSE": "1"}, {}):  # after the norm; the default
+            use_backend(backend, **env)
+            tn = call(True, x, w, quantizer=delayed(E4M3, columnwise=True))
+            assert torch.equal(tn.transpose_data.view(torch.uint8), tn.data.view(torch.uint8).t())
 
 
 def test_float8tensor_dequantize():

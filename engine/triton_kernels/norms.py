@@ -891,16 +891,20 @@ IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 4096, "layernorm": 0}
 BAND_MAX_N_WIDE = 2048
 
 
-def band_by_default(n: int, is_rms_norm: bool, has_residual: bool, current_scaling: bool,
+def band_by_default(m: int, n: int, is_rms_norm: bool, has_residual: bool, current_scaling: bool,
                     device: torch.device) -> bool:
     """With ``out_t_auto``, whether the transposed copy comes from the norm kernel's bands (else
     the tiled transpose after the norm): rows up to IN_KERNEL_TRANSPOSE_MAX_N (on a card that is
     not lean, :func:`~engine.triton_kernels.utils.lean_dram`, up to BAND_MAX_N_WIDE) in the form
-    measured (delayed scaling, no residual)."""
+    measured (delayed scaling, no residual), and M a multiple of 16 or odd: where M % 16 is 2, 4,
+    8 or their sums the copy's runs are 2-, 4- or 8-byte aligned, which the bands store in bytes
+    and the tiled transpose in the runs' width (its T_ALIGN; NOTES P134 / P135)."""
     widest = IN_KERNEL_TRANSPOSE_MAX_N["rmsnorm" if is_rms_norm else "layernorm"]
     if not lean_dram(device):
         widest = min(widest, BAND_MAX_N_WIDE)
-    return bool(BAND_ROWS) and n <= widest and not has_residual and not current_scaling
+    narrow = m % 16 != 0 and m % 2 == 0
+    return (bool(BAND_ROWS) and n <= widest and not has_residual and not current_scaling
+            and not narrow)
 
 #: Launch paths of the kernels (engine.triton_kernels.launch); scripts may swap in variants.
 _FWD = Launcher(_norm_fwd_kernel)
@@ -1056,7 +1060,7 @@ def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scal
     if out_t_auto and out_t_after:
         raise ValueError("norm_fwd: out_t_auto and out_t_after exclude each other")
     external = out_t is not None and (out_t_after or (out_t_auto and not band_by_default(
-        x.shape[1], is_rms_norm, residual is not None, current_scaling, x.device)))
+        x.shape[0], x.shape[1], is_rms_norm, residual is not None, current_scaling, x.device)))
     launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
                None if external else out_t, is_rms_norm=is_rms_norm,
                zero_centered_gamma=zero_centered_gamma, current_scaling=current_scaling,

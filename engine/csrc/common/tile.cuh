@@ -51,6 +51,15 @@ __host__ __device__ __forceinline__ int run_align(const void* dst, int64_t ld, i
   return (int)(bits & (~bits + 1u));
 }
 
+/* Whether a transposed copy at dst of ld bytes per row takes the tiled transposes' kNarrow form:
+ * its runs are not 16-byte aligned but at least 2-byte aligned (run_align; every tile starts at a
+ * multiple of 16 rows). The norm forward sends such a copy to the tiled transpose after the norm
+ * under out_t_auto (NOTES P135): the in-kernel copies write it in bytes. */
+inline bool narrow_runs(const void* dst, int64_t ld) {
+  const int g = run_align(dst, ld, 0);
+  return dst != nullptr && g > 1 && g < 16;
+}
+
 /* The 16-byte run w (w[0]'s bytes first) at d, which is `g`-byte aligned (g = 2, 4, 8 or 16),
  * in stores of g bytes. */
 template <bool kStream>

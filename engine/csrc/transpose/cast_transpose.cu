@@ -233,14 +233,6 @@ __global__ void __launch_bounds__(kThreads)
  * consistent gain. Triton's twin defaults to the reverse order (+0.5 to +2 on its rows). */
 inline bool byte_transpose_reverse() { return fp8_transpose_order() == 2; }
 
-/* Whether a transposed copy at out_t of rows bytes per row takes the kernels' kNarrow form: its
- * runs are not 16-byte aligned but at least 2-byte aligned (run_align; the tiles start at
- * multiples of kTileR rows). */
-inline bool narrow_runs(const void* out_t, int64_t rows) {
-  const int g = run_align(out_t, rows, 0);
-  return out_t != nullptr && g > 1 && g < 16;
-}
-
 template <typename X>
 engine_status launch_cast(const CastArgs& a, int sm_count, cudaStream_t stream) {
   constexpr int VEC = 16 / sizeof(X);
