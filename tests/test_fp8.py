@@ -1139,7 +1139,9 @@ def test_transposed_copy_narrow_runs(backend, m, order):
     tile order, from cast_transpose, fp8_transpose and a norm's copy (after the norm:
     ENGINE_NORM_EXTERNAL_TRANSPOSE=1; and the default, which sends the even m here too, NOTES
     P135): every byte of the copy written (poisoned with 0x7f, an
-    e4m3 NaN the data never holds) and the data transposed bit for bit."""
+    e4m3 NaN the data never holds) and the data transposed bit for bit; fp8_transpose's copy also
+    at addresses 1, 2, 4 and 8 bytes past an aligned one (the pieces' width follows the address:
+    NOTES P136), with the bytes around it untouched."""
     from engine.backend import OpFamily, select
     from engine.triton_kernels import transpose
 
@@ -1157,9 +1159,12 @@ def test_transposed_copy_narrow_runs(backend, m, order):
         data = t.data.view(torch.uint8)
         assert not (data == 0x7F).any()
         assert torch.equal(t.transpose_data.view(torch.uint8), data.t())
-        out_t = torch.full((n, m), 0x7F, device=DEVICE, dtype=torch.uint8).view(E4M3)
-        select(OpFamily.CAST_TRANSPOSE, x.device).fp8_transpose(t.data, out_t)
-        assert torch.equal(out_t.view(torch.uint8), data.t())
+        for off in (0, 1, 2, 4, 8):  # the copy at an address of 1-, 2-, 4- or 8-byte alignment
+            buf = torch.full((n * m + 16,), 0x7F, device=DEVICE, dtype=torch.uint8)
+            out_t = buf[off:off + n * m].view(n, m).view(E4M3)
+            select(OpFamily.CAST_TRANSPOSE, x.device).fp8_transpose(t.data, out_t)
+            assert torch.equal(out_t.view(torch.uint8), data.t()), off
+            assert (buf[:off] == 0x7F).all() and (buf[off + n * m:] == 0x7F).all(), off
         stack.callback(engine.backend.reset_for_tests)
         w = torch.rand(n, device=DEVICE, dtype=BF16) + 0.5
         for env in ({"ENGINE_NORM_EXTERNAL_TRANSPOSE": "1"}, {}):  # after the norm; the default
