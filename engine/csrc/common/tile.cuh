@@ -48,7 +48,8 @@ __device__ __forceinline__ void store_as(T* p, T v) {
 /* The alignment of every 16-row run that store_tile_transposed writes at dst (row length ld, first
  * row r0): the lowest set bit of the three and 16, so 1, 2, 4, 8 or 16. */
 __host__ __device__ __forceinline__ int run_align(const void* dst, int64_t ld, int64_t r0) {
-  const uint64_t bits = (uint64_t)reinterpret_cast<uintptr_t>(dst) | (uint64_t)ld | (uint64_t)r0 | 16u;
+  const uint64_t bits =
+      (uint64_t)reinterpret_cast<uintptr_t>(dst) | (uint64_t)ld | (uint64_t)r0 | 16u;
   return (int)(bits & (~bits + 1u));
 }
 
@@ -116,7 +117,8 @@ __device__ __forceinline__ void store_tile_pieces(const uint8_t* tile, int pitch
         if (c < nc) {
           uint8_t* e = d + (int64_t)(4 * u + j) * ld;
           if constexpr (G == 2) {
-            store_as<kStream>(reinterpret_cast<unsigned short*>(e), (unsigned short)(o[j] & 0xFFFFu));
+            store_as<kStream>(reinterpret_cast<unsigned short*>(e),
+                              (unsigned short)(o[j] & 0xFFFFu));
           } else if constexpr (G == 4) {
             store_as<kStream>(reinterpret_cast<unsigned int*>(e), o[j]);
           } else {
@@ -135,7 +137,8 @@ __device__ __forceinline__ void store_tile_pieces(const uint8_t* tile, int pitch
  * vec16: dst + c0 * ld + r0 is 16-byte aligned and ld % 16 == 0 (then every full run is one
  * 16-byte store). kNarrow: the tile in store_tile_pieces' pieces of run_align(dst, ld, r0) bytes
  * where that is 2, 4 or 8 (vec16 unused; pitch % 16 == 0); a separate instantiation, so that the
- * kernels of 16-byte runs keep their code. Work is spread over `nthreads` threads starting at `tid`; no barrier inside.
+ * kernels of 16-byte runs keep their code. Work is spread over `nthreads` threads starting at
+ * `tid`; no barrier inside.
  * kStream: the stores are streaming (st.global.cs: evict first in L2), for a copy nothing reads
  * soon that should not push out what is read next (NOTES P114).
  */
@@ -146,10 +149,14 @@ __device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, int p
                                                       int nthreads) {
   if constexpr (kNarrow) {
     switch (run_align(dst, ld, r0)) { /* every run's alignment; nr is a multiple of it */
-      case 2: return store_tile_pieces<kStream, 2>(tile, pitch, nr, nc, dst, ld, r0, c0, tid, nthreads);
-      case 4: return store_tile_pieces<kStream, 4>(tile, pitch, nr, nc, dst, ld, r0, c0, tid, nthreads);
-      case 8: return store_tile_pieces<kStream, 8>(tile, pitch, nr, nc, dst, ld, r0, c0, tid, nthreads);
-      default: break; /* odd: the byte stores below */
+      case 2:
+        return store_tile_pieces<kStream, 2>(tile, pitch, nr, nc, dst, ld, r0, c0, tid, nthreads);
+      case 4:
+        return store_tile_pieces<kStream, 4>(tile, pitch, nr, nc, dst, ld, r0, c0, tid, nthreads);
+      case 8:
+        return store_tile_pieces<kStream, 8>(tile, pitch, nr, nc, dst, ld, r0, c0, tid, nthreads);
+      default:
+        break; /* odd: the byte stores below */
     }
   }
   const int nq = (nc + 3) >> 2;
@@ -180,7 +187,8 @@ __device__ __forceinline__ void store_tile_transposed(const uint8_t* tile, int p
       if (c < nc) {
         uint8_t* d = dst + (c0 + c) * ld + r0 + 16 * h;
         if (vec16 && nvalid == 16 && !kNarrow) {
-          store_as<kStream>(reinterpret_cast<uint4*>(d), make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]));
+          store_as<kStream>(reinterpret_cast<uint4*>(d),
+                            make_uint4(o[j][0], o[j][1], o[j][2], o[j][3]));
         } else {
 #pragma unroll
           for (int k = 0; k < 16; ++k) {

@@ -241,8 +241,9 @@ engine_status launch_cast(const CastArgs& a, int sm_count, cudaStream_t stream) 
   const int64_t ntiles = ceil_div(a.rows, kTileR) * ceil_div(a.cols, kTileC);
   using Kernel = void (*)(const CastArgs);
   const bool narrow = narrow_runs(a.out_t, a.rows);
-  const Kernel kernel = vec ? (narrow ? &cast_transpose_kernel<X, VEC, true> : &cast_transpose_kernel<X, VEC, false>)
-                            : (narrow ? &cast_transpose_kernel<X, 1, true> : &cast_transpose_kernel<X, 1, false>);
+  const Kernel kernel =
+      vec ? (narrow ? &cast_transpose_kernel<X, VEC, true> : &cast_transpose_kernel<X, VEC, false>)
+          : (narrow ? &cast_transpose_kernel<X, 1, true> : &cast_transpose_kernel<X, 1, false>);
   int per_sm = 1;
   ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0, &per_sm));
   const unsigned grid = (unsigned)persistent_grid(ntiles, sm_count, 0, per_sm);
