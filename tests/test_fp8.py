@@ -1134,14 +1134,14 @@ def test_fp8_transpose_orders(backend, order, shape):
 @pytest.mark.parametrize("order", [1, 2])
 def test_transposed_copy_narrow_runs(backend, m, order):
     """Copies whose rows of m bytes are not 16-byte runs (m mod 16 = 2, 4, 8: CUDA's kernels
-    write them in 2-, 4- and 8-byte stores, the kNarrow form of store_tile_transposed; 17 odd:
+    write them in 2-, 4- and 8-byte pieces, the kNarrow form of store_tile_transposed; 17 odd:
     bytes) over more than one tile of rows (130, 200 against tiles of 64 and 128 rows), in either
     tile order, from cast_transpose, fp8_transpose and a norm's copy (after the norm:
     ENGINE_NORM_EXTERNAL_TRANSPOSE=1; and the default, which sends the even m here too, NOTES
-    P135): every byte of the copy written (poisoned with 0x7f, an
-    e4m3 NaN the data never holds) and the data transposed bit for bit; fp8_transpose's copy also
-    at addresses 1, 2, 4 and 8 bytes past an aligned one (the pieces' width follows the address:
-    NOTES P136), with the bytes around it untouched."""
+    P135): every byte of the copy written (poisoned with 0x7f, an e4m3 NaN the data never holds)
+    and the data transposed bit for bit; fp8_transpose's copy also at addresses 1, 2, 4 and 8
+    bytes past an aligned one (the pieces' width follows the address: NOTES P136), with the
+    bytes around it untouched."""
     from engine.backend import OpFamily, select
     from engine.triton_kernels import transpose
 
