@@ -18,15 +18,16 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # 2-16 CTAs (sm_90); past 32K the backward's wide-cluster kernels (partials in shared memory).
 # The backward here runs over an fp32 residual stream; run() ends with 16-bit ones.
 # 2048 / 4096 / 8192 with the transposed copy in-kernel: the band kernel (clusters of 4 / 8 / 16
-# CTAs, one partial band at 3 and 37 rows, several bands per cluster at 1100 rows).
-SHAPES = [(1, 1), (7, 17), (33, 760), (37, 2048), (1100, 4096), (5, 3571), (3, 8192), (3, 17389),
+# CTAs, one partial band at 3 and 37 rows, several bands per cluster at 1101 rows).
+SHAPES = [(1, 1), (7, 17), (33, 760), (37, 2048), (1101, 4096), (5, 3571), (3, 8192), (3, 17389),
           (3, 24584), (2, 32760), (2, 70001), (2, 98312), (2, 131072), (2, 262144)]
 
 
-BAND_SHAPES = [(37, 2048), (300, 4096), (3, 8192), (200, 8192)]
+# M odd or a multiple of 16 (an even M % 16 != 0 hands the copy to the tiled transpose, P137)
+BAND_SHAPES = [(37, 2048), (301, 4096), (3, 8192), (201, 8192)]
 # S = 1024 columns per CTA (knob 4; NOTES P117): a cluster of 2, of 12 with a short last slice and
 # seven bands (each cluster of the cut grid walks them all), of 16 with one partial band.
-BAND_WIDE_SHAPES = [(37, 2048), (200, 12000), (3, 16384)]
+BAND_WIDE_SHAPES = [(37, 2048), (201, 12000), (3, 16384)]
 
 
 def _band_case(m: int, n: int, is_rms: bool, fmt) -> int:

@@ -184,10 +184,11 @@ def norm_fwd(
     the transposed copy comes from the band kernel where it applies and the card's defaults take it
     (FP8 with delayed scaling, a 16-bit x without a residual, rows of 1025-16384;
     :func:`norm_fwd_band`), the register path's tile for rows of up to 1024, the tiled transpose
-    after the norm otherwise, and wherever M % 16 != 0 with M even (the copy's runs are 2-, 4- or
-    8-byte aligned; the in-kernel copies would store them in bytes: NOTES P135); with
-    ``out_t_after`` from the tiled transpose after the norm, run by the extension in the same
-    call. Whether a copy is made can choose the norm's kernel: on a lean
+    after the norm otherwise; with ``out_t_after`` from the tiled transpose after the norm, run by
+    the extension in the same call; with neither, from the norm kernel where its path has one.
+    Wherever M % 16 != 0 with M even the copy comes from the tiled transpose in every case (its
+    runs are 2-, 4- or 8-byte aligned; the in-kernel copies would store them in bytes: NOTES
+    P135, P137). Whether a copy is made can choose the norm's kernel: on a lean
     card delayed scaling without one takes the register path's clusters at RMSNorm 16K-32K and
     LayerNorm 32K, with one the streamed kernel (benchmarks/NOTES.md P133)."""
     if not getattr(x, "is_cuda", False):

@@ -671,11 +671,13 @@ def test_fwd_loop_taken(general):
 # shorter than the CTA's (1000, 1032, 7800), a 16-CTA cluster (8192, 7800) and more bands than
 # resident clusters (6000 / 2100 / 700 rows: several bands per cluster, every exchange slot reused
 # and its mbarrier phase flipped).
-BAND_CASES = [(29, 1000, 2), (1, 4096, 3), (6000, 2048, 0), (33, 1032, 0), (2100, 4096, 2),
-              (2100, 4096, 3), (45, 7800, 3), (700, 8192, 0), (64, 512, 2), (29, 1000, 3),
+# M odd or a multiple of 16: an even M % 16 != 0 sends the copy to the tiled transpose even when
+# asked in-kernel (NOTES P137)
+BAND_CASES = [(29, 1000, 2), (1, 4096, 3), (6000, 2048, 0), (33, 1032, 0), (2101, 4096, 2),
+              (2101, 4096, 3), (45, 7800, 3), (701, 8192, 0), (64, 512, 2), (29, 1000, 3),
               # 32 x 1024 per CTA (NOTES P117): a full and a short last slice, one row, a partial
               # last band, a rank with no columns
-              (530, 16384, 4), (37, 15000, 4), (1, 16384, 4), (70, 12000, 4), (300, 1000, 4)]
+              (531, 16384, 4), (37, 15000, 4), (1, 16384, 4), (71, 12000, 4), (301, 1000, 4)]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the band kernel of the CUDA forward (sm_90 clusters)")
@@ -697,7 +699,7 @@ def test_fp8_band_kernel(is_rms, zc, bias, fp8_dtype, m, n, band):
 
 @pytest.mark.skipif(not ON_GPU, reason="the band kernel of the CUDA forward (sm_90 clusters)")
 @pytest.mark.parametrize("is_rms,bias", [(True, False), (False, True)], ids=["rms", "ln"])
-@pytest.mark.parametrize("m,n,band", [(300, 2048, 2), (45, 7800, 3), (530, 16384, 4), (70, 4096, 0)])
+@pytest.mark.parametrize("m,n,band", [(301, 2048, 2), (45, 7800, 3), (531, 16384, 4), (71, 4096, 0)])
 def test_fp8_band_kernel_fp16(is_rms, bias, m, n, band):
     """The band kernel's fp16 x builds (every configuration; test_fp8_band_kernel's checks)."""
     check_band_kernel(is_rms, False, bias, E4M3, m, n, band, torch.float16)
@@ -854,18 +856,20 @@ def test_default_transpose_path_by_width(norm, n, form, dram_class):
 @pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
 @pytest.mark.parametrize("m", [18, 20, 40, 17, 48])
 @pytest.mark.parametrize("norm,n", [("rms", 1024), ("rms", 2048), ("ln", 4096)])
-def test_default_transpose_path_narrow_rows(norm, n, m):
-    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, a copy whose rows of M bytes are 2-, 4- or
+@pytest.mark.parametrize("external", [None, "0"], ids=["unset", "in-kernel"])
+def test_transpose_path_narrow_rows(norm, n, m, external):
+    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset or 0, a copy whose rows of M bytes are 2-, 4- or
     8-byte aligned runs (M even, M % 16 != 0) comes from the tiled transpose after the norm, not
-    from the norm kernel (the band kernel and the register path's tile store such runs in bytes;
-    the tiled transpose in the runs' width: NOTES P134 / P135); odd M and M % 16 == 0 keep the
-    width's default (TRANSPOSE_DEFAULT's writer on a lean card: the register path's tile at 1K,
-    the band kernel at 2K-4K). The copy is data.T bitwise."""
+    from the norm kernel (the band kernel and the register path's tile would store such runs in
+    bytes; the tiled transpose stores them in the runs' width: NOTES P134-P137); odd M and M % 16
+    == 0 keep the norm kernel's copy (on a lean card, where both settings pick the same writer at
+    these widths: the register path's tile at 1K, the band kernel at 2K-4K). The copy is data.T
+    bitwise."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
     from engine import cuda_backend
 
-    use_backend("cuda")
+    use_backend("cuda", **({} if external is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": external}))
     try:
         is_rms = norm == "rms"
         x, w, b = inputs(m, n, is_rms)
@@ -938,7 +942,7 @@ def test_in_kernel_transpose_band_by_class(norm, n, want, dram_class):
     use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
     try:
         is_rms = norm == "rms"
-        x, w, b = inputs(40, n, is_rms)
+        x, w, b = inputs(48, n, is_rms)  # M % 16 == 0: not the narrow copy's hand-off (P137)
         out = []
         with cuda_backend.dram_class(dram_class):
             names = cuda_kernel_names(
@@ -949,6 +953,36 @@ def test_in_kernel_transpose_band_by_class(norm, n, want, dram_class):
         assert tiled is (want[dram_class] is None), names
         t = out[0]
         assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.parametrize("m", [40, 18, 17, 32])
+def test_triton_in_kernel_narrow_rows(m, monkeypatch):
+    """Triton's norm_fwd asked for the copy in-kernel (neither out_t_auto nor out_t_after): the
+    norm kernel's bands write it, except where M is even and M % 16 != 0 (narrow_copy: its runs
+    2-, 4- or 8-byte aligned, which the bands would store byte by byte), where the tiled transpose
+    after the norm does (counted here; NOTES P137). The copy is out.T either way."""
+    use_backend("triton")  # skips on a CPU without the interpreter
+    from engine.triton_kernels import norms, transpose
+
+    calls = []
+    real = transpose.fp8_transpose
+    monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t: (calls.append(d.shape), real(d, t)))
+    try:
+        n = 256
+        x, w, _ = inputs(m, n, True)
+        data = torch.empty(m, n, dtype=E4M3, device=DEVICE)
+        data_t = torch.empty(n, m, dtype=E4M3, device=DEVICE)
+        norms.norm_fwd(x, w, None, None, 1e-5, data, None, None, torch.empty(m, device=DEVICE),
+                       torch.tensor([2.0], device=DEVICE), torch.zeros(1, device=DEVICE),
+                       torch.empty(1, device=DEVICE), data_t, is_rms_norm=True,
+                       zero_centered_gamma=False, current_scaling=False, amax_epsilon=0.0,
+                       sm_margin=0)
+        narrow = m % 16 != 0 and m % 2 == 0
+        assert norms.narrow_copy(m) is narrow
+        assert calls == ([(m, n)] if narrow else [])
+        assert torch.equal(data_t.view(torch.uint8), data.view(torch.uint8).t())
     finally:
         engine.backend.reset_for_tests()
 

@@ -891,6 +891,14 @@ IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 4096, "layernorm": 0}
 BAND_MAX_N_WIDE = 2048
 
 
+def narrow_copy(m: int) -> bool:
+    """Whether the transposed copy of ``m`` rows has runs aligned to 2, 4 or 8 bytes only (M even,
+    M % 16 != 0): the norm kernel's bands would store them byte by byte, the tiled transpose stores
+    them in the runs' width (its T_ALIGN), so such a copy always comes from the tiled transpose
+    after the norm (NOTES P134 / P135 / P137)."""
+    return m % 16 != 0 and m % 2 == 0
+
+
 def band_by_default(m: int, n: int, is_rms_norm: bool, has_residual: bool, current_scaling: bool,
                     device: torch.device) -> bool:
     """With ``out_t_auto``, whether the transposed copy comes from the norm kernel's bands (else
@@ -902,9 +910,8 @@ def band_by_default(m: int, n: int, is_rms_norm: bool, has_residual: bool, curre
     widest = IN_KERNEL_TRANSPOSE_MAX_N["rmsnorm" if is_rms_norm else "layernorm"]
     if not lean_dram(device):
         widest = min(widest, BAND_MAX_N_WIDE)
-    narrow = m % 16 != 0 and m % 2 == 0
     return (bool(BAND_ROWS) and n <= widest and not has_residual and not current_scaling
-            and not narrow)
+            and not narrow_copy(m))
 
 #: Launch paths of the kernels (engine.triton_kernels.launch); scripts may swap in variants.
 _FWD = Launcher(_norm_fwd_kernel)
@@ -1056,11 +1063,14 @@ def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scal
     """Norm forward; the contract of :func:`engine.reference.norm_fwd`. With ``out_t_auto`` the
     transposed copy comes from the norm kernel's bands where they measured faster
     (:func:`band_by_default`), else from the tiled transpose after the norm; with ``out_t_after``
-    from the tiled transpose after the norm."""
+    from the tiled transpose after the norm; with neither from the norm kernel, except where its
+    runs are 2-, 4- or 8-byte aligned (:func:`narrow_copy`: the tiled transpose after the norm)."""
     if out_t_auto and out_t_after:
         raise ValueError("norm_fwd: out_t_auto and out_t_after exclude each other")
-    external = out_t is not None and (out_t_after or (out_t_auto and not band_by_default(
-        x.shape[0], x.shape[1], is_rms_norm, residual is not None, current_scaling, x.device)))
+    m = x.shape[0]
+    external = out_t is not None and (out_t_after or narrow_copy(m) or (
+        out_t_auto and not band_by_default(m, x.shape[1], is_rms_norm, residual is not None,
+                                           current_scaling, x.device)))
     launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
                None if external else out_t, is_rms_norm=is_rms_norm,
                zero_centered_gamma=zero_centered_gamma, current_scaling=current_scaling,

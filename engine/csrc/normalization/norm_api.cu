@@ -186,11 +186,11 @@ extern "C" engine_status engine_norm_fwd(const engine_norm_fwd_params* p, int sm
   a.scale = p->scale;
   a.amax = p->amax;
   a.scale_inv = p->scale_inv;
-  /* out_t_auto 2, and 1 where the copy's runs are 2-, 4- or 8-byte aligned (rows % 16 != 0, even;
-   * narrow_runs): no kernel writes the copy; the tiled transpose below does. The in-kernel copies
-   * (the band kernel, the register path's tile) store such runs byte by byte, the tiled transpose
-   * in stores of the runs' alignment (NOTES P134 / P135). */
-  const bool t_after = p->out_t_auto == 2 || (p->out_t_auto == 1 && narrow_runs(p->out_t, rows));
+  /* out_t_auto 2, and any request where the copy's runs are 2-, 4- or 8-byte aligned (rows % 16 !=
+   * 0, even; narrow_runs): no kernel writes the copy; the tiled transpose below does. The in-kernel
+   * copies (the band kernel, the register path's tile) would store such runs byte by byte, the
+   * tiled transpose stores them in pieces of the runs' width (NOTES P134-P137). */
+  const bool t_after = p->out_t_auto == 2 || narrow_runs(p->out_t, rows);
   a.out_t = t_after ? nullptr : static_cast<uint8_t*>(p->out_t);
   a.t_auto = p->out_t_auto == 1 ? 1 : 0;
   a.t_wanted = p->out_t != nullptr ? 1 : 0;

@@ -73,11 +73,11 @@ typedef struct {
   int out_t_auto;         /* with out_t: 1 writes it by the faster path measured at this width
                              (the norm kernel where it writes the copy faster: the band kernel,
                              the register path's tile up to 1024 columns; else the tiled transpose
-                             after the norm, also where rows % 16 != 0 and rows is even: the
-                             copy's runs are then 2-, 4- or 8-byte aligned, which only the tiled
-                             transpose stores wider than bytes), 0 by the norm kernel wherever its
-                             path can, 2 by the tiled transpose after the norm always; the same
-                             bytes in every case.
+                             after the norm), 0 by the norm kernel wherever its path can, 2 by the
+                             tiled transpose after the norm always; the same bytes in every case.
+                             With 0 and 1 alike, where rows % 16 != 0 and rows is even the tiled
+                             transpose after the norm writes it: the copy's runs are then 2-, 4-
+                             or 8-byte aligned, which the norm kernels would store byte by byte.
                              Whether a copy is made at all (out_t) may choose the norm's kernel
                              (fwd_stream_from_default's `alone`) */
 } engine_norm_fwd_params;
