@@ -25,6 +25,7 @@ from typing import Optional
 import torch
 
 from engine.backend import BackendUnavailableError, settings
+from engine.reference import check_out_t_modes
 
 Tensor = torch.Tensor
 
@@ -193,8 +194,7 @@ def norm_fwd(
     LayerNorm 32K, with one the streamed kernel (benchmarks/NOTES.md P133)."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_fwd", "x", x)
-    if out_t_auto and out_t_after:
-        raise ValueError("norm_fwd: out_t_auto and out_t_after exclude each other")
+    check_out_t_modes(out_t_auto, out_t_after)
     err = (_ext or _ext_or_load()).norm_fwd(
         x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
         out_t, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin,

@@ -46,11 +46,18 @@ from engine.fp8 import fp8_format
 Tensor = torch.Tensor
 
 __all__ = ["norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose", "compute_scale", "quantize",
-           "IN_KERNEL_TRANSPOSE_MAX_N"]
+           "check_out_t_modes", "IN_KERNEL_TRANSPOSE_MAX_N"]
 
 #: The reference writes both layouts either way (bitwise the same); with
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE unset the transposed copy comes from fp8_transpose, as on GPUs.
 IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 0, "layernorm": 0}
+
+
+def check_out_t_modes(out_t_auto: bool, out_t_after: bool) -> None:
+    """The norm forward's two ways of choosing the transposed copy's writer exclude each other
+    (every backend's ``norm_fwd`` checks its arguments with this): raises ValueError for both."""
+    if out_t_auto and out_t_after:
+        raise ValueError("norm_fwd: out_t_auto and out_t_after exclude each other")
 
 
 def compute_scale(amax: Tensor, fp8_max: float, amax_epsilon: float) -> Tensor:
@@ -124,8 +131,7 @@ def norm_fwd(
 ) -> None:
     """Norm forward (see the module docstring). ``sm_margin``, ``out_t_auto`` and ``out_t_after``
     are accepted and unused here (one path)."""
-    if out_t_auto and out_t_after:
-        raise ValueError("norm_fwd: out_t_auto and out_t_after exclude each other")
+    check_out_t_modes(out_t_auto, out_t_after)
     del sm_margin
     z = x.float()
     if residual is not None:

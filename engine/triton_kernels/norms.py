@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from engine import backend
-from engine.reference import compute_scale
+from engine.reference import check_out_t_modes, compute_scale
 from engine.triton_kernels import norms_common as nc
 from engine.triton_kernels.launch import Launcher
 from engine.triton_kernels.utils import (
@@ -899,19 +899,17 @@ def narrow_copy(m: int) -> bool:
     return m % 16 != 0 and m % 2 == 0
 
 
-def band_by_default(m: int, n: int, is_rms_norm: bool, has_residual: bool, current_scaling: bool,
+def band_by_default(n: int, is_rms_norm: bool, has_residual: bool, current_scaling: bool,
                     device: torch.device) -> bool:
     """With ``out_t_auto``, whether the transposed copy comes from the norm kernel's bands (else
     the tiled transpose after the norm): rows up to IN_KERNEL_TRANSPOSE_MAX_N (on a card that is
     not lean, :func:`~engine.triton_kernels.utils.lean_dram`, up to BAND_MAX_N_WIDE) in the form
-    measured (delayed scaling, no residual), and M a multiple of 16 or odd: where M % 16 is 2, 4,
-    8 or their sums the copy's runs are 2-, 4- or 8-byte aligned, which the bands store in bytes
-    and the tiled transpose in the runs' width (its T_ALIGN; NOTES P134 / P135)."""
+    measured (delayed scaling, no residual). :func:`norm_fwd` takes the tiled transpose before
+    asking this wherever :func:`narrow_copy` holds."""
     widest = IN_KERNEL_TRANSPOSE_MAX_N["rmsnorm" if is_rms_norm else "layernorm"]
     if not lean_dram(device):
         widest = min(widest, BAND_MAX_N_WIDE)
-    return (bool(BAND_ROWS) and n <= widest and not has_residual and not current_scaling
-            and not narrow_copy(m))
+    return bool(BAND_ROWS) and n <= widest and not has_residual and not current_scaling
 
 #: Launch paths of the kernels (engine.triton_kernels.launch); scripts may swap in variants.
 _FWD = Launcher(_norm_fwd_kernel)
@@ -1065,11 +1063,9 @@ def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scal
     (:func:`band_by_default`), else from the tiled transpose after the norm; with ``out_t_after``
     from the tiled transpose after the norm; with neither from the norm kernel, except where its
     runs are 2-, 4- or 8-byte aligned (:func:`narrow_copy`: the tiled transpose after the norm)."""
-    if out_t_auto and out_t_after:
-        raise ValueError("norm_fwd: out_t_auto and out_t_after exclude each other")
-    m = x.shape[0]
-    external = out_t is not None and (out_t_after or narrow_copy(m) or (
-        out_t_auto and not band_by_default(m, x.shape[1], is_rms_norm, residual is not None,
+    check_out_t_modes(out_t_auto, out_t_after)
+    external = out_t is not None and (out_t_after or narrow_copy(x.shape[0]) or (
+        out_t_auto and not band_by_default(x.shape[1], is_rms_norm, residual is not None,
                                            current_scaling, x.device)))
     launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
                None if external else out_t, is_rms_norm=is_rms_norm,
