@@ -27,6 +27,13 @@ namespace transpose {
 namespace {
 
 constexpr int kTileR = 64;
+/* Tile rows of the kNarrow kernels (copies whose runs are 2-, 4- or 8-byte aligned): twice
+ * kTileR, so that each tile writes 128 contiguous bytes of an output row, of which only the first
+ * and last sectors are shared with the neighbouring tiles, where 64 bytes shared two of three
+ * (NOTES P138). */
+constexpr int kTileRNarrow = 2 * kTileR;
+template <bool kNarrow>
+constexpr int tile_rows() { return kNarrow ? kTileRNarrow : kTileR; }
 constexpr int kTileC = 128;
 constexpr int kPitch = kTileC + 16;
 constexpr int kThreads = 256;
@@ -69,10 +76,11 @@ struct CastArgs {
 
 template <typename X, int VEC, bool kNarrow>
 __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs a) {
+  constexpr int TR = tile_rows<kNarrow>();
   constexpr int VPR = kTileC / VEC;              /* vectors per tile row */
-  constexpr int NL = kTileR * VPR / kThreads;    /* vectors per thread per tile */
-  static_assert(kTileR * VPR % kThreads == 0, "tile must split evenly over the CTA");
-  __shared__ __align__(16) uint8_t tile[kTileR * kPitch];
+  constexpr int NL = TR * VPR / kThreads;        /* vectors per thread per tile */
+  static_assert(TR * VPR % kThreads == 0, "tile must split evenly over the CTA");
+  __shared__ __align__(16) uint8_t tile[TR * kPitch];
   __shared__ int amax_buf[32];
 
   const int mode = a.mode;
@@ -96,15 +104,17 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs
   float amax = 0.0f;
 
   const int64_t tiles_c = (a.cols + kTileC - 1) / kTileC;
-  const int64_t tiles_r = (a.rows + kTileR - 1) / kTileR;
+  const int64_t tiles_r = (a.rows + TR - 1) / TR;
   const int64_t ntiles = tiles_r * tiles_c;
   for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
     int64_t tr, tc;
     tile_at(t, tiles_r, tiles_c, tr, tc);
-    const int64_t r0 = tr * kTileR;
+    const int64_t r0 = tr * TR;
     const int64_t c0 = tc * kTileC;
-    /* Batches of LB vectors: all of a batch's loads are in flight before the first use. */
-    constexpr int LB = NL < 8 ? NL : 8;
+    /* Batches of LB vectors: all of a batch's loads are in flight before the first use (at most
+     * kTileR's count per batch, so that the narrow tile's batches hold the same registers). */
+    constexpr int LB0 = kTileR * VPR / kThreads;
+    constexpr int LB = LB0 < 8 ? LB0 : 8;
 #pragma unroll 1
     for (int l0 = 0; l0 < NL; l0 += LB) {
       float v[LB][VEC];
@@ -153,7 +163,7 @@ __global__ void __launch_bounds__(kThreads) cast_transpose_kernel(const CastArgs
     if (has_t) { /* uniform */
       __syncthreads();
       const int64_t rl = a.rows - r0, cl = a.cols - c0;
-      store_tile_transposed<false, kNarrow>(tile, kPitch, rl < kTileR ? (int)rl : kTileR,
+      store_tile_transposed<false, kNarrow>(tile, kPitch, rl < TR ? (int)rl : TR,
                                             cl < kTileC ? (int)cl : kTileC, a.out_t, a.rows, r0, c0,
                                             a.t_vec16 != 0, threadIdx.x, kThreads);
       __syncthreads();
@@ -170,16 +180,17 @@ template <int VEC, bool kRev, bool kNarrow>
 __global__ void __launch_bounds__(kThreads)
     byte_transpose_kernel(const uint8_t* in, int64_t rows, int64_t cols, int64_t in_stride,
                           uint8_t* out_t, int t_vec16) {
+  constexpr int TR = tile_rows<kNarrow>();
   constexpr int VPR = kTileC / VEC;
-  constexpr int NL = kTileR * VPR / kThreads;
-  __shared__ __align__(16) uint8_t tile[kTileR * kPitch];
+  constexpr int NL = TR * VPR / kThreads;
+  __shared__ __align__(16) uint8_t tile[TR * kPitch];
   const int64_t tiles_c = (cols + kTileC - 1) / kTileC;
-  const int64_t tiles_r = (rows + kTileR - 1) / kTileR;
+  const int64_t tiles_r = (rows + TR - 1) / TR;
   const int64_t ntiles = tiles_r * tiles_c;
   for (int64_t t = blockIdx.x; t < ntiles; t += gridDim.x) {
     int64_t tr, tc;
     tile_at(kRev ? ntiles - 1 - t : t, tiles_r, tiles_c, tr, tc);
-    const int64_t r0 = tr * kTileR;
+    const int64_t r0 = tr * TR;
     const int64_t c0 = tc * kTileC;
     if constexpr (VEC == 16) {
       uint4 v[NL];
@@ -220,7 +231,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();
     const int64_t rl = rows - r0, cl = cols - c0;
-    store_tile_transposed<kRev, kNarrow>(tile, kPitch, rl < kTileR ? (int)rl : kTileR,
+    store_tile_transposed<kRev, kNarrow>(tile, kPitch, rl < TR ? (int)rl : TR,
                                          cl < kTileC ? (int)cl : kTileC, out_t, rows, r0, c0,
                                          t_vec16 != 0, threadIdx.x, kThreads);
     __syncthreads();
@@ -238,9 +249,9 @@ engine_status launch_cast(const CastArgs& a, int sm_count, cudaStream_t stream) 
   constexpr int VEC = 16 / sizeof(X);
   const bool vec = (a.cols % VEC == 0) && vec_ok(a.x, a.x_stride, a.rows, sizeof(X), VEC) &&
                    vec_ok(a.out, a.out_stride, a.rows, 1, VEC);
-  const int64_t ntiles = ceil_div(a.rows, kTileR) * ceil_div(a.cols, kTileC);
   using Kernel = void (*)(const CastArgs);
   const bool narrow = narrow_runs(a.out_t, a.rows);
+  const int64_t ntiles = ceil_div(a.rows, narrow ? kTileRNarrow : kTileR) * ceil_div(a.cols, kTileC);
   const Kernel kernel =
       vec ? (narrow ? &cast_transpose_kernel<X, VEC, true> : &cast_transpose_kernel<X, VEC, false>)
           : (narrow ? &cast_transpose_kernel<X, 1, true> : &cast_transpose_kernel<X, 1, false>);
@@ -337,7 +348,8 @@ extern "C" engine_status engine_fp8_transpose(const void* in, int64_t rows, int6
   ENGINE_TRY(current_device_info(&info));
   const bool vec = (cols % 16 == 0) && vec_ok(in, in_row_stride, rows, 1, 16);
   const int t_vec16 = (ptr_aligned(out_t, 16) && rows % 16 == 0) ? 1 : 0;
-  const int64_t ntiles = ceil_div(rows, kTileR) * ceil_div(cols, kTileC);
+  const bool narrow = narrow_runs(out_t, rows);
+  const int64_t ntiles = ceil_div(rows, narrow ? kTileRNarrow : kTileR) * ceil_div(cols, kTileC);
   const bool rev = byte_transpose_reverse();
   using Kernel = void (*)(const uint8_t*, int64_t, int64_t, int64_t, uint8_t*, int);
   static const Kernel kernels[2][2][2] = {  /* [vec][rev][narrow] */
@@ -345,7 +357,7 @@ extern "C" engine_status engine_fp8_transpose(const void* in, int64_t rows, int6
        {&byte_transpose_kernel<1, true, false>, &byte_transpose_kernel<1, true, true>}},
       {{&byte_transpose_kernel<16, false, false>, &byte_transpose_kernel<16, false, true>},
        {&byte_transpose_kernel<16, true, false>, &byte_transpose_kernel<16, true, true>}}};
-  const Kernel kernel = kernels[vec][rev][narrow_runs(out_t, rows)];
+  const Kernel kernel = kernels[vec][rev][narrow];
   int per_sm = 1;
   ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0, &per_sm));
   const unsigned grid = (unsigned)persistent_grid(ntiles, info.sm_count, 0, per_sm);
