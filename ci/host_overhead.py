@@ -18,6 +18,7 @@ the median of ``--repeats`` loops of calls issued back to back for ``--min-loop-
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -107,6 +108,25 @@ def cases(m: int, n: int, device: str = "cpu"):
 _FLAGS = ("ENGINE_USE_RMSNORM_TRITON", "ENGINE_USE_LAYERNORM_TRITON", "ENGINE_USE_CAST_TRANSPOSE_TRITON")
 
 
+@contextlib.contextmanager
+def python_alloc():
+    """The CUDA backend as before its allocating entries: the high-precision forward's and the
+    backward's outputs come from torch.empty in Python (``engine._norm_ops.norm_fwd`` / ``norm_bwd``
+    take that path where the backend has no ``norm_fwd_alloc`` / ``norm_bwd_alloc``). For A/B runs
+    of the host path in one process."""
+    from engine import cuda_backend
+
+    names = ("norm_fwd_alloc", "norm_bwd_alloc")
+    saved = {name: getattr(cuda_backend, name) for name in names}
+    for name in names:
+        delattr(cuda_backend, name)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(cuda_backend, name, fn)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--m", type=int, default=32)
@@ -114,8 +134,14 @@ def main(argv=None) -> int:
     ap.add_argument("--min-loop-ms", type=float, default=50.0,
                     help="each timed loop issues calls back to back for about this long")
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--backends", nargs="*", default=["triton"], choices=["triton", "cuda"],
-                    help="on a GPU machine: the backends to time (cuda needs the built extension)")
+    ap.add_argument("--backends", nargs="*", default=["triton"], choices=["triton", "cuda", "cuda-pyalloc"],
+                    help="on a GPU machine: the backends to time (cuda needs the built extension; "
+                         "cuda-pyalloc: the CUDA backend with its outputs allocated in Python, python_alloc)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time the backends in turn this many times (the hosts' speed moves between "
+                         "seconds: compare backends within a round)")
+    ap.add_argument("--device-time", action="store_true",
+                    help="on a GPU machine: also the device time of the kernels of one call, per backend")
     args = ap.parse_args(argv)
     import torch
 
@@ -129,20 +155,35 @@ def main(argv=None) -> int:
             return 2
         stub_launchers()
         args.backends = ["triton"]
+        args.device_time = False
     where = (f"{torch.cuda.get_device_name()}, real launches" if gpu else "CPU, kernel launches stubbed")
     print(f"# host us per call, median of {args.repeats} loops of ~{args.min_loop_ms:g} ms, [{args.m}, {args.n}] bf16, "
-          f"{where}")
-    for be in args.backends:
-        env = dict(os.environ)
-        env.update({f: "1" if be == "triton" else "0" for f in _FLAGS})
-        backend.reset_for_tests(env)
-        print(f"## backend {be}")
-        for name, fn in cases(args.m, args.n, "cuda" if gpu else "cpu"):
-            if be != args.backends[0] and "yardstick" in name:
-                continue
-            us = host_loop_us(fn, min_loop_ms=args.min_loop_ms, repeats=args.repeats, warmup=50)
-            print(f"{name:34s} {us:8.2f}")
+          f"{where}; {args.rounds} round(s) of {' '.join(args.backends)}")
+    table: dict = {}
+    dev: dict = {}
+    for _ in range(args.rounds):
+        for be in args.backends:
+            env = dict(os.environ)
+            env.update({f: "1" if be == "triton" else "0" for f in _FLAGS})
+            backend.reset_for_tests(env)
+            with python_alloc() if be == "cuda-pyalloc" else contextlib.nullcontext():
+                for name, fn in cases(args.m, args.n, "cuda" if gpu else "cpu"):
+                    if "yardstick" in name and be != args.backends[0]:
+                        continue
+                    us = host_loop_us(fn, min_loop_ms=args.min_loop_ms, repeats=args.repeats, warmup=50)
+                    table.setdefault(name, {}).setdefault(be, []).append(us)
+                    if args.device_time and name not in dev.get(be, {}):
+                        from benchmarks.profile_kernels import device_us_per_call
+
+                        dev.setdefault(be, {})[name] = device_us_per_call(fn)
     backend.reset_for_tests()
+    for be in args.backends:
+        print(f"## backend {be}" + ("; device us per call in [ ]" if be in dev else ""))
+        for name, row in table.items():
+            if be in row:
+                cell = " ".join(f"{us:8.2f}" for us in row[be])
+                d = f"  [{dev[be][name]:.2f}]" if name in dev.get(be, {}) else ""
+                print(f"{name:34s} {cell}{d}")
     return 0
 
 

@@ -161,12 +161,20 @@ def norm_fwd(
     out_dtype: torch.dtype,
     sm_margin: int,
 ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Tensor]:
-    """Allocate and run the high-precision forward on 2-D inputs: ``(out, residual_out, mu, rsigma)``."""
+    """Allocate and run the high-precision forward on 2-D inputs: ``(out, residual_out, mu, rsigma)``.
+
+    A backend with ``norm_fwd_alloc`` (the CUDA extension) allocates the outputs itself in the same
+    call: one host call instead of one per output, for the small shapes whose time is the host's.
+    """
+    impl = _impl(is_rms_norm, x.device)
+    alloc = getattr(impl, "norm_fwd_alloc", None)
+    if alloc is not None:
+        return alloc(x, weight, bias, residual, eps, out_dtype, is_rms_norm, zero_centered_gamma, sm_margin)
     m, n = x.shape
     out = torch.empty((m, n), dtype=out_dtype, device=x.device)
     res_out = None if residual is None else torch.empty((m, n), dtype=residual.dtype, device=x.device)
     mu, rsigma = _stats(m, is_rms_norm, x.device)
-    _impl(is_rms_norm, x.device).norm_fwd(
+    impl.norm_fwd(
         x, weight, bias, residual, eps, out, res_out, mu, rsigma, None, None, None, None,
         is_rms_norm=is_rms_norm, zero_centered_gamma=zero_centered_gamma, current_scaling=False,
         amax_epsilon=0.0, sm_margin=sm_margin,
@@ -234,16 +242,22 @@ def norm_bwd(
 
     ``dres`` (the gradient of the residual input, in ``dres_dtype``) is produced only when
     ``dres_dtype`` is given and differs from ``dx_dtype``; otherwise it is None and ``dx`` serves.
+    A backend with ``norm_bwd_alloc`` allocates them itself, as in :func:`norm_fwd`.
     """
-    m, n = z.shape
     dev = z.device
+    impl = _impl(is_rms_norm, dev)
+    alloc = getattr(impl, "norm_bwd_alloc", None)
+    if alloc is not None:
+        return alloc(dy, z, mu, rsigma, weight, dresidual, has_bias, dx_dtype, dres_dtype, is_rms_norm,
+                     zero_centered_gamma, sm_margin)
+    m, n = z.shape
     dx = torch.empty((m, n), dtype=dx_dtype, device=dev)
     dres = None
     if dres_dtype is not None and dres_dtype != dx_dtype:
         dres = torch.empty((m, n), dtype=dres_dtype, device=dev)
     dweight = torch.empty(n, dtype=weight.dtype, device=dev)
     dbias = torch.empty(n, dtype=weight.dtype, device=dev) if has_bias else None
-    _impl(is_rms_norm, dev).norm_bwd(
+    impl.norm_bwd(
         dy, z, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias,
         is_rms_norm=is_rms_norm, zero_centered_gamma=zero_centered_gamma, sm_margin=sm_margin,
     )

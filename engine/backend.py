@@ -221,10 +221,12 @@ _modules: Dict[tuple, ModuleType] = {}
 def select(family: OpFamily, device: torch.device) -> ModuleType:
     """The one dispatch point: the module implementing ``family``'s op contract on ``device``.
 
-    Memoised per (family, device type): after the first call it is one dict lookup (this sits on
-    the per-call path of every op).
+    Memoised per (family, device): after the first call it is one dict lookup (this sits on the
+    per-call path of every op). The key is the device itself, not ``device.type``, which builds a
+    string per call (0.5 us of a 1.4 us lookup on the development machine); the selection depends
+    on the type alone, so devices of one type map to the same module.
     """
-    key = (family, device.type)
+    key = (family, device)
     mod = _modules.get(key)
     if mod is None:
         mod = implementation(select_backend(family, device))

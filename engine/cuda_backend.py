@@ -20,7 +20,7 @@ import importlib.util
 import logging
 import os
 import threading
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -29,7 +29,7 @@ from engine.reference import check_out_t_modes
 
 Tensor = torch.Tensor
 
-__all__ = ["ensure_available", "norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose",
+__all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_bwd_alloc", "cast_transpose", "fp8_transpose",
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
@@ -145,8 +145,16 @@ def _ext_or_load():
     return _ext
 
 
+#: How the binding's message of a failed output allocation begins (bindings.cpp: kOom).
+_OOM = "engine: out of memory: "
+
+
 def _raise(msg: str) -> None:
-    """The binding returns "" on success, else the message of a bad argument or a CUDA failure."""
+    """The binding returns "" on success, else the message of a bad argument or a CUDA failure
+    (RuntimeError), or of an output it could not allocate (torch.OutOfMemoryError, as torch.empty
+    would raise)."""
+    if msg.startswith(_OOM):
+        raise torch.OutOfMemoryError(msg)
     raise RuntimeError(msg)
 
 
@@ -156,6 +164,32 @@ def _not_cuda(fn: str, name: str, t) -> None:
         f"engine.cuda_backend.{fn}: {name} must be a CUDA tensor, got {where}; the CUDA backend "
         "runs on CUDA tensors only (CPU tensors use engine.reference)"
     )
+
+
+def norm_fwd_alloc(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    residual: Optional[Tensor],
+    eps: float,
+    out_dtype: Optional[torch.dtype],
+    is_rms_norm: bool,
+    zero_centered_gamma: bool,
+    sm_margin: int,
+) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Tensor]:
+    """The high-precision :func:`norm_fwd` with its outputs allocated by the extension in the same
+    call: ``(out, residual_out, mu, rsigma)``, out in ``out_dtype`` (x's dtype where None),
+    residual_out in the residual's dtype (None without one), mu for LayerNorm (None for RMSNorm),
+    all from torch's caching allocator on x's device and stream. One host call where allocating
+    from Python takes one per output (``engine._norm_ops.norm_fwd`` uses it; small shapes are
+    host-bound). Positional arguments: it sits on the per-call path."""
+    if not getattr(x, "is_cuda", False):
+        _not_cuda("norm_fwd_alloc", "x", x)
+    err, out, res_out, mu, rsigma = (_ext or _ext_or_load()).norm_fwd_alloc(
+        x, weight, bias, residual, eps, out_dtype, is_rms_norm, zero_centered_gamma, sm_margin)
+    if err:
+        _raise(err)
+    return out, res_out, mu, rsigma
 
 
 def norm_fwd(
@@ -202,6 +236,34 @@ def norm_fwd(
     )
     if err:
         _raise(err)
+
+
+def norm_bwd_alloc(
+    dy: Tensor,
+    x: Tensor,
+    mu: Optional[Tensor],
+    rsigma: Tensor,
+    weight: Tensor,
+    dresidual: Optional[Tensor],
+    has_bias: bool,
+    dx_dtype: torch.dtype,
+    dres_dtype: Optional[torch.dtype],
+    is_rms_norm: bool,
+    zero_centered_gamma: bool,
+    sm_margin: int,
+) -> Tuple[Tensor, Optional[Tensor], Tensor, Optional[Tensor]]:
+    """:func:`norm_bwd` with its outputs allocated by the extension in the same call, as
+    :func:`norm_fwd_alloc`: ``(dx, dres, dweight, dbias)``, dx in ``dx_dtype``, dres in
+    ``dres_dtype`` where it is given and differs from ``dx_dtype`` (else None: dx serves), dweight
+    and (with ``has_bias``) dbias in weight's dtype. Positional arguments."""
+    if not getattr(x, "is_cuda", False):
+        _not_cuda("norm_bwd_alloc", "x", x)
+    err, dx, dres, dweight, dbias = (_ext or _ext_or_load()).norm_bwd_alloc(
+        dy, x, mu, rsigma, weight, dresidual, has_bias, dx_dtype, dres_dtype, is_rms_norm,
+        zero_centered_gamma, sm_margin)
+    if err:
+        _raise(err)
+    return dx, dres, dweight, dbias
 
 
 def norm_bwd(

@@ -313,3 +313,82 @@ def test_cuda_backend_errors_are_exceptions():
                               None, None, rs, None, None, None, None, is_rms_norm=True,
                               zero_centered_gamma=False, current_scaling=False, amax_epsilon=0.0,
                               sm_margin=0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the CUDA backend needs a GPU")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("res_dtype", [None, BF16, F32], ids=["plain", "bf16_res", "fp32_res"])
+@pytest.mark.parametrize("out_dtype", [None, F32], ids=["out_x", "out_f32"])
+def test_cuda_outputs_allocated_in_the_extension(monkeypatch, is_rms, res_dtype, out_dtype):
+    """On the CUDA backend the high-precision forward's and the backward's outputs come from the
+    extension's allocating entries (one host call each: ``cuda_backend.norm_fwd_alloc`` /
+    ``norm_bwd_alloc``), with and without autograd, and equal bitwise what the same kernels write
+    into outputs allocated in Python."""
+    from conftest import use_backend
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        m, n = 37, 3000
+        x = torch.randn(3, m, n, device=DEVICE, dtype=BF16)
+        w = torch.randn(n, device=DEVICE, dtype=BF16)
+        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
+        r = None if res_dtype is None else torch.randn(3, m, n, device=DEVICE, dtype=res_dtype)
+        dy = torch.randn(3, m, n, device=DEVICE, dtype=out_dtype or BF16)
+        kw = {"zero_centered_gamma": True, "out_dtype": out_dtype}
+        if r is not None:
+            kw["residual"] = r
+
+        def run():
+            with torch.no_grad():
+                plain = call(is_rms, x, w, b, **kw)
+            leaves = [t.clone().requires_grad_(True) for t in (x, w, b, r) if t is not None]
+            xg, wg = leaves[:2]
+            bg = leaves[2] if b is not None else None
+            kwg = dict(kw, residual=leaves[-1]) if r is not None else kw
+            y = call(is_rms, xg, wg, bg, **kwg)
+            ys = (y,) if r is None else y
+            grads = torch.autograd.grad(ys[0], leaves, dy)
+            return ((plain,) if r is None else plain), tuple(t.detach() for t in ys), grads
+
+        calls = []
+        for name in ("norm_fwd_alloc", "norm_bwd_alloc"):
+            real = getattr(cuda_backend, name)
+            monkeypatch.setattr(cuda_backend, name,
+                                lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
+        got = run()
+        assert calls == ["norm_fwd_alloc", "norm_fwd_alloc", "norm_bwd_alloc"]
+        for name in ("norm_fwd_alloc", "norm_bwd_alloc"):  # the Python allocation
+            monkeypatch.delattr(cuda_backend, name)
+        want = run()
+        for g, wt in zip((t for part in got for t in part), (t for part in want for t in part)):
+            assert g.shape == wt.shape and g.dtype == wt.dtype and g.device == x.device
+            assert torch.equal(g, wt)
+        plain, ys, grads = got
+        assert all(torch.equal(p, q) for p, q in zip(plain, ys))
+        assert plain[0].shape == x.shape and plain[0].dtype == (out_dtype or BF16)
+        if r is not None:
+            assert plain[1].dtype == res_dtype and grads[-1].dtype == res_dtype
+        assert grads[1].dtype == w.dtype
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the CUDA backend needs a GPU")
+def test_cuda_norm_fwd_alloc_errors():
+    """The allocating entry reports bad arguments as exceptions, as norm_fwd does."""
+    from engine import cuda_backend
+
+    x = torch.randn(4, 64, device=DEVICE, dtype=BF16)
+    with pytest.raises(RuntimeError, match="weight"):
+        cuda_backend.norm_fwd_alloc(x, torch.ones(63, device=DEVICE, dtype=BF16), None, None, 1e-5,
+                                    None, True, False, 0)
+    with pytest.raises(RuntimeError, match="out_dtype"):
+        cuda_backend.norm_fwd_alloc(x, torch.ones(64, device=DEVICE, dtype=BF16), None, None, 1e-5,
+                                    torch.int32, True, False, 0)
+    with pytest.raises(RuntimeError, match="2-D"):
+        cuda_backend.norm_fwd_alloc(x[0], torch.ones(64, device=DEVICE, dtype=BF16), None, None,
+                                    1e-5, None, False, False, 0)
+    with pytest.raises(ValueError, match="CUDA tensor"):
+        cuda_backend.norm_fwd_alloc(x.cpu(), torch.ones(64, dtype=BF16), None, None, 1e-5, None,
+                                    True, False, 0)

@@ -18,7 +18,9 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 
 #include "engine/common.h"
 #include "engine/normalization.h"
@@ -256,6 +258,68 @@ Msg norm_fwd(const Tensor& x, const Tensor& weight, const OptTensor& bias, const
   return {};
 }
 
+// An output from the caching allocator. A failed allocation becomes a message (no exception
+// crosses the binding); an out-of-memory one starts with kOom, which engine/cuda_backend.py raises
+// as torch.OutOfMemoryError, the type torch.empty raises.
+constexpr const char* kOom = "engine: out of memory: ";
+
+Msg alloc(Tensor& t, c10::IntArrayRef shape, const at::TensorOptions& opts) {
+  try {
+    t = at::empty(shape, opts);
+  } catch (const c10::OutOfMemoryError& e) {
+    return cat(kOom, e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return cat("engine: could not allocate an output: ", e.what());
+  }
+  return {};
+}
+
+Msg alloc(OptTensor& t, bool wanted, c10::IntArrayRef shape, const at::TensorOptions& opts) {
+  if (!wanted) return {};
+  Tensor a;
+  BTRY(alloc(a, shape, opts));
+  t = std::move(a);
+  return {};
+}
+
+// The high-precision forward with its outputs allocated here (out in out_dtype, or x's dtype where
+// it is None; residual_out in the residual's dtype; mu for LayerNorm; rsigma): one call from Python
+// where allocating there took one per output (engine/_norm_ops.py:norm_fwd; small shapes are
+// host-bound). Returns (message, out, residual_out, mu, rsigma): "" and the outputs on success, the
+// message and undefined tensors (None in Python) otherwise.
+using FwdAlloc = std::tuple<Msg, Tensor, OptTensor, OptTensor, Tensor>;
+
+Msg norm_fwd_alloc_into(FwdAlloc& r, const Tensor& x, const Tensor& weight, const OptTensor& bias,
+                        const OptTensor& residual, double eps,
+                        const std::optional<at::ScalarType>& out_dtype, bool is_rms_norm,
+                        bool zero_centered_gamma, int64_t sm_margin) {
+  BCHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
+  BCHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
+  const at::ScalarType odt = out_dtype.value_or(x.scalar_type());
+  BCHECK(is_high_precision(odt), "engine: out_dtype must be float32, float16 or bfloat16, got ", odt);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const at::TensorOptions opts = x.options();
+  auto& [msg, out, res_out, mu, rsigma] = r;
+  BTRY(alloc(out, {rows, cols}, opts.dtype(odt)));
+  BTRY(alloc(res_out, residual.has_value(), {rows, cols},
+             opts.dtype(residual ? residual->scalar_type() : odt)));
+  BTRY(alloc(mu, !is_rms_norm, {rows}, opts.dtype(at::kFloat)));
+  BTRY(alloc(rsigma, {rows}, opts.dtype(at::kFloat)));
+  return norm_fwd(x, weight, bias, residual, eps, out, res_out, mu, rsigma, {}, {}, {}, {},
+                  is_rms_norm, zero_centered_gamma, false, 0.0, sm_margin, false, false);
+}
+
+FwdAlloc norm_fwd_alloc(const Tensor& x, const Tensor& weight, const OptTensor& bias,
+                        const OptTensor& residual, double eps,
+                        const std::optional<at::ScalarType>& out_dtype, bool is_rms_norm,
+                        bool zero_centered_gamma, int64_t sm_margin) {
+  FwdAlloc r;
+  Msg err = norm_fwd_alloc_into(r, x, weight, bias, residual, eps, out_dtype, is_rms_norm,
+                                zero_centered_gamma, sm_margin);
+  if (!err.empty()) return FwdAlloc{std::move(err), Tensor(), {}, {}, Tensor()};
+  return r;
+}
+
 Msg norm_bwd(const Tensor& dy, const Tensor& x, const OptTensor& mu, const Tensor& rsigma,
               const Tensor& weight, const OptTensor& dresidual, const Tensor& dx, const OptTensor& dres,
               const Tensor& dweight, const OptTensor& dbias, bool is_rms_norm,
@@ -350,6 +414,44 @@ Msg norm_bwd(const Tensor& dy, const Tensor& x, const OptTensor& mu, const Tenso
   const engine_status st = engine_norm_bwd(&p, sms, margin, ws_ptr, ws_bytes, stream);
   if (st != ENGINE_SUCCESS) return engine_failure(st, "norm_bwd");
   return {};
+}
+
+// norm_bwd with its outputs allocated here (dx in dx_dtype; dres in dres_dtype where it is given
+// and differs from dx_dtype; dweight, and dbias with has_bias, in weight's dtype): one call from
+// Python, as norm_fwd_alloc. Returns (message, dx, dres, dweight, dbias).
+using BwdAlloc = std::tuple<Msg, Tensor, OptTensor, Tensor, OptTensor>;
+
+Msg norm_bwd_alloc_into(BwdAlloc& r, const Tensor& dy, const Tensor& x, const OptTensor& mu,
+                        const Tensor& rsigma, const Tensor& weight, const OptTensor& dresidual,
+                        bool has_bias, at::ScalarType dx_dtype,
+                        const std::optional<at::ScalarType>& dres_dtype, bool is_rms_norm,
+                        bool zero_centered_gamma, int64_t sm_margin) {
+  BCHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
+  BCHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
+  BCHECK(is_high_precision(dx_dtype), "engine: dx must be float32, float16 or bfloat16, got ",
+         dx_dtype);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const at::TensorOptions opts = x.options();
+  auto& [msg, dx, dres, dweight, dbias] = r;
+  BTRY(alloc(dx, {rows, cols}, opts.dtype(dx_dtype)));
+  const bool two = dres_dtype.has_value() && *dres_dtype != dx_dtype;
+  BTRY(alloc(dres, two, {rows, cols}, opts.dtype(dres_dtype.value_or(dx_dtype))));
+  BTRY(alloc(dweight, {cols}, opts.dtype(weight.scalar_type())));
+  BTRY(alloc(dbias, has_bias, {cols}, opts.dtype(weight.scalar_type())));
+  return norm_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, is_rms_norm,
+                  zero_centered_gamma, sm_margin);
+}
+
+BwdAlloc norm_bwd_alloc(const Tensor& dy, const Tensor& x, const OptTensor& mu,
+                        const Tensor& rsigma, const Tensor& weight, const OptTensor& dresidual,
+                        bool has_bias, at::ScalarType dx_dtype,
+                        const std::optional<at::ScalarType>& dres_dtype, bool is_rms_norm,
+                        bool zero_centered_gamma, int64_t sm_margin) {
+  BwdAlloc r;
+  Msg err = norm_bwd_alloc_into(r, dy, x, mu, rsigma, weight, dresidual, has_bias, dx_dtype,
+                                dres_dtype, is_rms_norm, zero_centered_gamma, sm_margin);
+  if (!err.empty()) return BwdAlloc{std::move(err), Tensor(), {}, Tensor(), {}};
+  return r;
 }
 
 Msg cast_transpose(const Tensor& x, const Tensor& scale, const Tensor& amax, const Tensor& scale_inv,
@@ -448,6 +550,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("norm_bwd", &norm_bwd, "RMSNorm / LayerNorm backward (engine/reference.py:norm_bwd)",
         py::arg("dy"), py::arg("x"), py::arg("mu"), py::arg("rsigma"), py::arg("weight"),
         py::arg("dresidual"), py::arg("dx"), py::arg("dres"), py::arg("dweight"), py::arg("dbias"),
+        py::arg("is_rms_norm"), py::arg("zero_centered_gamma"), py::arg("sm_margin"), guard());
+  m.def("norm_fwd_alloc", &norm_fwd_alloc,
+        "norm_fwd with its outputs allocated: (message, out, residual_out, mu, rsigma)",
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("eps"),
+        py::arg("out_dtype"), py::arg("is_rms_norm"), py::arg("zero_centered_gamma"),
+        py::arg("sm_margin"), guard());
+  m.def("norm_bwd_alloc", &norm_bwd_alloc,
+        "norm_bwd with its outputs allocated: (message, dx, dres, dweight, dbias)",
+        py::arg("dy"), py::arg("x"), py::arg("mu"), py::arg("rsigma"), py::arg("weight"),
+        py::arg("dresidual"), py::arg("has_bias"), py::arg("dx_dtype"), py::arg("dres_dtype"),
         py::arg("is_rms_norm"), py::arg("zero_centered_gamma"), py::arg("sm_margin"), guard());
   m.def("cast_transpose", &cast_transpose,
         "FP8 cast with fused amax and optional transpose (engine/reference.py:cast_transpose)",
