@@ -2,6 +2,7 @@
 
     TRITON_INTERPRET=1 python ci/host_overhead.py [--min-loop-ms 50] [--repeats 5]   # CPU machine
     python ci/host_overhead.py --backends triton cuda                          # GPU machine
+    python ci/host_overhead.py --backends cuda cuda-pyalloc --rounds 5 --device-time   # an A/B
 
 On a CPU-only machine (``TRITON_INTERPRET=1``) every Triton ``Launcher`` of engine takes its fast
 path (cache hit, then the compiled kernel's ``run``) with a stand-in compiled kernel whose ``run``
@@ -110,13 +111,13 @@ _FLAGS = ("ENGINE_USE_RMSNORM_TRITON", "ENGINE_USE_LAYERNORM_TRITON", "ENGINE_US
 
 @contextlib.contextmanager
 def python_alloc():
-    """The CUDA backend as before its allocating entries: the high-precision forward's and the
-    backward's outputs come from torch.empty in Python (``engine._norm_ops.norm_fwd`` / ``norm_bwd``
-    take that path where the backend has no ``norm_fwd_alloc`` / ``norm_bwd_alloc``). For A/B runs
-    of the host path in one process."""
+    """The CUDA backend as before its allocating entries (``norm_fwd_alloc``, ``norm_bwd_alloc``,
+    ``norm_fwd_fp8_alloc``, ``cast_transpose_alloc``): the outputs come from torch.empty in Python
+    (``engine._norm_ops`` and ``engine.transpose`` take that path where the backend has no such
+    entry). For A/B runs of the host path in one process."""
     from engine import cuda_backend
 
-    names = ("norm_fwd_alloc", "norm_bwd_alloc")
+    names = ("norm_fwd_alloc", "norm_bwd_alloc", "norm_fwd_fp8_alloc", "cast_transpose_alloc")
     saved = {name: getattr(cuda_backend, name) for name in names}
     for name in names:
         delattr(cuda_backend, name)
@@ -161,15 +162,20 @@ def main(argv=None) -> int:
           f"{where}; {args.rounds} round(s) of {' '.join(args.backends)}")
     table: dict = {}
     dev: dict = {}
-    for _ in range(args.rounds):
-        for be in args.backends:
-            env = dict(os.environ)
-            env.update({f: "1" if be == "triton" else "0" for f in _FLAGS})
-            backend.reset_for_tests(env)
-            with python_alloc() if be == "cuda-pyalloc" else contextlib.nullcontext():
-                for name, fn in cases(args.m, args.n, "cuda" if gpu else "cpu"):
-                    if "yardstick" in name and be != args.backends[0]:
-                        continue
+
+    def use(be):
+        env = dict(os.environ)
+        env.update({f: "1" if be == "triton" else "0" for f in _FLAGS})
+        backend.reset_for_tests(env)
+        return python_alloc() if be == "cuda-pyalloc" else contextlib.nullcontext()
+
+    # Each case in turn, its backends alternated round by round: the A/B of a case is seconds
+    # apart, where the hosts' speed moves by up to 1.8x (benchmarks/NOTES.md Q30).
+    for name, fn in cases(args.m, args.n, "cuda" if gpu else "cpu"):
+        bes = args.backends[:1] if "yardstick" in name else args.backends
+        for _ in range(args.rounds):
+            for be in bes:
+                with use(be):
                     us = host_loop_us(fn, min_loop_ms=args.min_loop_ms, repeats=args.repeats, warmup=50)
                     table.setdefault(name, {}).setdefault(be, []).append(us)
                     if args.device_time and name not in dev.get(be, {}):

@@ -208,13 +208,18 @@ def norm_fwd_fp8(
     """
     m, n = x.shape
     dev = x.device
+    impl = _impl(is_rms_norm, dev)
+    how = external_transpose(impl, n, is_rms_norm) if columnwise else False
+    alloc = getattr(impl, "norm_fwd_fp8_alloc", None)
+    if alloc is not None:  # the outputs allocated by the backend in the same call (norm_fwd)
+        return alloc(x, weight, bias, residual, scale, amax, eps, is_rms_norm, zero_centered_gamma,
+                     fp8_dtype, columnwise, current_scaling, amax_epsilon, sm_margin, how is None,
+                     how is True)
     data = torch.empty((m, n), dtype=fp8_dtype, device=dev)
     data_t = torch.empty((n, m), dtype=fp8_dtype, device=dev) if columnwise else None
     scale_inv = torch.empty(1, dtype=torch.float32, device=dev)
     res_out = None if residual is None else torch.empty((m, n), dtype=residual.dtype, device=dev)
     mu, rsigma = _stats(m, is_rms_norm, dev)
-    impl = _impl(is_rms_norm, dev)
-    how = external_transpose(impl, n, is_rms_norm) if columnwise else False
     impl.norm_fwd(
         x, weight, bias, residual, eps, data, res_out, mu, rsigma, scale, amax, scale_inv, data_t,
         is_rms_norm=is_rms_norm, zero_centered_gamma=zero_centered_gamma,

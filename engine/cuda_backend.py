@@ -29,7 +29,7 @@ from engine.reference import check_out_t_modes
 
 Tensor = torch.Tensor
 
-__all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_bwd_alloc", "cast_transpose", "fp8_transpose",
+__all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_bwd_alloc", "norm_fwd_fp8_alloc", "cast_transpose", "cast_transpose_alloc", "fp8_transpose",
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
@@ -185,11 +185,45 @@ def norm_fwd_alloc(
     host-bound). Positional arguments: it sits on the per-call path."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_fwd_alloc", "x", x)
-    err, out, res_out, mu, rsigma = (_ext or _ext_or_load()).norm_fwd_alloc(
-        x, weight, bias, residual, eps, out_dtype, is_rms_norm, zero_centered_gamma, sm_margin)
+    err, out, _, _, res_out, mu, rsigma = (_ext or _ext_or_load()).norm_fwd_alloc(
+        x, weight, bias, residual, eps, out_dtype, None, None, False, is_rms_norm,
+        zero_centered_gamma, False, 0.0, sm_margin, False, False)
     if err:
         _raise(err)
     return out, res_out, mu, rsigma
+
+
+def norm_fwd_fp8_alloc(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    residual: Optional[Tensor],
+    scale: Tensor,
+    amax: Tensor,
+    eps: float,
+    is_rms_norm: bool,
+    zero_centered_gamma: bool,
+    fp8_dtype: torch.dtype,
+    columnwise: bool,
+    current_scaling: bool,
+    amax_epsilon: float,
+    sm_margin: int,
+    out_t_auto: bool,
+    out_t_after: bool,
+) -> Tuple[Tensor, Optional[Tensor], Tensor, Optional[Tensor], Optional[Tensor], Tensor]:
+    """The FP8 :func:`norm_fwd` with its outputs allocated by the extension in the same call, as
+    :func:`norm_fwd_alloc`: ``(data, data_t, scale_inv, residual_out, mu, rsigma)``, data in
+    ``fp8_dtype``, data_t (``[N, M]``) with ``columnwise`` (else None), scale_inv of one fp32
+    element. ``out_t_auto`` / ``out_t_after`` as in :func:`norm_fwd`. Positional arguments."""
+    if not getattr(x, "is_cuda", False):
+        _not_cuda("norm_fwd_fp8_alloc", "x", x)
+    check_out_t_modes(out_t_auto, out_t_after)
+    err, data, data_t, scale_inv, res_out, mu, rsigma = (_ext or _ext_or_load()).norm_fwd_alloc(
+        x, weight, bias, residual, eps, fp8_dtype, scale, amax, columnwise, is_rms_norm,
+        zero_centered_gamma, current_scaling, amax_epsilon, sm_margin, out_t_auto, out_t_after)
+    if err:
+        _raise(err)
+    return data, data_t, scale_inv, res_out, mu, rsigma
 
 
 def norm_fwd(
@@ -291,6 +325,29 @@ def norm_bwd(
     )
     if err:
         _raise(err)
+
+
+def cast_transpose_alloc(
+    x: Tensor,
+    scale: Tensor,
+    amax: Tensor,
+    fp8_dtype: torch.dtype,
+    rowwise: bool,
+    columnwise: bool,
+    current_scaling: bool,
+    amax_epsilon: float,
+) -> Tuple[Optional[Tensor], Optional[Tensor], Tensor]:
+    """:func:`cast_transpose` with its outputs allocated by the extension in the same call:
+    ``(out, out_t, scale_inv)``, out ``[M, N]`` with ``rowwise`` and out_t ``[N, M]`` with
+    ``columnwise`` (else None) in ``fp8_dtype``, scale_inv of one fp32 element. Positional
+    arguments."""
+    if not getattr(x, "is_cuda", False):
+        _not_cuda("cast_transpose_alloc", "x", x)
+    err, out, out_t, scale_inv = (_ext or _ext_or_load()).cast_transpose_alloc(
+        x, scale, amax, fp8_dtype, rowwise, columnwise, current_scaling, amax_epsilon)
+    if err:
+        _raise(err)
+    return out, out_t, scale_inv
 
 
 def cast_transpose(

@@ -141,10 +141,12 @@ def _norm_fp8(x, x2, w, b, r2, residual, weight, bias, eps, is_rms_norm, zero_ce
         x2, w, b, r2, scale, amax, float(eps), is_rms_norm, zero_centered_gamma, quantizer.fp8_dtype,
         quantizer.columnwise, quantizer.current_scaling, quantizer.amax_epsilon, sm_margin)
     quantizer.record(scale, amax)
-    t = Float8Tensor(data.view(x.shape), scale_inv, quantizer.fp8_dtype, transpose_data=data_t)
+    same = x2 is x  # x was [M, N] already: no views back (a view costs host time: 2 us here)
+    t = Float8Tensor(data if same else data.view(x.shape), scale_inv, quantizer.fp8_dtype,
+                     transpose_data=data_t)
     if residual is None:
         return t
-    return t, res_out.view(x.shape)
+    return t, res_out if same else res_out.view(x.shape)
 
 
 def rmsnorm(

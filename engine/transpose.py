@@ -39,15 +39,23 @@ def cast_transpose(x: Tensor, quantizer) -> Float8Tensor:
     dev = x.device
     dt = quantizer.fp8_dtype
     scale, amax = quantizer.kernel_buffers(dev)
-    out = torch.empty((m, n), dtype=dt, device=dev) if quantizer.rowwise else None
-    out_t = torch.empty((n, m), dtype=dt, device=dev) if quantizer.columnwise else None
-    scale_inv = torch.empty(1, dtype=torch.float32, device=dev)
-    backend.select(OpFamily.CAST_TRANSPOSE, dev).cast_transpose(
-        x2, scale, amax, scale_inv, out, out_t,
-        current_scaling=quantizer.current_scaling, amax_epsilon=quantizer.amax_epsilon,
-    )
+    impl = backend.select(OpFamily.CAST_TRANSPOSE, dev)
+    alloc = getattr(impl, "cast_transpose_alloc", None)
+    if alloc is not None:  # the outputs allocated by the backend in the same call (one host call)
+        out, out_t, scale_inv = alloc(x2, scale, amax, dt, quantizer.rowwise, quantizer.columnwise,
+                                      quantizer.current_scaling, quantizer.amax_epsilon)
+    else:
+        out = torch.empty((m, n), dtype=dt, device=dev) if quantizer.rowwise else None
+        out_t = torch.empty((n, m), dtype=dt, device=dev) if quantizer.columnwise else None
+        scale_inv = torch.empty(1, dtype=torch.float32, device=dev)
+        impl.cast_transpose(
+            x2, scale, amax, scale_inv, out, out_t,
+            current_scaling=quantizer.current_scaling, amax_epsilon=quantizer.amax_epsilon,
+        )
     quantizer.record(scale, amax)
-    return Float8Tensor(None if out is None else out.view(x.shape), scale_inv, dt,
+    if out is not None and x2 is not x:  # x was not [M, N] already
+        out = out.view(x.shape)
+    return Float8Tensor(out, scale_inv, dt,
                         transpose_data=out_t, shape=x.shape)
 
 

@@ -392,3 +392,62 @@ def test_cuda_norm_fwd_alloc_errors():
     with pytest.raises(ValueError, match="CUDA tensor"):
         cuda_backend.norm_fwd_alloc(x.cpu(), torch.ones(64, dtype=BF16), None, None, 1e-5, None,
                                     True, False, 0)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the CUDA backend needs a GPU")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("current", [False, True], ids=["delayed", "current"])
+@pytest.mark.parametrize("columnwise", [False, True], ids=["rows", "rows_T"])
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+def test_cuda_fp8_outputs_allocated_in_the_extension(monkeypatch, is_rms, current, columnwise, residual):
+    """The FP8 norm forward and cast_transpose on the CUDA backend allocate their outputs in the
+    extension (``norm_fwd_fp8_alloc``, ``cast_transpose_alloc``), bitwise equal to the outputs the
+    same kernels write into tensors allocated in Python, amax and scale included."""
+    from conftest import use_backend
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        m, n = 48, 3000  # M % 16 == 0: the norm's own transposed copy where it has one
+        x = torch.randn(2, m // 2, n, device=DEVICE, dtype=BF16)
+        w = torch.randn(n, device=DEVICE, dtype=BF16)
+        b = None if is_rms else torch.randn(n, device=DEVICE, dtype=BF16)
+        r = torch.randn_like(x) if residual else None
+
+        def quantizer():
+            if current:
+                return engine.Float8CurrentScalingQuantizer(torch.float8_e4m3fn, columnwise=columnwise)
+            return engine.Float8Quantizer(torch.full((1,), 2.0, device=DEVICE),
+                                          torch.full((1,), 0.5, device=DEVICE), torch.float8_e4m3fn,
+                                          columnwise=columnwise)
+
+        def run():
+            q, qc = quantizer(), quantizer()
+            with torch.no_grad():
+                res = call(is_rms, x, w, b, quantizer=q, **({"residual": r} if residual else {}))
+                t, res_out = (res, None) if r is None else res
+                c = engine.cast_transpose(x, qc)
+            outs = [t.data, t.transpose_data, t.scale_inv, res_out, q.amax, q.scale,
+                    c.data, c.transpose_data, c.scale_inv, qc.amax, qc.scale]
+            return [o for o in outs if o is not None]
+
+        calls = []
+        for name in ("norm_fwd_fp8_alloc", "cast_transpose_alloc"):
+            real = getattr(cuda_backend, name)
+            monkeypatch.setattr(cuda_backend, name,
+                                lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
+        got = run()
+        assert calls == ["norm_fwd_fp8_alloc", "cast_transpose_alloc"]
+        for name in ("norm_fwd_fp8_alloc", "cast_transpose_alloc"):  # the Python allocation
+            monkeypatch.delattr(cuda_backend, name)
+        want = run()
+        assert len(got) == len(want) == 8 + (2 if columnwise else 0) + (1 if residual else 0)
+        for g, wt in zip(got, want):
+            assert g.shape == wt.shape and g.dtype == wt.dtype and g.device == x.device
+            assert torch.equal(g.view(torch.uint8) if g.element_size() == 1 else g,
+                               wt.view(torch.uint8) if wt.element_size() == 1 else wt)
+        assert got[0].shape == x.shape and got[0].dtype == torch.float8_e4m3fn
+        if columnwise:
+            assert got[1].shape == (n, m)
+    finally:
+        engine.backend.reset_for_tests()

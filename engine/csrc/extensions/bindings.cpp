@@ -282,41 +282,54 @@ Msg alloc(OptTensor& t, bool wanted, c10::IntArrayRef shape, const at::TensorOpt
   return {};
 }
 
-// The high-precision forward with its outputs allocated here (out in out_dtype, or x's dtype where
-// it is None; residual_out in the residual's dtype; mu for LayerNorm; rsigma): one call from Python
-// where allocating there took one per output (engine/_norm_ops.py:norm_fwd; small shapes are
-// host-bound). Returns (message, out, residual_out, mu, rsigma): "" and the outputs on success, the
-// message and undefined tensors (None in Python) otherwise.
-using FwdAlloc = std::tuple<Msg, Tensor, OptTensor, OptTensor, Tensor>;
+// norm_fwd with its outputs allocated here: out in out_dtype (x's dtype where it is None; an FP8
+// dtype takes scale and amax, and makes scale_inv and, with columnwise, the transposed copy
+// out_t [cols, rows]), residual_out in the residual's dtype, mu for LayerNorm, rsigma. One call
+// from Python where allocating there took one per output (engine/_norm_ops.py: norm_fwd,
+// norm_fwd_fp8; small shapes are host-bound). Returns (message, out, out_t, scale_inv,
+// residual_out, mu, rsigma): "" and the outputs on success, the message and undefined tensors
+// (None in Python) otherwise.
+using FwdAlloc = std::tuple<Msg, Tensor, OptTensor, OptTensor, OptTensor, OptTensor, Tensor>;
 
 Msg norm_fwd_alloc_into(FwdAlloc& r, const Tensor& x, const Tensor& weight, const OptTensor& bias,
                         const OptTensor& residual, double eps,
-                        const std::optional<at::ScalarType>& out_dtype, bool is_rms_norm,
-                        bool zero_centered_gamma, int64_t sm_margin) {
+                        const std::optional<at::ScalarType>& out_dtype, const OptTensor& scale,
+                        const OptTensor& amax, bool columnwise, bool is_rms_norm,
+                        bool zero_centered_gamma, bool current_scaling, double amax_epsilon,
+                        int64_t sm_margin, bool out_t_auto, bool out_t_after) {
   BCHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
   BCHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
   const at::ScalarType odt = out_dtype.value_or(x.scalar_type());
-  BCHECK(is_high_precision(odt), "engine: out_dtype must be float32, float16 or bfloat16, got ", odt);
+  const bool fp8 = is_fp8(odt);
+  BCHECK(fp8 || is_high_precision(odt), "engine: out_dtype must be float32, float16, bfloat16, "
+         "float8_e4m3fn or float8_e5m2, got ", odt);
+  BCHECK(fp8 || !columnwise, "engine: a transposed copy (columnwise) needs an FP8 out_dtype");
   const int64_t rows = x.size(0), cols = x.size(1);
   const at::TensorOptions opts = x.options();
-  auto& [msg, out, res_out, mu, rsigma] = r;
+  auto& [msg, out, out_t, scale_inv, res_out, mu, rsigma] = r;
   BTRY(alloc(out, {rows, cols}, opts.dtype(odt)));
+  BTRY(alloc(out_t, columnwise, {cols, rows}, opts.dtype(odt)));
+  BTRY(alloc(scale_inv, fp8, {1}, opts.dtype(at::kFloat)));
   BTRY(alloc(res_out, residual.has_value(), {rows, cols},
              opts.dtype(residual ? residual->scalar_type() : odt)));
   BTRY(alloc(mu, !is_rms_norm, {rows}, opts.dtype(at::kFloat)));
   BTRY(alloc(rsigma, {rows}, opts.dtype(at::kFloat)));
-  return norm_fwd(x, weight, bias, residual, eps, out, res_out, mu, rsigma, {}, {}, {}, {},
-                  is_rms_norm, zero_centered_gamma, false, 0.0, sm_margin, false, false);
+  return norm_fwd(x, weight, bias, residual, eps, out, res_out, mu, rsigma, scale, amax, scale_inv,
+                  out_t, is_rms_norm, zero_centered_gamma, current_scaling, amax_epsilon, sm_margin,
+                  out_t_auto, out_t_after);
 }
 
 FwdAlloc norm_fwd_alloc(const Tensor& x, const Tensor& weight, const OptTensor& bias,
                         const OptTensor& residual, double eps,
-                        const std::optional<at::ScalarType>& out_dtype, bool is_rms_norm,
-                        bool zero_centered_gamma, int64_t sm_margin) {
+                        const std::optional<at::ScalarType>& out_dtype, const OptTensor& scale,
+                        const OptTensor& amax, bool columnwise, bool is_rms_norm,
+                        bool zero_centered_gamma, bool current_scaling, double amax_epsilon,
+                        int64_t sm_margin, bool out_t_auto, bool out_t_after) {
   FwdAlloc r;
-  Msg err = norm_fwd_alloc_into(r, x, weight, bias, residual, eps, out_dtype, is_rms_norm,
-                                zero_centered_gamma, sm_margin);
-  if (!err.empty()) return FwdAlloc{std::move(err), Tensor(), {}, {}, Tensor()};
+  Msg err = norm_fwd_alloc_into(r, x, weight, bias, residual, eps, out_dtype, scale, amax,
+                                columnwise, is_rms_norm, zero_centered_gamma, current_scaling,
+                                amax_epsilon, sm_margin, out_t_auto, out_t_after);
+  if (!err.empty()) return FwdAlloc{std::move(err), Tensor(), {}, {}, {}, {}, Tensor()};
   return r;
 }
 
@@ -510,6 +523,37 @@ Msg cast_transpose(const Tensor& x, const Tensor& scale, const Tensor& amax, con
   return {};
 }
 
+// cast_transpose with its outputs allocated here: out [rows, cols] with rowwise, out_t [cols,
+// rows] with columnwise, both in fp8_dtype, and scale_inv. Returns (message, out, out_t,
+// scale_inv), as norm_fwd_alloc.
+using CastAlloc = std::tuple<Msg, OptTensor, OptTensor, Tensor>;
+
+Msg cast_transpose_alloc_into(CastAlloc& r, const Tensor& x, const Tensor& scale,
+                              const Tensor& amax, at::ScalarType fp8_dtype, bool rowwise,
+                              bool columnwise, bool current_scaling, double amax_epsilon) {
+  BCHECK(x.is_cuda(), "engine: x must be a CUDA tensor, got a tensor on ", x.device());
+  BCHECK(x.dim() == 2, "engine: x must be 2-D [rows, cols], got shape ", x.sizes());
+  BCHECK(is_fp8(fp8_dtype), "engine: cast_transpose outputs must be float8_e4m3fn or "
+         "float8_e5m2, got ", fp8_dtype);
+  const int64_t rows = x.size(0), cols = x.size(1);
+  const at::TensorOptions opts = x.options();
+  auto& [msg, out, out_t, scale_inv] = r;
+  BTRY(alloc(out, rowwise, {rows, cols}, opts.dtype(fp8_dtype)));
+  BTRY(alloc(out_t, columnwise, {cols, rows}, opts.dtype(fp8_dtype)));
+  BTRY(alloc(scale_inv, {1}, opts.dtype(at::kFloat)));
+  return cast_transpose(x, scale, amax, scale_inv, out, out_t, current_scaling, amax_epsilon);
+}
+
+CastAlloc cast_transpose_alloc(const Tensor& x, const Tensor& scale, const Tensor& amax,
+                               at::ScalarType fp8_dtype, bool rowwise, bool columnwise,
+                               bool current_scaling, double amax_epsilon) {
+  CastAlloc r;
+  Msg err = cast_transpose_alloc_into(r, x, scale, amax, fp8_dtype, rowwise, columnwise,
+                                      current_scaling, amax_epsilon);
+  if (!err.empty()) return CastAlloc{std::move(err), {}, {}, Tensor()};
+  return r;
+}
+
 Msg fp8_transpose(const Tensor& data, const Tensor& out_t) {
   BCHECK(data.is_cuda(), "engine: data must be a CUDA tensor, got a tensor on ", data.device());
   const at::Device dev = data.device();
@@ -552,10 +596,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("dresidual"), py::arg("dx"), py::arg("dres"), py::arg("dweight"), py::arg("dbias"),
         py::arg("is_rms_norm"), py::arg("zero_centered_gamma"), py::arg("sm_margin"), guard());
   m.def("norm_fwd_alloc", &norm_fwd_alloc,
-        "norm_fwd with its outputs allocated: (message, out, residual_out, mu, rsigma)",
+        "norm_fwd with its outputs allocated: (message, out, out_t, scale_inv, residual_out, mu, "
+        "rsigma)",
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("residual"), py::arg("eps"),
-        py::arg("out_dtype"), py::arg("is_rms_norm"), py::arg("zero_centered_gamma"),
-        py::arg("sm_margin"), guard());
+        py::arg("out_dtype"), py::arg("scale"), py::arg("amax"), py::arg("columnwise"),
+        py::arg("is_rms_norm"), py::arg("zero_centered_gamma"), py::arg("current_scaling"),
+        py::arg("amax_epsilon"), py::arg("sm_margin"), py::arg("out_t_auto"),
+        py::arg("out_t_after"), guard());
   m.def("norm_bwd_alloc", &norm_bwd_alloc,
         "norm_bwd with its outputs allocated: (message, dx, dres, dweight, dbias)",
         py::arg("dy"), py::arg("x"), py::arg("mu"), py::arg("rsigma"), py::arg("weight"),
@@ -565,6 +612,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "FP8 cast with fused amax and optional transpose (engine/reference.py:cast_transpose)",
         py::arg("x"), py::arg("scale"), py::arg("amax"), py::arg("scale_inv"), py::arg("out"),
         py::arg("out_t"), py::arg("current_scaling"), py::arg("amax_epsilon"), guard());
+  m.def("cast_transpose_alloc", &cast_transpose_alloc,
+        "cast_transpose with its outputs allocated: (message, out, out_t, scale_inv)",
+        py::arg("x"), py::arg("scale"), py::arg("amax"), py::arg("fp8_dtype"), py::arg("rowwise"),
+        py::arg("columnwise"), py::arg("current_scaling"), py::arg("amax_epsilon"), guard());
   m.def("fp8_transpose", &fp8_transpose, "Tiled byte transpose (engine/reference.py:fp8_transpose)",
         py::arg("data"), py::arg("out_t"), guard());
   m.def("set_max_cluster_size", &engine_set_max_cluster_size,
