@@ -132,6 +132,13 @@ def _impl(is_rms_norm: bool, device: torch.device):
     return backend.select(_FAMILY[is_rms_norm], device)
 
 
+def alloc_entry(impl, name: str):
+    """Backend module ``impl``'s allocating entry ``name`` (``norm_fwd_alloc`` & co., which only
+    the CUDA backend has), or None: a lookup in the module's dict, where ``getattr`` with a default
+    raises and catches an AttributeError for the backends without one (0.5 us per call here)."""
+    return impl.__dict__.get(name)
+
+
 def external_transpose(impl, n: int, is_rms_norm: bool) -> Optional[bool]:
     """Whether the FP8 transposed norm output of rows of ``n`` on backend module ``impl`` comes
     from a tiled transpose after the norm (True: ``out_t_after``), from the norm kernel itself
@@ -167,7 +174,7 @@ def norm_fwd(
     call: one host call instead of one per output, for the small shapes whose time is the host's.
     """
     impl = _impl(is_rms_norm, x.device)
-    alloc = getattr(impl, "norm_fwd_alloc", None)
+    alloc = alloc_entry(impl, "norm_fwd_alloc")
     if alloc is not None:
         return alloc(x, weight, bias, residual, eps, out_dtype, is_rms_norm, zero_centered_gamma, sm_margin)
     m, n = x.shape
@@ -210,7 +217,7 @@ def norm_fwd_fp8(
     dev = x.device
     impl = _impl(is_rms_norm, dev)
     how = external_transpose(impl, n, is_rms_norm) if columnwise else False
-    alloc = getattr(impl, "norm_fwd_fp8_alloc", None)
+    alloc = alloc_entry(impl, "norm_fwd_fp8_alloc")
     if alloc is not None:  # the outputs allocated by the backend in the same call (norm_fwd)
         return alloc(x, weight, bias, residual, scale, amax, eps, is_rms_norm, zero_centered_gamma,
                      fp8_dtype, columnwise, current_scaling, amax_epsilon, sm_margin, how is None,
@@ -251,7 +258,7 @@ def norm_bwd(
     """
     dev = z.device
     impl = _impl(is_rms_norm, dev)
-    alloc = getattr(impl, "norm_bwd_alloc", None)
+    alloc = alloc_entry(impl, "norm_bwd_alloc")
     if alloc is not None:
         return alloc(dy, z, mu, rsigma, weight, dresidual, has_bias, dx_dtype, dres_dtype, is_rms_norm,
                      zero_centered_gamma, sm_margin)
@@ -385,6 +392,7 @@ __all__ = [
     "FP8_DTYPES",
     "check_norm_inputs",
     "as_rows",
+    "alloc_entry",
     "norm_fwd",
     "norm_fwd_fp8",
     "norm_bwd",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from engine import backend
-from engine._norm_ops import HIGH_PRECISION, as_rows
+from engine._norm_ops import HIGH_PRECISION, alloc_entry, as_rows
 from engine.backend import OpFamily
 from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 
@@ -40,7 +40,7 @@ def cast_transpose(x: Tensor, quantizer) -> Float8Tensor:
     dt = quantizer.fp8_dtype
     scale, amax = quantizer.kernel_buffers(dev)
     impl = backend.select(OpFamily.CAST_TRANSPOSE, dev)
-    alloc = getattr(impl, "cast_transpose_alloc", None)
+    alloc = alloc_entry(impl, "cast_transpose_alloc")
     if alloc is not None:  # the outputs allocated by the backend in the same call (one host call)
         out, out_t, scale_inv = alloc(x2, scale, amax, dt, quantizer.rowwise, quantizer.columnwise,
                                       quantizer.current_scaling, quantizer.amax_epsilon)
