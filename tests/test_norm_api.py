@@ -451,3 +451,24 @@ def test_cuda_fp8_outputs_allocated_in_the_extension(monkeypatch, is_rms, curren
             assert got[1].shape == (n, m)
     finally:
         engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the CUDA backend needs a GPU")
+def test_cuda_out_of_memory_is_torch_out_of_memory_error():
+    """An output the caching allocator cannot give raises torch.OutOfMemoryError from the public
+    call, as torch.empty did before the extension allocated the outputs: a row of x expanded to
+    2^35 rows (stride 0, no memory) asks for 256 TiB of output."""
+    from conftest import use_backend
+
+    use_backend("cuda")
+    try:
+        x = torch.randn(1, 4096, device=DEVICE, dtype=BF16).expand(2 ** 35, 4096)
+        w = torch.ones(4096, device=DEVICE, dtype=BF16)
+        with torch.no_grad(), pytest.raises(torch.OutOfMemoryError, match="out of memory"):
+            engine.rmsnorm(x, w)
+        q = engine.Float8Quantizer(torch.ones(1, device=DEVICE), torch.zeros(1, device=DEVICE),
+                                   torch.float8_e4m3fn, columnwise=True)
+        with torch.no_grad(), pytest.raises(torch.OutOfMemoryError, match="out of memory"):
+            engine.cast_transpose(x, q)
+    finally:
+        engine.backend.reset_for_tests()

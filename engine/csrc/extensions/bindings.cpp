@@ -7,7 +7,11 @@
 // a Python exception. No C++ exception crosses this boundary (on the GPU machine an exception thrown
 // out of a binding under pytest-xdist crashed the process; see tests/test_norm_api.py).
 // Every function mirrors the op contract of engine/reference.py (outputs passed in, returns None);
-// engine/cuda_backend.py adds the keyword-only Python signature on top.
+// engine/cuda_backend.py adds the keyword-only Python signature on top. The *_alloc entries
+// (norm_fwd_alloc, norm_bwd_alloc, cast_transpose_alloc) allocate those outputs here from the
+// caching allocator and call the same functions: one host call per op for the Python wrappers of
+// engine/_norm_ops.py and engine/transpose.py (small shapes are host-bound; benchmarks/NOTES.md
+// P139, P140).
 
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
