@@ -158,6 +158,13 @@ def _raise(msg: str) -> None:
     raise RuntimeError(msg)
 
 
+def _outputs(result: tuple) -> tuple:
+    """The outputs of an allocating entry's ``(message, *outputs)``; raises for a message."""
+    if result[0]:
+        _raise(result[0])
+    return result[1:]
+
+
 def _not_cuda(fn: str, name: str, t) -> None:
     where = t.device if isinstance(t, torch.Tensor) else type(t).__name__
     raise ValueError(
@@ -185,11 +192,9 @@ def norm_fwd_alloc(
     host-bound). Positional arguments: it sits on the per-call path."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_fwd_alloc", "x", x)
-    err, out, _, _, res_out, mu, rsigma = (_ext or _ext_or_load()).norm_fwd_alloc(
+    out, _, _, res_out, mu, rsigma = _outputs((_ext or _ext_or_load()).norm_fwd_alloc(
         x, weight, bias, residual, eps, out_dtype, None, None, False, is_rms_norm,
-        zero_centered_gamma, False, 0.0, sm_margin, False, False)
-    if err:
-        _raise(err)
+        zero_centered_gamma, False, 0.0, sm_margin, False, False))
     return out, res_out, mu, rsigma
 
 
@@ -218,12 +223,9 @@ def norm_fwd_fp8_alloc(
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_fwd_fp8_alloc", "x", x)
     check_out_t_modes(out_t_auto, out_t_after)
-    err, data, data_t, scale_inv, res_out, mu, rsigma = (_ext or _ext_or_load()).norm_fwd_alloc(
+    return _outputs((_ext or _ext_or_load()).norm_fwd_alloc(
         x, weight, bias, residual, eps, fp8_dtype, scale, amax, columnwise, is_rms_norm,
-        zero_centered_gamma, current_scaling, amax_epsilon, sm_margin, out_t_auto, out_t_after)
-    if err:
-        _raise(err)
-    return data, data_t, scale_inv, res_out, mu, rsigma
+        zero_centered_gamma, current_scaling, amax_epsilon, sm_margin, out_t_auto, out_t_after))
 
 
 def norm_fwd(
@@ -292,12 +294,9 @@ def norm_bwd_alloc(
     and (with ``has_bias``) dbias in weight's dtype. Positional arguments."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("norm_bwd_alloc", "x", x)
-    err, dx, dres, dweight, dbias = (_ext or _ext_or_load()).norm_bwd_alloc(
+    return _outputs((_ext or _ext_or_load()).norm_bwd_alloc(
         dy, x, mu, rsigma, weight, dresidual, has_bias, dx_dtype, dres_dtype, is_rms_norm,
-        zero_centered_gamma, sm_margin)
-    if err:
-        _raise(err)
-    return dx, dres, dweight, dbias
+        zero_centered_gamma, sm_margin))
 
 
 def norm_bwd(
@@ -343,11 +342,8 @@ def cast_transpose_alloc(
     arguments."""
     if not getattr(x, "is_cuda", False):
         _not_cuda("cast_transpose_alloc", "x", x)
-    err, out, out_t, scale_inv = (_ext or _ext_or_load()).cast_transpose_alloc(
-        x, scale, amax, fp8_dtype, rowwise, columnwise, current_scaling, amax_epsilon)
-    if err:
-        _raise(err)
-    return out, out_t, scale_inv
+    return _outputs((_ext or _ext_or_load()).cast_transpose_alloc(
+        x, scale, amax, fp8_dtype, rowwise, columnwise, current_scaling, amax_epsilon))
 
 
 def cast_transpose(

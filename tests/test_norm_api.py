@@ -315,6 +315,22 @@ def test_cuda_backend_errors_are_exceptions():
                               sm_margin=0)
 
 
+def _spy(monkeypatch, module, names):
+    """Wrap ``module``'s functions ``names`` so that each call appends its name to the list
+    returned."""
+    calls = []
+    for name in names:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
+    return calls
+
+
+def _hide(monkeypatch, module, names):
+    """Remove ``names`` from ``module`` (the CUDA backend then allocates its outputs in Python)."""
+    for name in names:
+        monkeypatch.delattr(module, name)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the CUDA backend needs a GPU")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("res_dtype", [None, BF16, F32], ids=["plain", "bf16_res", "fp32_res"])
@@ -351,15 +367,11 @@ def test_cuda_outputs_allocated_in_the_extension(monkeypatch, is_rms, res_dtype,
             grads = torch.autograd.grad(ys[0], leaves, dy)
             return ((plain,) if r is None else plain), tuple(t.detach() for t in ys), grads
 
-        calls = []
-        for name in ("norm_fwd_alloc", "norm_bwd_alloc"):
-            real = getattr(cuda_backend, name)
-            monkeypatch.setattr(cuda_backend, name,
-                                lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
+        names = ("norm_fwd_alloc", "norm_bwd_alloc")
+        calls = _spy(monkeypatch, cuda_backend, names)
         got = run()
         assert calls == ["norm_fwd_alloc", "norm_fwd_alloc", "norm_bwd_alloc"]
-        for name in ("norm_fwd_alloc", "norm_bwd_alloc"):  # the Python allocation
-            monkeypatch.delattr(cuda_backend, name)
+        _hide(monkeypatch, cuda_backend, names)  # the Python allocation
         want = run()
         for g, wt in zip((t for part in got for t in part), (t for part in want for t in part)):
             assert g.shape == wt.shape and g.dtype == wt.dtype and g.device == x.device
@@ -431,15 +443,11 @@ def test_cuda_fp8_outputs_allocated_in_the_extension(monkeypatch, is_rms, curren
                     c.data, c.transpose_data, c.scale_inv, qc.amax, qc.scale]
             return [o for o in outs if o is not None]
 
-        calls = []
-        for name in ("norm_fwd_fp8_alloc", "cast_transpose_alloc"):
-            real = getattr(cuda_backend, name)
-            monkeypatch.setattr(cuda_backend, name,
-                                lambda *a, _n=name, _f=real: calls.append(_n) or _f(*a))
+        names = ("norm_fwd_fp8_alloc", "cast_transpose_alloc")
+        calls = _spy(monkeypatch, cuda_backend, names)
         got = run()
-        assert calls == ["norm_fwd_fp8_alloc", "cast_transpose_alloc"]
-        for name in ("norm_fwd_fp8_alloc", "cast_transpose_alloc"):  # the Python allocation
-            monkeypatch.delattr(cuda_backend, name)
+        assert calls == list(names)
+        _hide(monkeypatch, cuda_backend, names)  # the Python allocation
         want = run()
         assert len(got) == len(want) == 8 + (2 if columnwise else 0) + (1 if residual else 0)
         for g, wt in zip(got, want):
