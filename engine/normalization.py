@@ -40,6 +40,8 @@ def _grad_rows(g: Optional[Tensor], m: int, n: int, dtype: torch.dtype, device) 
         return torch.zeros((m, n), dtype=dtype, device=device)
     if n > 1 and g.stride(-1) != 1:
         g = g.contiguous()
+    if g.dim() == 2:  # _NormFunction's outputs are [m, n] (the views to x's shape are autograd's
+        return g      # own ops, whose backward reshapes), so their gradients come as [m, n]
     try:
         return g.view(m, n)
     except RuntimeError:

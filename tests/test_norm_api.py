@@ -71,6 +71,36 @@ def test_autograd_3d(backend, is_rms, residual):
 
 
 @pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("shape", [(4, 16), (3, 4, 16)], ids=["x_is_normalized_shape", "x_3d"])
+def test_autograd_2d_weight(backend, is_rms, residual, shape):
+    """fwd + bwd with a 2-D normalized shape ([4, 16], N = 64) vs float64 autograd, including an x
+    of exactly that shape: a 2-D x whose rows are not the norm's rows (it is one row of 64), so the
+    output's gradient (here with a row pitch of 32) must become [1, 64] before the backward kernel
+    (a copy: it cannot be viewed so)."""
+    eps = 1e-5
+    x = torch.randn(*shape, device=DEVICE, dtype=F32, requires_grad=True)
+    w = (torch.rand(4, 16, device=DEVICE) + 0.5).requires_grad_(True)
+    b = None if is_rms else torch.randn(4, 16, device=DEVICE, requires_grad=True)
+    r = torch.randn(*shape, device=DEVICE, dtype=F32, requires_grad=True) if residual else None
+    res = call(is_rms, x, w, b, eps, residual=r)
+    y, res_out = (res if residual else (res, None))
+    assert y.shape == x.shape
+    # dy with rows of 16 at a pitch of 32 (unit stride in the last dim, as the kernels take it)
+    dy = torch.randn(*shape[:-1], 32, device=DEVICE, dtype=F32)[..., :16]
+    dres = torch.randn_like(res_out) if residual else None
+    torch.autograd.backward([y, res_out] if residual else [y], [dy, dres] if residual else [dy])
+    gx, gw, gb, gr = oracle_grads(is_rms, x.detach(), w.detach(), None if b is None else b.detach(),
+                                  None if r is None else r.detach(), dy, dres, eps, False)
+    torch.testing.assert_close(x.grad.double(), gx, **BWD[F32])
+    assert w.grad.shape == w.shape and rel_err(w.grad, gw) < REDUCTION[F32]
+    if b is not None:
+        assert b.grad.shape == b.shape and rel_err(b.grad, gb) < REDUCTION[F32]
+    if residual:
+        torch.testing.assert_close(r.grad.double(), gr, **BWD[F32])
+
+
+@pytest.mark.parametrize("is_rms", NORMS)
 def test_only_residual_out_used(backend, is_rms):
     """A graph that uses residual_out but not the norm output still gets the right gradient."""
     n = 64
