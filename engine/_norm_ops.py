@@ -139,17 +139,29 @@ def alloc_entry(impl, name: str):
     return impl.__dict__.get(name)
 
 
-def external_transpose(impl, n: int, is_rms_norm: bool) -> Optional[bool]:
-    """Whether the FP8 transposed norm output of rows of ``n`` on backend module ``impl`` comes
-    from a tiled transpose after the norm (True: ``out_t_after``), from the norm kernel itself
+#: With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, the FP8 transposed copy of at most this many rows
+#: and this many values comes from the tiled transpose after the norm on every backend: the
+#: in-kernel writers (CUDA's band kernel and register-path tile, Triton's bands) were chosen on
+#: shapes of 64M values and lose 3-43 % of kernel time where their few bands leave SMs idle
+#: (benchmarks/NOTES.md Q32, P141). Tests set them to 0 to see the width defaults alone.
+SMALL_COPY_ROWS = 4096
+SMALL_COPY_VALUES = 1 << 23
+
+
+def external_transpose(impl, m: int, n: int, is_rms_norm: bool) -> Optional[bool]:
+    """Whether the FP8 transposed norm output of ``m`` rows of ``n`` on backend module ``impl``
+    comes from a tiled transpose after the norm (True: ``out_t_after``), from the norm kernel itself
     (False), or from whichever the backend measured faster for the call (None: ``out_t_auto``):
     ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` where it is set; else True for rows wider than the norm's
-    ``impl.IN_KERNEL_TRANSPOSE_MAX_N``, None for the others."""
+    ``impl.IN_KERNEL_TRANSPOSE_MAX_N`` and for small copies (``SMALL_COPY_ROWS``,
+    ``SMALL_COPY_VALUES``), None for the others."""
     flag = backend.settings().norm_external_transpose
     if flag is not None:
         return flag
     widest = impl.IN_KERNEL_TRANSPOSE_MAX_N["rmsnorm" if is_rms_norm else "layernorm"]
-    return True if n > widest else None
+    if n > widest or (m <= SMALL_COPY_ROWS and m * n <= SMALL_COPY_VALUES):
+        return True
+    return None
 
 
 def _stats(m: int, is_rms_norm: bool, device) -> Tuple[Optional[Tensor], Tensor]:
@@ -216,7 +228,7 @@ def norm_fwd_fp8(
     m, n = x.shape
     dev = x.device
     impl = _impl(is_rms_norm, dev)
-    how = external_transpose(impl, n, is_rms_norm) if columnwise else False
+    how = external_transpose(impl, m, n, is_rms_norm) if columnwise else False
     alloc = alloc_entry(impl, "norm_fwd_fp8_alloc")
     if alloc is not None:  # the outputs allocated by the backend in the same call (norm_fwd)
         return alloc(x, weight, bias, residual, scale, amax, eps, is_rms_norm, zero_centered_gamma,

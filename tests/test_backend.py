@@ -40,7 +40,8 @@ def test_external_transpose_by_width(flag):
     the backend (None: ``out_t_auto``): CUDA up to 16384 for both norms (its band kernel where the
     card's defaults take it, its tile at 1K), Triton up to 4096 for RMSNorm (its bands, which
     norms.band_by_default takes up to 2048 on a card that is not lean) and never for LayerNorm,
-    never on the reference (0)."""
+    never on the reference (0); copies of at most SMALL_COPY_ROWS rows and SMALL_COPY_VALUES
+    values take the tiled transpose as well (True, NOTES Q32)."""
     from engine import _norm_ops, cuda_backend, reference, triton_kernels
 
     engine.backend.reset_for_tests({} if flag is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": flag})
@@ -55,7 +56,16 @@ def test_external_transpose_by_width(flag):
                                    (triton_kernels, 64, True, None), (triton_kernels, 4096, True, None),
                                    (triton_kernels, 4104, True, True), (triton_kernels, 1024, False, True),
                                    (reference, 1024, True, True)]:
-        assert _norm_ops.external_transpose(impl, n, is_rms) is (unset if flag is None else flag == "1")
+        assert _norm_ops.external_transpose(impl, 1 << 16, n, is_rms) is (
+            unset if flag is None else flag == "1")
+    # Small copies (at most SMALL_COPY_ROWS rows and SMALL_COPY_VALUES values) come after the norm
+    # with the flag unset, on every backend (NOTES Q32); the flag still decides where it is set.
+    for impl in (cuda_backend, triton_kernels):
+        for m, n, small in [(32, 1024, True), (4096, 2048, True), (2048, 4096, True),
+                            (4096, 4096, False), (4097, 1024, False), (8192, 1024, False),
+                            (1, 8192, True)]:
+            want = (True if small else None) if flag is None else flag == "1"
+            assert _norm_ops.external_transpose(impl, m, n, True) is want, (impl, m, n)
 
 
 def test_cpu_without_interpreter_takes_reference():

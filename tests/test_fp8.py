@@ -819,7 +819,7 @@ def band_cfg_of(names):
 @pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
 @pytest.mark.parametrize("norm,n,form", list(TRANSPOSE_DEFAULT))
 @pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
-def test_default_transpose_path_by_width(norm, n, form, dram_class):
+def test_default_transpose_path_by_width(monkeypatch, norm, n, form, dram_class):
     """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset the CUDA backend writes the transposed copy
     (TRANSPOSE_DEFAULT, by card class: engine.cuda_backend.dram_class) of rows of 1024 in the
     norm kernel (the register path's tile), of RMSNorm's rows of 2K-8K in the band kernel (layout
@@ -832,6 +832,9 @@ def test_default_transpose_path_by_width(norm, n, form, dram_class):
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
     from engine import cuda_backend
 
+    from engine import _norm_ops
+
+    monkeypatch.setattr(_norm_ops, "SMALL_COPY_ROWS", 0)  # the width defaults alone (P141)
     use_backend("cuda")
     try:
         is_rms = norm == "rms"
@@ -857,7 +860,7 @@ def test_default_transpose_path_by_width(norm, n, form, dram_class):
 @pytest.mark.parametrize("m", [18, 20, 40, 17, 48])
 @pytest.mark.parametrize("norm,n", [("rms", 1024), ("rms", 2048), ("ln", 4096)])
 @pytest.mark.parametrize("external", [None, "0"], ids=["unset", "in-kernel"])
-def test_transpose_path_narrow_rows(norm, n, m, external):
+def test_transpose_path_narrow_rows(monkeypatch, norm, n, m, external):
     """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset or 0, a copy whose rows of M bytes are 2-, 4- or
     8-byte aligned runs (M even, M % 16 != 0) comes from the tiled transpose after the norm, not
     from the norm kernel (the band kernel and the register path's tile would store such runs in
@@ -869,6 +872,9 @@ def test_transpose_path_narrow_rows(norm, n, m, external):
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
     from engine import cuda_backend
 
+    from engine import _norm_ops
+
+    monkeypatch.setattr(_norm_ops, "SMALL_COPY_ROWS", 0)  # the width defaults alone (P141)
     use_backend("cuda", **({} if external is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": external}))
     try:
         is_rms = norm == "rms"
@@ -882,6 +888,36 @@ def test_transpose_path_narrow_rows(norm, n, m, external):
         assert tiled is narrow, names
         band = band_cfg_of(names)
         assert (band is None) if (narrow or n == 1024) else (band is not None), names
+        t = out[0]
+        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
+@pytest.mark.parametrize("m,n,small", [(32, 1024, True), (48, 4096, True), (2048, 4096, True),
+                                       (4096, 2048, True), (4096, 4096, False), (8192, 1024, False)])
+@pytest.mark.parametrize("norm", ["rms", "ln"])
+def test_default_transpose_path_small_copies(norm, m, n, small):
+    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, a copy of at most SMALL_COPY_ROWS rows and
+    SMALL_COPY_VALUES values comes from the tiled transpose after the norm (the in-kernel writers
+    leave SMs idle there: NOTES Q32, P141); larger ones keep the width defaults (at these widths
+    an in-kernel writer on a lean card: the band kernel or the register path's tile). The copy is
+    data.T bitwise."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the band kernel needs thread-block clusters (sm_90)")
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        is_rms = norm == "rms"
+        x, w, b = inputs(m, n, is_rms)
+        out = []
+        with cuda_backend.dram_class(1):
+            names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b,
+                                                              quantizer=delayed(E4M3, columnwise=True))))
+        tiled = any("byte_transpose_kernel" in name for name in names)
+        assert tiled is small, names
         t = out[0]
         assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
     finally:
