@@ -254,11 +254,15 @@ def _plan_cases(n: int):
 
 
 @pytest.mark.parametrize("n", [96, 1000])
-def test_plans_keep_options_apart(n):
+def test_plans_keep_options_apart(monkeypatch, n):
     """The Triton launches take their config, grid cap and constexprs from plans cached by width,
     dtypes and options (norms.FWD_PLANS / BWD_PLANS). Every case must give, bit for bit, what it
     gives with an empty plan cache, after all the others have filled it (in both orders): a plan key
-    that missed an option would hand one case another's constexprs."""
+    that missed an option would hand one case another's constexprs. The small copies' rule is off
+    (SMALL_COPY_ROWS = 0), so that "rms e4m3 T" takes RMSNorm's bands and a plan of its own."""
+    from engine import _norm_ops
+
+    monkeypatch.setattr(_norm_ops, "SMALL_COPY_ROWS", 0)
     cases = _plan_cases(n)
     fresh = {}
     try:
