@@ -830,9 +830,7 @@ def test_default_transpose_path_by_width(monkeypatch, norm, n, form, dram_class)
     data.T bitwise."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
-    from engine import cuda_backend
-
-    from engine import _norm_ops
+    from engine import _norm_ops, cuda_backend
 
     monkeypatch.setattr(_norm_ops, "SMALL_COPY_ROWS", 0)  # the width defaults alone (P141)
     use_backend("cuda")
@@ -870,9 +868,7 @@ def test_transpose_path_narrow_rows(monkeypatch, norm, n, m, external):
     bitwise."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
-    from engine import cuda_backend
-
-    from engine import _norm_ops
+    from engine import _norm_ops, cuda_backend
 
     monkeypatch.setattr(_norm_ops, "SMALL_COPY_ROWS", 0)  # the width defaults alone (P141)
     use_backend("cuda", **({} if external is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": external}))
