@@ -854,6 +854,22 @@ def test_default_transpose_path_by_width(monkeypatch, norm, n, form, dram_class)
         engine.backend.reset_for_tests()
 
 
+def lean_copy_kernels(is_rms, m, n):
+    """The CUDA kernels one norm to e4m3 with its transposed copy launches on a lean card's
+    defaults (``engine.cuda_backend.dram_class(1)``), through the public API and the process's
+    ENGINE_NORM_EXTERNAL_TRANSPOSE; asserts the copy is data.T bitwise."""
+    from engine import cuda_backend
+
+    x, w, b = inputs(m, n, is_rms)
+    out = []
+    with cuda_backend.dram_class(1):
+        names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b,
+                                                          quantizer=delayed(E4M3, columnwise=True))))
+    t = out[0]
+    assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+    return names
+
+
 @pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
 @pytest.mark.parametrize("m", [18, 20, 40, 17, 48])
 @pytest.mark.parametrize("norm,n", [("rms", 1024), ("rms", 2048), ("ln", 4096)])
@@ -868,24 +884,17 @@ def test_transpose_path_narrow_rows(monkeypatch, norm, n, m, external):
     bitwise."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
-    from engine import _norm_ops, cuda_backend
+    from engine import _norm_ops
 
     monkeypatch.setattr(_norm_ops, "SMALL_COPY_ROWS", 0)  # the width defaults alone (P141)
     use_backend("cuda", **({} if external is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": external}))
     try:
-        is_rms = norm == "rms"
-        x, w, b = inputs(m, n, is_rms)
-        out = []
-        with cuda_backend.dram_class(1):
-            names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b,
-                                                              quantizer=delayed(E4M3, columnwise=True))))
+        names = lean_copy_kernels(norm == "rms", m, n)
         narrow = m % 16 != 0 and m % 2 == 0
         tiled = any("byte_transpose_kernel" in name for name in names)
         assert tiled is narrow, names
         band = band_cfg_of(names)
         assert (band is None) if (narrow or n == 1024) else (band is not None), names
-        t = out[0]
-        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
     finally:
         engine.backend.reset_for_tests()
 
@@ -902,20 +911,11 @@ def test_default_transpose_path_small_copies(norm, m, n, small):
     data.T bitwise."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
-    from engine import cuda_backend
-
     use_backend("cuda")
     try:
-        is_rms = norm == "rms"
-        x, w, b = inputs(m, n, is_rms)
-        out = []
-        with cuda_backend.dram_class(1):
-            names = cuda_kernel_names(lambda: out.append(call(is_rms, x, w, b,
-                                                              quantizer=delayed(E4M3, columnwise=True))))
+        names = lean_copy_kernels(norm == "rms", m, n)
         tiled = any("byte_transpose_kernel" in name for name in names)
         assert tiled is small, names
-        t = out[0]
-        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
     finally:
         engine.backend.reset_for_tests()
 
