@@ -58,14 +58,22 @@ def test_external_transpose_by_width(flag):
                                    (reference, 1024, True, True)]:
         assert _norm_ops.external_transpose(impl, 1 << 16, n, is_rms) is (
             unset if flag is None else flag == "1")
-    # Small copies (at most SMALL_COPY_ROWS rows and SMALL_COPY_VALUES values) come after the norm
-    # with the flag unset, on every backend (NOTES Q32); the flag still decides where it is set.
+    # Small copies (at most SMALL_COPY_ROWS rows and the norm's SMALL_COPY_VALUES: 8M for RMSNorm,
+    # 16M for LayerNorm) come after the norm with the flag unset, on every backend (NOTES Q32,
+    # Q33); the flag still decides where it is set. Triton takes the tiled transpose for
+    # LayerNorm at every width and for RMSNorm past 4096 (above), so those cases are CUDA's.
+    cases = [(True, 32, 1024, True), (True, 4096, 2048, True), (True, 2048, 4096, True),
+             (True, 4096, 4096, False), (True, 2048, 8192, False), (True, 4097, 1024, False),
+             (True, 8192, 1024, False), (True, 1, 8192, True),
+             (False, 32, 1024, True), (False, 2048, 4096, True), (False, 4096, 4096, True),
+             (False, 2048, 8192, True), (False, 1024, 16384, True), (False, 4096, 8192, False),
+             (False, 4097, 2048, False), (False, 8192, 2048, False)]
     for impl in (cuda_backend, triton_kernels):
-        for m, n, small in [(32, 1024, True), (4096, 2048, True), (2048, 4096, True),
-                            (4096, 4096, False), (4097, 1024, False), (8192, 1024, False),
-                            (1, 8192, True)]:
+        for is_rms, m, n, small in cases:
+            if impl is triton_kernels and (not is_rms or n > 4096):
+                continue
             want = (True if small else None) if flag is None else flag == "1"
-            assert _norm_ops.external_transpose(impl, m, n, True) is want, (impl, m, n)
+            assert _norm_ops.external_transpose(impl, m, n, is_rms) is want, (impl, is_rms, m, n)
 
 
 def test_cpu_without_interpreter_takes_reference():

@@ -900,15 +900,17 @@ def test_transpose_path_narrow_rows(monkeypatch, norm, n, m, external):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="which CUDA kernels write the transposed copy")
-@pytest.mark.parametrize("m,n,small", [(32, 1024, True), (48, 4096, True), (2048, 4096, True),
-                                       (4096, 2048, True), (4096, 4096, False), (8192, 1024, False)])
-@pytest.mark.parametrize("norm", ["rms", "ln"])
+@pytest.mark.parametrize("norm,m,n,small", [
+    (norm, m, n, small) for norm in ("rms", "ln")
+    for m, n, small in [(32, 1024, True), (48, 4096, True), (2048, 4096, True), (4096, 2048, True),
+                        (4096, 4096, norm == "ln"), (2048, 8192, norm == "ln"),
+                        (8192, 1024, False), (8192, 2048, False)]])
 def test_default_transpose_path_small_copies(norm, m, n, small):
-    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, a copy of at most SMALL_COPY_ROWS rows and
-    SMALL_COPY_VALUES values comes from the tiled transpose after the norm (the in-kernel writers
-    leave SMs idle there: NOTES Q32, P141); larger ones keep the width defaults (at these widths
-    an in-kernel writer on a lean card: the band kernel or the register path's tile). The copy is
-    data.T bitwise."""
+    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, a copy of at most SMALL_COPY_ROWS rows and the
+    norm's SMALL_COPY_VALUES (8M values for RMSNorm, 16M for LayerNorm) comes from the tiled
+    transpose after the norm (the in-kernel writers leave SMs idle there: NOTES Q32, P141, Q33,
+    P142); larger ones keep the width defaults (at these widths an in-kernel writer on a lean
+    card: the band kernel or the register path's tile). The copy is data.T bitwise."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
     use_backend("cuda")
