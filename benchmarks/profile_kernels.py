@@ -105,6 +105,9 @@ def main(argv=None) -> int:
                     help="rows per cell: M = 2^26 // N + this (default 0; e.g. -12 gives M % 16 = 4 "
                          "and -14 M % 16 = 2 at power-of-two widths: transposed copies whose runs "
                          "are not 16-byte aligned, NOTES P134 / P135)")
+    ap.add_argument("--rows", type=int, nargs="*",
+                    help="rows per cell: each of these M at every N, in place of M = 2^26 // N + "
+                         "--m-adjust (small shapes: the kernels of a few rows, e.g. 32 512)")
     ap.add_argument("--fwd-stream-from", type=int,
                     help="CUDA: row width from which the forward runs its streamed cluster kernel "
                          "(0: the default, 1073741824: never; engine.cuda_backend."
@@ -201,9 +204,9 @@ def run(args) -> int:
             if mode == "cast-T" and norm != args.norms[0]:
                 continue
             for impl in args.impls:
-                for n in args.n:
+                for n, rows in [(n, r) for n in args.n for r in (args.rows or [None])]:
                     m, n = H.large_shape(n)
-                    m = max(1, m + args.m_adjust)
+                    m = max(1, m + args.m_adjust) if rows is None else rows
                     spec = C.Spec(norm, mode, impl, args.sm_margin)
                     inp = C.make_inputs(norm, mode, m, n, H.device())
                     try:
@@ -224,7 +227,7 @@ def run(args) -> int:
                                      timed_pct=timed, kernels_pct=kern, graph_ms=g_ms, graph_pct=graph))
                     g_txt = "" if not args.graph else (
                         "   graph      -" if g_ms is None else f"   graph {g_ms * 1e3:8.1f} us = {graph:5.1f} %")
-                    m_txt = "" if not args.m_adjust else f" M={m:6d}"
+                    m_txt = "" if not (args.m_adjust or args.rows) else f" M={m:6d}"
                     print(f"{spec.label:14s} {impl:7s} N={n:6d}{m_txt}: timed {ms * 1e3:8.1f} us = {timed:5.1f} %   "
                           f"kernels {dev_us:8.1f} us = {kern:5.1f} %{g_txt}", flush=True)
                     del inp, case
