@@ -204,9 +204,9 @@ def run(args) -> int:
             if mode == "cast-T" and norm != args.norms[0]:
                 continue
             for impl in args.impls:
-                for n, rows in [(n, r) for n in args.n for r in (args.rows or [None])]:
+                for n, m_rows in [(n, r) for n in args.n for r in (args.rows or [None])]:
                     m, n = H.large_shape(n)
-                    m = max(1, m + args.m_adjust) if rows is None else rows
+                    m = max(1, m + args.m_adjust) if m_rows is None else m_rows
                     spec = C.Spec(norm, mode, impl, args.sm_margin)
                     inp = C.make_inputs(norm, mode, m, n, H.device())
                     try:
