@@ -139,14 +139,13 @@ def alloc_entry(impl, name: str):
     return impl.__dict__.get(name)
 
 
-#: With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, the FP8 transposed copy of at most this many rows
-#: and (per norm) this many values comes from the tiled transpose after the norm on every backend:
-#: the in-kernel writers (CUDA's band kernel and register-path tile, Triton's bands) were chosen
-#: on shapes of 64M values and lose 3-43 % of kernel time where their few bands leave SMs idle
-#: (benchmarks/NOTES.md Q32, P141). LayerNorm's in-kernel writers lose 5-16 % up to 16M values
-#: as well, where RMSNorm's tie or win (Q33, P142: two H100 calls). Tests set SMALL_COPY_ROWS to
-#: 0 to see the width defaults alone.
-SMALL_COPY_ROWS = 4096
+#: With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, the FP8 transposed copy of at most the backend's
+#: ``SMALL_COPY_ROWS`` rows (CUDA 4096, Triton 8192) and (per norm) this many values comes from
+#: the tiled transpose after the norm: the in-kernel writers (CUDA's band kernel and register-path
+#: tile, Triton's bands) were chosen on shapes of 64M values and lose 3-43 % of kernel time where
+#: their few bands leave SMs idle (benchmarks/NOTES.md Q32, P141). LayerNorm's in-kernel writers
+#: lose 5-16 % up to 16M values as well, where RMSNorm's tie or win (Q33, P142: two H100 calls).
+#: Tests set a backend's SMALL_COPY_ROWS to 0 to see its width defaults alone.
 SMALL_COPY_VALUES = {True: 1 << 23, False: 1 << 24}  # keyed by is_rms_norm
 
 
@@ -155,13 +154,13 @@ def external_transpose(impl, m: int, n: int, is_rms_norm: bool) -> Optional[bool
     comes from a tiled transpose after the norm (True: ``out_t_after``), from the norm kernel itself
     (False), or from whichever the backend measured faster for the call (None: ``out_t_auto``):
     ``ENGINE_NORM_EXTERNAL_TRANSPOSE`` where it is set; else True for rows wider than the norm's
-    ``impl.IN_KERNEL_TRANSPOSE_MAX_N`` and for small copies (``SMALL_COPY_ROWS``, the norm's
+    ``impl.IN_KERNEL_TRANSPOSE_MAX_N`` and for small copies (``impl.SMALL_COPY_ROWS``, the norm's
     ``SMALL_COPY_VALUES``), None for the others."""
     flag = backend.settings().norm_external_transpose
     if flag is not None:
         return flag
     widest = impl.IN_KERNEL_TRANSPOSE_MAX_N["rmsnorm" if is_rms_norm else "layernorm"]
-    if n > widest or (m <= SMALL_COPY_ROWS and m * n <= SMALL_COPY_VALUES[is_rms_norm]):
+    if n > widest or (m <= impl.SMALL_COPY_ROWS and m * n <= SMALL_COPY_VALUES[is_rms_norm]):
         return True
     return None
 

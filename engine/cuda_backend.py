@@ -34,7 +34,7 @@ __all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_b
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
            "norm_fwd_stream_threads", "norm_fwd_band", "fp8_transpose_order", "dram_class", "device_dram_class",
-           "IN_KERNEL_TRANSPOSE_MAX_N"]
+           "IN_KERNEL_TRANSPOSE_MAX_N", "SMALL_COPY_ROWS"]
 
 #: Per norm, with ENGINE_NORM_EXTERNAL_TRANSPOSE unset: rows of at most this many elements ask the
 #: norm kernel for the FP8 transposed copy with ``out_t_auto`` (the extension then takes the faster
@@ -45,6 +45,11 @@ __all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_b
 #: extension runs in the same call. The band kernel takes rows of up
 #: to 16384 (benchmarks/NOTES.md P104, P105, P117).
 IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 16384, "layernorm": 16384}
+#: With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, copies of at most this many rows (and
+#: engine._norm_ops.SMALL_COPY_VALUES) come from the tiled transpose after the norm: at 8192 rows
+#: the band kernel and the register path's tile win again (8192 x 1024: 12.4 against 13.4-13.7
+#: us on both cards; benchmarks/NOTES.md Q32, Q33).
+SMALL_COPY_ROWS = 4096
 
 _log = logging.getLogger("engine.cuda_backend")
 _lock = threading.Lock()

@@ -46,11 +46,13 @@ from engine.fp8 import fp8_format
 Tensor = torch.Tensor
 
 __all__ = ["norm_fwd", "norm_bwd", "cast_transpose", "fp8_transpose", "compute_scale", "quantize",
-           "check_out_t_modes", "IN_KERNEL_TRANSPOSE_MAX_N"]
+           "check_out_t_modes", "IN_KERNEL_TRANSPOSE_MAX_N", "SMALL_COPY_ROWS"]
 
 #: The reference writes both layouts either way (bitwise the same); with
 #: ENGINE_NORM_EXTERNAL_TRANSPOSE unset the transposed copy comes from fp8_transpose, as on GPUs.
 IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 0, "layernorm": 0}
+#: The reference has no in-kernel writer to leave SMs idle (engine._norm_ops.external_transpose).
+SMALL_COPY_ROWS = 0
 
 
 def check_out_t_modes(out_t_auto: bool, out_t_after: bool) -> None:

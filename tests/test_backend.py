@@ -40,8 +40,8 @@ def test_external_transpose_by_width(flag):
     the backend (None: ``out_t_auto``): CUDA up to 16384 for both norms (its band kernel where the
     card's defaults take it, its tile at 1K), Triton up to 4096 for RMSNorm (its bands, which
     norms.band_by_default takes up to 2048 on a card that is not lean) and never for LayerNorm,
-    never on the reference (0); copies of at most SMALL_COPY_ROWS rows and SMALL_COPY_VALUES
-    values take the tiled transpose as well (True, NOTES Q32)."""
+    never on the reference (0); copies of at most the backend's SMALL_COPY_ROWS rows and the
+    norm's SMALL_COPY_VALUES values take the tiled transpose as well (True, NOTES Q32-Q34)."""
     from engine import _norm_ops, cuda_backend, reference, triton_kernels
 
     engine.backend.reset_for_tests({} if flag is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": flag})
@@ -58,19 +58,24 @@ def test_external_transpose_by_width(flag):
                                    (reference, 1024, True, True)]:
         assert _norm_ops.external_transpose(impl, 1 << 16, n, is_rms) is (
             unset if flag is None else flag == "1")
-    # Small copies (at most SMALL_COPY_ROWS rows and the norm's SMALL_COPY_VALUES: 8M for RMSNorm,
-    # 16M for LayerNorm) come after the norm with the flag unset, on every backend (NOTES Q32,
-    # Q33); the flag still decides where it is set. Triton takes the tiled transpose for
-    # LayerNorm at every width and for RMSNorm past 4096 (above), so those cases are CUDA's.
-    cases = [(True, 32, 1024, True), (True, 4096, 2048, True), (True, 2048, 4096, True),
-             (True, 4096, 4096, False), (True, 2048, 8192, False), (True, 4097, 1024, False),
-             (True, 8192, 1024, False), (True, 1, 8192, True),
-             (False, 32, 1024, True), (False, 2048, 4096, True), (False, 4096, 4096, True),
-             (False, 2048, 8192, True), (False, 1024, 16384, True), (False, 4096, 8192, False),
-             (False, 4097, 2048, False), (False, 8192, 2048, False)]
-    for impl in (cuda_backend, triton_kernels):
-        for is_rms, m, n, small in cases:
-            if impl is triton_kernels and (not is_rms or n > 4096):
+    # Small copies (at most the backend's SMALL_COPY_ROWS rows, CUDA 4096 and Triton 8192, and the
+    # norm's SMALL_COPY_VALUES: 8M for RMSNorm, 16M for LayerNorm) come after the norm with the
+    # flag unset (NOTES Q32, Q33, Q34); the flag still decides where it is set. Triton takes the
+    # tiled transpose for LayerNorm at every width and for RMSNorm past 4096 (above), so those
+    # cases are CUDA's.
+    cases = [(True, 32, 1024, True, True), (True, 4096, 2048, True, True),
+             (True, 2048, 4096, True, True), (True, 4096, 4096, False, False),
+             (True, 2048, 8192, False, None), (True, 4097, 1024, False, True),
+             (True, 8192, 1024, False, True), (True, 8193, 512, False, False),
+             (True, 8192, 2048, False, False), (True, 16384, 512, False, False),
+             (True, 1, 8192, True, None),
+             (False, 32, 1024, True, None), (False, 2048, 4096, True, None),
+             (False, 4096, 4096, True, None), (False, 2048, 8192, True, None),
+             (False, 1024, 16384, True, None), (False, 4096, 8192, False, None),
+             (False, 4097, 2048, False, None), (False, 8192, 2048, False, None)]
+    for is_rms, m, n, cuda_small, triton_small in cases:
+        for impl, small in ((cuda_backend, cuda_small), (triton_kernels, triton_small)):
+            if small is None:
                 continue
             want = (True if small else None) if flag is None else flag == "1"
             assert _norm_ops.external_transpose(impl, m, n, is_rms) is want, (impl, is_rms, m, n)

@@ -830,9 +830,9 @@ def test_default_transpose_path_by_width(monkeypatch, norm, n, form, dram_class)
     data.T bitwise."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
-    from engine import _norm_ops, cuda_backend
+    from engine import cuda_backend
 
-    monkeypatch.setattr(_norm_ops, "SMALL_COPY_ROWS", 0)  # the width defaults alone (P141)
+    monkeypatch.setattr(cuda_backend, "SMALL_COPY_ROWS", 0)  # the width defaults alone (P141)
     use_backend("cuda")
     try:
         is_rms = norm == "rms"
@@ -884,9 +884,9 @@ def test_transpose_path_narrow_rows(monkeypatch, norm, n, m, external):
     bitwise."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
-    from engine import _norm_ops
+    from engine import cuda_backend
 
-    monkeypatch.setattr(_norm_ops, "SMALL_COPY_ROWS", 0)  # the width defaults alone (P141)
+    monkeypatch.setattr(cuda_backend, "SMALL_COPY_ROWS", 0)  # the width defaults alone (P141)
     use_backend("cuda", **({} if external is None else {"ENGINE_NORM_EXTERNAL_TRANSPOSE": external}))
     try:
         names = lean_copy_kernels(norm == "rms", m, n)
@@ -906,11 +906,11 @@ def test_transpose_path_narrow_rows(monkeypatch, norm, n, m, external):
                         (4096, 4096, norm == "ln"), (2048, 8192, norm == "ln"),
                         (8192, 1024, False), (8192, 2048, False)]])
 def test_default_transpose_path_small_copies(norm, m, n, small):
-    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, a copy of at most SMALL_COPY_ROWS rows and the
-    norm's SMALL_COPY_VALUES (8M values for RMSNorm, 16M for LayerNorm) comes from the tiled
-    transpose after the norm (the in-kernel writers leave SMs idle there: NOTES Q32, P141, Q33,
-    P142); larger ones keep the width defaults (at these widths an in-kernel writer on a lean
-    card: the band kernel or the register path's tile). The copy is data.T bitwise."""
+    """With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, a copy of at most cuda_backend.SMALL_COPY_ROWS
+    rows and the norm's SMALL_COPY_VALUES (8M values for RMSNorm, 16M for LayerNorm) comes from
+    the tiled transpose after the norm (the in-kernel writers leave SMs idle there: NOTES Q32,
+    P141, Q33, P142); larger ones keep the width defaults (at these widths an in-kernel writer on
+    a lean card: the band kernel or the register path's tile). The copy is data.T bitwise."""
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the band kernel needs thread-block clusters (sm_90)")
     use_backend("cuda")

@@ -260,9 +260,9 @@ def test_plans_keep_options_apart(monkeypatch, n):
     gives with an empty plan cache, after all the others have filled it (in both orders): a plan key
     that missed an option would hand one case another's constexprs. The small copies' rule is off
     (SMALL_COPY_ROWS = 0), so that "rms e4m3 T" takes RMSNorm's bands and a plan of its own."""
-    from engine import _norm_ops
+    from engine import triton_kernels
 
-    monkeypatch.setattr(_norm_ops, "SMALL_COPY_ROWS", 0)
+    monkeypatch.setattr(triton_kernels, "SMALL_COPY_ROWS", 0)
     cases = _plan_cases(n)
     fresh = {}
     try:

@@ -889,6 +889,12 @@ def _pass2_reverse(cfg: nc.NormConfig, n: int, fp8: bool) -> bool:
 IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 4096, "layernorm": 0}
 #: The widest rows of bands by default on a card that is not lean (the H200).
 BAND_MAX_N_WIDE = 2048
+#: With ENGINE_NORM_EXTERNAL_TRANSPOSE unset, copies of at most this many rows (and
+#: engine._norm_ops.SMALL_COPY_VALUES) come from the tiled transpose after the norm, not the
+#: bands: up to 8192 rows, where the CUDA backend stops at 4096, because the bands still lose at
+#: 8192 x 1024 (13.3-13.6 against 11.6 us on the H100, 12.3 against 11.2 on the H200) and win
+#: from 16384 rows (benchmarks/NOTES.md Q34).
+SMALL_COPY_ROWS = 8192
 
 
 def narrow_copy(m: int) -> bool:
