@@ -991,6 +991,30 @@ def test_in_kernel_transpose_band_by_class(norm, n, want, dram_class):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.skipif(not ON_GPU, reason="shapes of 4M-16M values (the interpreter would take minutes)")
+@pytest.mark.parametrize("m,n,after", [(8192, 1024, True), (4096, 2048, True), (8208, 512, False),
+                                       (16384, 1024, False), (8192, 2048, False)])
+def test_triton_small_copies_after_the_norm(m, n, after, monkeypatch):
+    """Through the public API on Triton, with ENGINE_NORM_EXTERNAL_TRANSPOSE unset: an RMSNorm copy
+    of at most triton_kernels.SMALL_COPY_ROWS (8192) rows and 8M values comes from the tiled
+    transpose after the norm (counted here), a larger one from the norm kernel's bands (at these
+    widths the bands' default on both card classes; NOTES Q34, P144). The copy is data.T bitwise."""
+    use_backend("triton")
+    from engine.triton_kernels import transpose
+
+    calls = []
+    real = transpose.fp8_transpose
+    monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t: (calls.append(d.shape), real(d, t)))
+    try:
+        x, w, _ = inputs(m, n, True)
+        with torch.no_grad():
+            t = engine.rmsnorm(x, w, quantizer=delayed(E4M3, columnwise=True))
+        assert calls == ([(m, n)] if after else [])
+        assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+    finally:
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.parametrize("m", [40, 18, 17, 32])
 def test_triton_in_kernel_narrow_rows(m, monkeypatch):
     """Triton's norm_fwd asked for the copy in-kernel (neither out_t_auto nor out_t_after): the
