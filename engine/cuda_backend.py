@@ -29,7 +29,8 @@ from engine.reference import check_out_t_modes
 
 Tensor = torch.Tensor
 
-__all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_bwd_alloc", "norm_fwd_fp8_alloc", "cast_transpose", "cast_transpose_alloc", "fp8_transpose",
+__all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_bwd_alloc",
+           "norm_fwd_fp8_alloc", "cast_transpose", "cast_transpose_alloc", "fp8_transpose",
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
