@@ -6,11 +6,13 @@
     args: backend (cuda | triton), N, output (bf16 | fp8 | fp8T: e4m3 with the transposed copy
     written by the norm kernel, ENGINE_NORM_EXTERNAL_TRANSPOSE=0; res: bf16 with the fused add of
     a bf16 residual; bwd: a bf16 forward, then its backward), optionally the norm (rms, the default, or ln: LayerNorm with a bias);
-    M * N = 64M, bf16 input. Any argument NAME=VALUE sets the engine.cuda_backend knob NAME to
-    the int VALUE for the run (e.g. norm_fwd_grid_per_sm=16).
+    M * N = 64M (M = $NCU_CASE_ROWS where that is set, e.g. 32 for the small shapes), bf16 input.
+    Any argument NAME=VALUE sets the engine.cuda_backend knob NAME to the int VALUE for the run
+    (e.g. norm_fwd_grid_per_sm=16).
 """
 
 import contextlib
+import os
 import sys
 
 import torch
@@ -34,7 +36,7 @@ if knobs:
 flag = "1" if backend == "triton" else "0"
 engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag, "ENGINE_USE_LAYERNORM_TRITON": flag,
                                 "ENGINE_NORM_EXTERNAL_TRANSPOSE": "0" if out == "fp8T" else "1"})
-m = (64 << 20) // n
+m = int(os.environ.get("NCU_CASE_ROWS", "0")) or (64 << 20) // n
 x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
 w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
 b = torch.randn(n, device="cuda", dtype=torch.bfloat16)

@@ -45,8 +45,8 @@ def cast_transpose(x: Tensor, quantizer) -> Float8Tensor:
         out, out_t, scale_inv = alloc(x2, scale, amax, dt, quantizer.rowwise, quantizer.columnwise,
                                       quantizer.current_scaling, quantizer.amax_epsilon)
     else:
-        out = torch.empty((m, n), dtype=dt, device=dev) if quantizer.rowwise else None
-        out_t = torch.empty((n, m), dtype=dt, device=dev) if quantizer.columnwise else None
+        out = torch.empty(m, n, dtype=dt, device=dev) if quantizer.rowwise else None
+        out_t = torch.empty(n, m, dtype=dt, device=dev) if quantizer.columnwise else None
         scale_inv = torch.empty(1, dtype=torch.float32, device=dev)
         impl.cast_transpose(
             x2, scale, amax, scale_inv, out, out_t,

@@ -128,6 +128,81 @@ def test_launcher_wants_constexprs_last():
         Launcher(triton.jit(k))
 
 
+class _Driver:
+    @staticmethod
+    def get_current_device():
+        return 0
+
+    @staticmethod
+    def get_current_stream(device):
+        return 0
+
+
+def _recording_launcher(monkeypatch):
+    """A Launcher of the partials-reduce kernel whose fast path runs on CPU: a compile (a miss,
+    ``_slow``) returns a stand-in kernel named by the arguments' specialisation, and every launch
+    records which kernel ran (the stand-in's ``run``, or the compile's own launch)."""
+    from engine.triton_kernels import launch as launch_mod
+    from engine.triton_kernels import norms_common as nc
+
+    ran = []
+
+    class Compiled:
+        function = packed_metadata = None
+
+        def __init__(self, spec):
+            self.spec = spec
+
+        def run(self, *args):
+            ran.append(self.spec)
+
+    def slow(grid, tensors, scalars, constexprs, num_warps, num_stages):
+        spec = (tensors_key(tensors, [t.data_ptr() for t in tensors]), scalars_key(scalars))
+        ran.append(spec)
+        return Compiled(spec)
+
+    monkeypatch.setattr(launch_mod, "FORCE_JIT", False)
+    monkeypatch.setattr(launch_mod, "_hooks_set", lambda: False)
+    la = Launcher(nc._partials_reduce_kernel)
+    la._interpreted = False
+    la._driver = _Driver()
+    la._slow = slow
+    return la, ran
+
+
+def test_memo_runs_the_kernel_of_the_scalars_specialisation(monkeypatch):
+    """The memo keyed by the scalars' values runs, on a hit, the kernel compiled for their
+    specialisation: scalars of one specialisation share a kernel, another specialisation (17: not
+    divisible by 16) or another tensor alignment gets its own, and a memo at its size limit is
+    cleared without losing a kernel."""
+    from engine.triton_kernels import launch as launch_mod
+
+    la, ran = _recording_launcher(monkeypatch)
+    part, out = torch.zeros(1, 2, 32), torch.zeros(32)
+    odd = torch.zeros(33)[1:]  # a data pointer 4 bytes past an aligned one
+    ce = (16, 16, False)
+
+    def go(scalars, tensors=(part, out, out)):
+        ran.clear()
+        la.launch(1, tensors, scalars, 4, 3, ce)
+        return ran[0]
+
+    k16 = go((1, 16))
+    assert go((1, 16)) is k16 and go((1, 32)) is k16 and go((1, 32)) is k16  # same specialisation
+    k17 = go((1, 17))
+    assert k17 != k16 and k17[1] == scalars_key((1, 17))
+    assert go((1, 17)) is k17 and go((1, 16)) is k16
+    assert go((2, 16)) != k16  # (== 1) is specialised
+    k_odd = go((1, 16), (part, odd, out))
+    assert k_odd != k16 and k_odd[0] == tensors_key((part, odd, out), [part.data_ptr(), odd.data_ptr(), out.data_ptr()])
+    assert go((1, 16)) is k16
+    monkeypatch.setattr(launch_mod, "MEMO_SIZE", 4)
+    for v in range(32, 32 + 16 * 10, 16):
+        assert go((1, v)) is k16
+        assert len(la._memo) <= 4
+    assert go((1, 17)) is k17
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the cache is only used on the GPU (the interpreter always binds)")
 @pytest.mark.parametrize("is_rms", [True, False], ids=["rms", "ln"])
 def test_cache_hit_with_other_alignment_and_sizes(is_rms):

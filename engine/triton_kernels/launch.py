@@ -53,6 +53,9 @@ _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 #: True: every launch takes ``kernel[grid]`` (for A/B measurements, e.g. benchmarks/profile_kernels.py).
 FORCE_JIT = False
 
+#: Entries of a Launcher's memo of compiled kernels by the scalars' values before it is cleared.
+MEMO_SIZE = 4096
+
 #: Compile options every launch passes: multiply-adds fused (``enable_fp_fusion``). The kernels'
 #: arithmetic is written for it (the backward's dz is two multiply-adds: benchmarks/NOTES.md, P38)
 #: and the configs were measured with it; triton 3.9 warns that its default turns fusion off
@@ -139,6 +142,14 @@ class Launcher:
         self._constexpr_names = tuple(names[n_rt:])
         self._interpreted = params is None
         self._cache: Dict[tuple, object] = {}
+        # The compiled kernels of _cache again, keyed by the scalars' values instead of their
+        # specialisation (scalars_key), for the calls a process repeats (the same shapes every
+        # step). Equal values specialise alike, so a hit is the kernel _cache holds for them; a
+        # scalar of another type but an equal value (1 and 1.0, True and 1) reaches the compiled
+        # launcher as given, which converts it or raises as it would on the _cache path (an int
+        # parameter refuses a float). Cleared when it reaches MEMO_SIZE entries (a process of
+        # ever-new row counts); _cache keeps the kernels.
+        self._memo: Dict[tuple, object] = {}
         self._driver = None
 
     def constexprs(self, **constexprs) -> tuple:
@@ -167,11 +178,20 @@ class Launcher:
             drv = self._driver = triton.runtime.driver.active
         device = drv.get_current_device()
         ptrs = list(map(_DATA_PTR, tensors))
-        key = (device, constexprs, num_warps, num_stages, tensors_key(tensors, ptrs), scalars_key(scalars))
-        k = self._cache.get(key)
+        tkey = tensors_key(tensors, ptrs)
+        # The scalars' values stand in for their specialisation (a finer key, see _memo): one hash
+        # of the tuple in C where scalars_key's pass over them took 0.9 us per launch.
+        memo_key = (device, constexprs, num_warps, num_stages, tkey, scalars)
+        k = self._memo.get(memo_key)
         if k is None:
-            self._cache[key] = self._slow(grid, tensors, scalars, constexprs, num_warps, num_stages)
-            return
+            key = (device, constexprs, num_warps, num_stages, tkey, scalars_key(scalars))
+            k = self._cache.get(key)
+            if k is None:
+                self._cache[key] = self._slow(grid, tensors, scalars, constexprs, num_warps, num_stages)
+                return
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()
+            self._memo[memo_key] = k
         gx, gy = (grid, 1) if type(grid) is int else grid
         k.run(gx, gy, 1, drv.get_current_stream(device), k.function, k.packed_metadata, None, None, None,
               *ptrs, *scalars, *constexprs)

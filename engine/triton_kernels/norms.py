@@ -1158,7 +1158,7 @@ def _launch_bwd_split(cfg, groups_cap, constexprs, dy, x, mu, rsigma, weight, dr
     groups = min(m, groups_cap)
     k = 1 if mu is None else 2
     xchg = torch.zeros((m, k * g), dtype=torch.int64, device=x.device)
-    parts = torch.empty((2 if dbias is not None else 1, groups, n), dtype=torch.float32, device=x.device)
+    parts = torch.empty(2 if dbias is not None else 1, groups, n, dtype=torch.float32, device=x.device)
     dw_part = parts[0]
     db_part = parts[1] if dbias is not None else dw_part
     _BWD_SPLIT.launch(groups * g, (
@@ -1202,7 +1202,7 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
         return
     p = min(-(-m // cfg.block_m), cap)
     # dW and, with a bias, dB partials in one allocation, reduced in one launch (reduce_partials)
-    parts = torch.empty((2 if dbias is not None else 1, p, n), dtype=torch.float32, device=x.device)
+    parts = torch.empty(2 if dbias is not None else 1, p, n, dtype=torch.float32, device=x.device)
     dw_part = parts[0]
     db_part = parts[1] if dbias is not None else dw_part
     _BWD.launch(p, (
