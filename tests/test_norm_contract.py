@@ -236,8 +236,8 @@ def bf16_rows(m, n, is_rms, residual=False):
     return x, r, w, b
 
 
-def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False):
-    """CUDA: the forward's row statistics of 301 random rows of n to ``out_dtype`` (an FP8 dtype:
+def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False, rows=301):
+    """CUDA: the forward's row statistics of ``rows`` random rows of n to ``out_dtype`` (an FP8 dtype:
     delayed scaling, or with ``current`` current scaling, whose statistics pass writes them) under
     each value of a launch knob (engine.cuda_backend); each path adds a row's values in its own
     order. For every knob but norm_fwd_stream_from itself the streamed kernel is off, so that the
@@ -247,7 +247,7 @@ def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False):
 
     use_backend("cuda")
     try:
-        x, _, w, b = bf16_rows(301, n, is_rms)
+        x, _, w, b = bf16_rows(rows, n, is_rms)
         stats = []
         for v in values:
             with contextlib.ExitStack() as stack:
@@ -430,7 +430,8 @@ def test_bwd_cta_threads_taken(is_rms, n, values):
 def test_fwd_vector_layouts(is_rms, vectors, n):
     """Every thread layout of the CUDA forward's register path (4 or 8 vectors of 16 bytes per
     thread) against float64 with poisoned outputs: bf16 with a bias and a bf16 residual, fp16 with
-    zero-centred gamma; 0 is the default (4 at 1024 and 1032 for bf16, 8 otherwise). 1032 and 2056
+    zero-centred gamma; 0 is the default (for bf16 4 at 1024 and 1032, and at these 301 rows, few
+    on an H100 / H200, up to 8K too; 8 otherwise). 1032 and 2056
     leave a row group's last lanes partly idle; 16384 at 4 vectors would need 512 threads and keeps
     8. 301 rows: CTAs loop over several row blocks. The blocked and streamed kernels are off (by
     default the residual rows take the blocked kernel at 2K-16K and the stream past 16K, LayerNorm
@@ -452,6 +453,21 @@ def test_fwd_vector_layouts(is_rms, vectors, n):
 def test_fwd_vector_layouts_taken(is_rms):
     """The layout knob changes the layout, over 301 rows of 4096 (64 or 128 threads per row)."""
     check_knob_changes_path(is_rms, 4096, "norm_fwd_vectors", (8, 4))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a layout default of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [2048, 8192])
+def test_fwd_few_rows_take_4_vectors(is_rms, n):
+    """With the knob at its default, bf16 rows of 1K-8K take 4 vectors per thread where a call has
+    at most 4 rows per SM (the kernel's time is then one CTA's instructions: NOTES Q35-Q36, P146),
+    8 past that: the statistics equal the knob's 4 bit for bit at 4 x SMs rows and its 8 at one
+    row more (the two layouts add a row's values in different orders)."""
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    few, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=4 * sms)
+    assert torch.equal(few, four) and not torch.equal(few, eight)
+    many, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=4 * sms + 1)
+    assert torch.equal(many, eight) and not torch.equal(many, four)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")

@@ -155,20 +155,30 @@ engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed)
   return launch_fwd_reg_k<X, R, O, NV>(a, ctx, block, smem);
 }
 
+/* Rows per SM up to which a bf16 row of more than 1K takes 4 vectors per thread (fwd_vectors). */
+constexpr int kFewRowsPerSm = 4;
+
 /* Vectors of x per thread on the register path without a cluster: fwd_reg_nv, or for a 16-bit z
  * the requested count (engine_set_norm_fwd_vectors) where its row group fits 256 threads. The
  * default (want = 0) for a bf16 z: 4 where that makes a row one warp (64 < nvec <= 128, bf16 rows
- * of 520-1024), 8 elsewhere. Measured on the H200 (benchmarks/NOTES.md, P6; kernel time, % of
- * copy): at 1K, 4 vectors gave RMSNorm 88.9 against 86.6 and LayerNorm 89.0 against 85.0 (FP8 out
- * equal); at 2K-8K, where 4 vectors need a row reduction across warps, they lost 1-9 points
- * against 8 (FP8 and LayerNorm most); 2 vectors (since removed) lost everywhere. fp16 keeps 8 (not
- * measured). */
+ * of 520-1024), and for wider rows where the rows are few (at most kFewRowsPerSm per SM the
+ * launch may use: `rows`, `sms`); 8 elsewhere. Measured on the H200 (benchmarks/NOTES.md, P6;
+ * kernel time, % of copy, 64M values): at 1K, 4 vectors gave RMSNorm 88.9 against 86.6 and
+ * LayerNorm 89.0 against 85.0 (FP8 out equal); at 2K-8K, where 4 vectors need a row reduction
+ * across warps, they lost 1-9 points against 8 (FP8 and LayerNorm most); 2 vectors (since
+ * removed) lost everywhere. With few rows the kernel's time is one CTA's instruction stream, not
+ * the bandwidth (ncu, NOTES Q35): 4 vectors halve each warp's values and double the CTAs, and at M
+ * = 32-512 took 2K-8K rows 8-27 % faster (32 x 4096 RMSNorm 4.0 -> 3.1 us, LayerNorm 4.7 -> 3.5;
+ * at M = 2048 8K lost 3-7 %; NOTES Q36, P146). A row's statistics then depend on whether its
+ * call had few rows (their sums added in another order: equal within rounding, not in bits).
+ * fp16 keeps 8 (not measured). */
 template <typename X, typename R>
-int fwd_vectors(int nvec, int want) {
+int fwd_vectors(int nvec, int want, int64_t rows, int sms) {
   constexpr int NV = fwd_reg_nv<X, R>();
   if (sizeof(R) != 2) return NV;
   if (want <= 0) {
-    want = (std::is_same<R, __nv_bfloat16>::value && nvec > 64 && nvec <= 128) ? 4 : NV;
+    const bool few = rows <= (int64_t)kFewRowsPerSm * (sms > 1 ? sms : 1);
+    want = (std::is_same<R, __nv_bfloat16>::value && nvec > 64 && (nvec <= 128 || few)) ? 4 : NV;
   }
   return ceil_div(nvec, want) <= kClusterRowThreads ? want : NV;
 }
@@ -336,7 +346,7 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
 
   if (vec && !wide_blocked && tpr <= kMaxRowThreads) {
     if constexpr (sizeof(R) == 2) {
-      switch (fwd_vectors<X, R>(nvec, ctx.fwd_vectors)) {
+      switch (fwd_vectors<X, R>(nvec, ctx.fwd_vectors, rows, ctx.sm_count - ctx.sm_margin)) {
         case 4: return launch_fwd_rows<X, R, O, 4>(a, ctx, transposed);
         default: break;
       }
