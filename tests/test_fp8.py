@@ -23,7 +23,7 @@ import torch
 import engine
 from engine.fp8 import DelayedScaling, Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 
-from conftest import DEVICE, ON_GPU, use_backend
+from conftest import DEVICE, ON_GPU, many_rows, use_backend
 from reference import fp8_quantize
 from reference import norm_fwd as ref_fwd
 
@@ -414,9 +414,11 @@ def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
     """By default the CUDA forward takes its blocked kernel for the fused residual add of a 16-bit
     x to a non-FP8 output at 2K-16K (NOTES P91, P130), while an FP8 output keeps the register
     kernel at 2K-8K and the streamed kernel at 16K (fwd_take_blocked, fwd_take_stream; 8200
-    leaves the last chunk partly past the row). Over 67 rows with a bf16 residual: the fp32
-    output is the blocked kernel's (its knob at n) bit for bit and not the FP8 output's kernel's
-    (the blocked knob at 1 << 30, the register kernel; at 16K the stream's knob at n); the FP8
+    leaves the last chunk partly past the row). Over many_rows() rows (past the few-rows layout of
+    P146, whose register kernel adds a row in the blocked kernel's order here) with a bf16
+    residual: the fp32 output is the blocked kernel's (its knob at n) bit for bit and not the FP8
+    output's kernel's (the blocked knob at 1 << 30, the register kernel; at 16K the stream's knob
+    at n); the FP8
     bytes, delayed scaling, are the exact cast of that kernel's fp32 output with its exact amax,
     and within one step of the default fp32 output's cast at rounding boundaries only;
     residual_out is the same rounded sum on every path."""
@@ -425,7 +427,7 @@ def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
     use_backend("cuda")
     try:
         assert not same_row_sums("cuda", is_rms, n, residual=True)  # the case this test is for
-        x, w, b = inputs(67, n, is_rms)
+        x, w, b = inputs(many_rows(), n, is_rms)
         r = torch.randn_like(x)
         z = (x.float() + r.float()).to(x.dtype)
         y32, ro = call(is_rms, x, w, b, residual=r, out_dtype=F32)

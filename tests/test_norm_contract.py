@@ -15,7 +15,7 @@ import torch
 import engine
 from engine.backend import OpFamily
 
-from conftest import DEVICE, ON_GPU, use_backend
+from conftest import DEVICE, ON_GPU, many_rows, use_backend
 from reference import norm_bwd as ref_bwd
 from reference import norm_fwd as ref_fwd
 from reference import residual_sum
@@ -236,8 +236,9 @@ def bf16_rows(m, n, is_rms, residual=False):
     return x, r, w, b
 
 
-def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False, rows=301):
-    """CUDA: the forward's row statistics of ``rows`` random rows of n to ``out_dtype`` (an FP8 dtype:
+def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False, rows=None):
+    """CUDA: the forward's row statistics of ``rows`` random rows of n (default ``many_rows()``: the
+    layout of calls with many rows) to ``out_dtype`` (an FP8 dtype:
     delayed scaling, or with ``current`` current scaling, whose statistics pass writes them) under
     each value of a launch knob (engine.cuda_backend); each path adds a row's values in its own
     order. For every knob but norm_fwd_stream_from itself the streamed kernel is off, so that the
@@ -247,7 +248,7 @@ def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False, rows=301)
 
     use_backend("cuda")
     try:
-        x, _, w, b = bf16_rows(rows, n, is_rms)
+        x, _, w, b = bf16_rows(rows or many_rows(), n, is_rms)
         stats = []
         for v in values:
             with contextlib.ExitStack() as stack:
@@ -263,7 +264,7 @@ def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False, rows=301)
 
 def check_knob_changes_path(is_rms, n, knob, values):
     """The statistics under each value agree within rounding with the first value's but not bit
-    for bit: over 301 rows of n, unequal bits mean the paths differ."""
+    for bit: over many_rows() rows of n, unequal bits mean the paths differ."""
     stats = knob_stats(is_rms, n, knob, values)
     for other in stats[1:]:
         torch.testing.assert_close(other, stats[0], rtol=1e-5, atol=1e-6)
@@ -286,7 +287,7 @@ def test_default_cluster_16(is_rms):
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_cluster_path_taken(is_rms):
     """The cluster knob changes the path (the cluster adds per-CTA sums in rank order, the other
-    paths in another order), over 301 rows of 65536."""
+    paths in another order), over many_rows() rows of 65536."""
     check_knob_changes_path(is_rms, 65536, "max_cluster_size", (8, 1))
 
 
@@ -451,7 +452,7 @@ def test_fwd_vector_layouts(is_rms, vectors, n):
 @pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_fwd_vector_layouts_taken(is_rms):
-    """The layout knob changes the layout, over 301 rows of 4096 (64 or 128 threads per row)."""
+    """The layout knob changes the layout, over many_rows() rows of 4096 (64 or 128 threads per row)."""
     check_knob_changes_path(is_rms, 4096, "norm_fwd_vectors", (8, 4))
 
 
@@ -503,7 +504,7 @@ def test_fwd_blocked_from(is_rms, blocked_from, n):
 def test_fwd_blocked_from_taken(is_rms, n):
     """The knob changes the path (the blocked kernel adds a row's values in chunks of up to 16K
     over CTAs sized to the row, at most 512 threads; the register path and the clusters in their
-    own orders), over 301 rows."""
+    own orders), over many_rows() rows."""
     check_knob_changes_path(is_rms, n, "norm_fwd_blocked_from", (n, 1 << 30))
 
 
@@ -521,14 +522,15 @@ def test_fwd_blocked_default(is_rms, n, res, taken):
     chunks; the register kernel there with the stream off), and no row without a residual does
     (RMSNorm 32K moved to its 2-CTA cluster when the cluster's exchange became st.async: NOTES
     P53): the same bits as the knob at n where taken, the bits of the knob off elsewhere, which
-    differ from the blocked kernel's at these widths. An FP8 output with a residual keeps the
-    register kernel at 2K-8K and the stream at 16K
+    differ from the blocked kernel's at these widths over many_rows() rows (at few rows the
+    register kernel's layout adds a row in the blocked kernel's order at some of them: P146). An
+    FP8 output with a residual keeps the register kernel at 2K-8K and the stream at 16K
     (test_fp8.py::test_fp8_residual_blocked_widths)."""
     from engine import cuda_backend
 
     use_backend("cuda")
     try:
-        x, r, w, b = bf16_rows(64, n, is_rms, residual=res)
+        x, r, w, b = bf16_rows(many_rows(), n, is_rms, residual=res)
         outs = {}
         for v in (0, n, 1 << 30):
             with cuda_backend.norm_fwd_blocked_from(v), cuda_backend.norm_fwd_stream_from(1 << 30):
@@ -694,7 +696,7 @@ def test_fwd_stream_residual_taken(is_rms, n, out_dtype):
 @pytest.mark.parametrize("out_dtype", [BF16, torch.float8_e4m3fn])
 def test_fwd_stream_taken(is_rms, n, out_dtype):
     """The knob changes the path (the streamed kernel adds a row's values over warps and CTAs in
-    its own order), over 301 rows, for every output dtype; at these widths the default takes the
+    its own order), over many_rows() rows, for every output dtype; at these widths the default takes the
     streamed kernel, bit for bit, from 32K (NOTES P101 / P102: LayerNorm's from 16K, its FP8
     outputs' from 8K before), on a card that is not lean (the H200) also RMSNorm's FP8 outputs
     from 16K and LayerNorm's from 8K (NOTES P116), and the path it takes with the stream off
@@ -780,8 +782,9 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     bf16 output takes the stream) delayed scaling the clusters (P133: 77.7 -> 82.7). On
     another card (the H200; NOTES P116: the blocked kernel 10-14 points behind there, the register
     path for LayerNorm 7-10) RMSNorm's keep the register path below 16K and take the stream from
-    16K, LayerNorm's the stream from 8K. Over 301 rows, the default's statistics of an FP8 output,
-    delayed scaling or current scaling's statistics pass, are that kernel's (its knob at n, the
+    16K, LayerNorm's the stream from 8K. Over many_rows() rows (past the few-rows layout of P146),
+    the default's statistics of an FP8 output, delayed scaling or current scaling's statistics
+    pass, are that kernel's (its knob at n, the
     other one off) bit for bit, those of a bf16 output the register path's (both off; at 32K the
     stream's, but LayerNorm's on a wide card, P131: BF16_PATH); they differ from the other
     kernels' (the blocked kernel's and the stream's where the register path is the one taken)."""
@@ -797,7 +800,7 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     knobs = {"blocked": (n, off), "stream": (off, n), "register": (off, off), "default": (0, 0)}
     use_backend("cuda")
     try:
-        x, _, w, b = bf16_rows(301, n, is_rms)
+        x, _, w, b = bf16_rows(many_rows(), n, is_rms)
         stats = {}
         for path, (blocked_from, stream_from) in knobs.items():
             with cuda_backend.norm_fwd_blocked_from(blocked_from), \
