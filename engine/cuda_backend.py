@@ -35,7 +35,7 @@ __all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_b
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
            "norm_fwd_stream_threads", "norm_fwd_band", "fp8_transpose_order", "dram_class", "device_dram_class",
-           "IN_KERNEL_TRANSPOSE_MAX_N", "SMALL_COPY_ROWS"]
+           "IN_KERNEL_TRANSPOSE_MAX_N", "SMALL_COPY_ROWS", "FEW_ROWS_PER_SM"]
 
 #: Per norm, with ENGINE_NORM_EXTERNAL_TRANSPOSE unset: rows of at most this many elements ask the
 #: norm kernel for the FP8 transposed copy with ``out_t_auto`` (the extension then takes the faster
@@ -51,6 +51,12 @@ IN_KERNEL_TRANSPOSE_MAX_N = {"rmsnorm": 16384, "layernorm": 16384}
 #: the band kernel and the register path's tile win again (8192 x 1024: 12.4 against 13.4-13.7
 #: us on both cards; benchmarks/NOTES.md Q32, Q33).
 SMALL_COPY_ROWS = 4096
+#: The forward's register path gives a bf16 row of 1K-8K 4 vectors of x per thread instead of 8
+#: where the call has at most this many rows per SM the launch may use (the extension's
+#: kFewRowsPerSm, norm_fwd_launch.cuh, which tests/test_norm_contract.py checks this against):
+#: with few rows the kernel's time is one CTA's instruction stream (benchmarks/NOTES.md Q35-Q37,
+#: P146-P147). Informational: changing it here changes nothing in the extension.
+FEW_ROWS_PER_SM = 8
 
 _log = logging.getLogger("engine.cuda_backend")
 _lock = threading.Lock()
@@ -411,7 +417,8 @@ def norm_fwd_vectors(n: int):
     """Context manager: inside the ``with`` block the CUDA norm forward's register path (a row
     inside one CTA, 16-bit x and residual stream) gives each thread ``n`` 16-byte vectors of a row
     (4 or 8), or ``n = 0``, the default, the launcher's choice (for bf16: 4 for rows of 520-1024
-    elements, where a row is then one warp, and for wider rows in calls of at most 4 rows per SM,
+    elements, where a row is then one warp, and for wider rows of at most 8K in calls of at most
+    ``FEW_ROWS_PER_SM`` (8) rows per SM,
     where the kernel's time is one CTA's instructions; 8 otherwise: benchmarks/NOTES.md, P6 and
     P146). Fewer
     vectors per thread means more threads per row and more CTAs per SM; rows that would need more

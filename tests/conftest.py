@@ -24,12 +24,15 @@ BACKENDS = ["triton", "cuda"] if ON_GPU else ["reference", "triton"]
 
 def many_rows() -> int:
     """A row count past the CUDA forward's few-rows layout (4 vectors per thread for bf16 rows of
-    1K-8K in calls of at most 4 rows per SM: NOTES P146), for the tests that tell the forward's
-    paths apart by their bits: at few rows its register path adds a row's values in the blocked
-    kernel's order at some widths. 301 off the GPU."""
+    1K-8K in calls of at most engine.cuda_backend.FEW_ROWS_PER_SM rows per SM: NOTES P146-P147),
+    for the tests that tell the forward's paths apart by their bits: at few rows its register path
+    adds a row's values in the blocked kernel's order at some widths. 301 off the GPU."""
     if not ON_GPU:
         return 301
-    return 4 * torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count + 1
+    from engine.cuda_backend import FEW_ROWS_PER_SM
+
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return FEW_ROWS_PER_SM * sms + 1
 
 
 _FLAGS = [

@@ -155,8 +155,9 @@ engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed)
   return launch_fwd_reg_k<X, R, O, NV>(a, ctx, block, smem);
 }
 
-/* Rows per SM up to which a bf16 row of more than 1K takes 4 vectors per thread (fwd_vectors). */
-constexpr int kFewRowsPerSm = 4;
+/* Rows per SM up to which a bf16 row of more than 1K takes 4 vectors per thread (fwd_vectors;
+ * engine.cuda_backend.FEW_ROWS_PER_SM says the same to Python). */
+constexpr int kFewRowsPerSm = 8;
 
 /* Vectors of x per thread on the register path without a cluster: fwd_reg_nv, or for a 16-bit z
  * the requested count (engine_set_norm_fwd_vectors) where its row group fits 256 threads. The
@@ -169,8 +170,10 @@ constexpr int kFewRowsPerSm = 4;
  * removed) lost everywhere. With few rows the kernel's time is one CTA's instruction stream, not
  * the bandwidth (ncu, NOTES Q35): 4 vectors halve each warp's values and double the CTAs, and at M
  * = 32-512 took 2K-8K rows 8-27 % faster (32 x 4096 RMSNorm 4.0 -> 3.1 us, LayerNorm 4.7 -> 3.5;
- * at M = 2048 8K lost 3-7 %; NOTES Q36, P146). A row's statistics then depend on whether its
- * call had few rows (their sums added in another order: equal within rounding, not in bits).
+ * NOTES Q36, P146), at M = 1024 2-19 % faster in 7 of 12 cells and up to 2.3 % slower in 3 (Q37,
+ * P147); from 2048 rows they win or lose by width (RMSNorm e4m3 8K: 6-14 % slower). A row's
+ * statistics then depend on whether its call had few rows (their sums added in another order:
+ * equal within rounding, not in bits).
  * fp16 keeps 8 (not measured). */
 template <typename X, typename R>
 int fwd_vectors(int nvec, int want, int64_t rows, int sms) {
