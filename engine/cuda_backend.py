@@ -418,11 +418,10 @@ def norm_fwd_vectors(n: int):
     inside one CTA, 16-bit x and residual stream) gives each thread ``n`` 16-byte vectors of a row
     (4 or 8), or ``n = 0``, the default, the launcher's choice (for bf16: 4 for rows of 520-1024
     elements, where a row is then one warp, and for wider rows of at most 8K in calls of at most
-    ``FEW_ROWS_PER_SM`` (8) rows per SM,
-    where the kernel's time is one CTA's instructions; 8 otherwise: benchmarks/NOTES.md, P6 and
-    P146). Fewer
-    vectors per thread means more threads per row and more CTAs per SM; rows that would need more
-    than 256 threads at ``n`` keep 8. For tests and A/B benchmarks of the layouts on one GPU.
+    ``FEW_ROWS_PER_SM`` (8) rows per SM, where the kernel's time is one CTA's instructions; 8
+    otherwise: benchmarks/NOTES.md, P6, P146 and P147). Fewer vectors per thread means more
+    threads per row and more CTAs per SM; rows that would need more than 256 threads at ``n``
+    keep 8. For tests and A/B benchmarks of the layouts on one GPU.
     Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
     ValueError at the call."""
     if type(n) is not int or n not in (0, 4, 8):

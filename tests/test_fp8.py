@@ -418,10 +418,9 @@ def test_fp8_residual_blocked_widths(is_rms, n, fp8_dtype):
     P146, whose register kernel adds a row in the blocked kernel's order here) with a bf16
     residual: the fp32 output is the blocked kernel's (its knob at n) bit for bit and not the FP8
     output's kernel's (the blocked knob at 1 << 30, the register kernel; at 16K the stream's knob
-    at n); the FP8
-    bytes, delayed scaling, are the exact cast of that kernel's fp32 output with its exact amax,
-    and within one step of the default fp32 output's cast at rounding boundaries only;
-    residual_out is the same rounded sum on every path."""
+    at n); the FP8 bytes, delayed scaling, are the exact cast of that kernel's fp32 output with
+    its exact amax, and within one step of the default fp32 output's cast at rounding boundaries
+    only; residual_out is the same rounded sum on every path."""
     from engine import cuda_backend
 
     use_backend("cuda")

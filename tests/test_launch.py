@@ -194,7 +194,8 @@ def test_memo_runs_the_kernel_of_the_scalars_specialisation(monkeypatch):
     assert go((1, 17)) is k17 and go((1, 16)) is k16
     assert go((2, 16)) != k16  # (== 1) is specialised
     k_odd = go((1, 16), (part, odd, out))
-    assert k_odd != k16 and k_odd[0] == tensors_key((part, odd, out), [part.data_ptr(), odd.data_ptr(), out.data_ptr()])
+    ptrs = [t.data_ptr() for t in (part, odd, out)]
+    assert k_odd != k16 and k_odd[0] == tensors_key((part, odd, out), ptrs)
     assert go((1, 16)) is k16
     monkeypatch.setattr(launch_mod, "MEMO_SIZE", 4)
     for v in range(32, 32 + 16 * 10, 16):

@@ -20,6 +20,11 @@ the compiled launcher directly:
 * the constexpr values, ``num_warps`` and ``num_stages``;
 * the current CUDA device.
 
+A memo in front of that cache keys the same kernels by the scalars' values instead of their
+specialisation (a tuple hashed in C, where ``scalars_key`` took 0.9 µs per launch), for the calls a
+process repeats; tests/test_launch.py checks that a hit runs the kernel of the scalars'
+specialisation.
+
 Tensors go to the compiled launcher as their data pointers (ints): for a
 tensor Triton's C launcher calls ``data_ptr()`` and ``cuPointerGetAttribute`` per argument, a
 check that a pointer is a device pointer which engine's ops make before any launch (every tensor
