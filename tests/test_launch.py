@@ -4,6 +4,7 @@ specialisation (CPU), and cache hits that must not reuse a kernel compiled for o
 from __future__ import annotations
 
 import itertools
+import types
 
 import pytest
 import torch
@@ -128,16 +129,6 @@ def test_launcher_wants_constexprs_last():
         Launcher(triton.jit(k))
 
 
-class _Driver:
-    @staticmethod
-    def get_current_device():
-        return 0
-
-    @staticmethod
-    def get_current_stream(device):
-        return 0
-
-
 def _recording_launcher(monkeypatch):
     """A Launcher of the partials-reduce kernel whose fast path runs on CPU: a compile (a miss,
     ``_slow``) returns a stand-in kernel named by the arguments' specialisation, and every launch
@@ -165,7 +156,7 @@ def _recording_launcher(monkeypatch):
     monkeypatch.setattr(launch_mod, "_hooks_set", lambda: False)
     la = Launcher(nc._partials_reduce_kernel)
     la._interpreted = False
-    la._driver = _Driver()
+    la._driver = types.SimpleNamespace(get_current_device=lambda: 0, get_current_stream=lambda device: 0)
     la._slow = slow
     return la, ran
 
