@@ -105,6 +105,9 @@ def main(argv=None) -> int:
                     help="rows per cell: M = 2^26 // N + this (default 0; e.g. -12 gives M % 16 = 4 "
                          "and -14 M % 16 = 2 at power-of-two widths: transposed copies whose runs "
                          "are not 16-byte aligned, NOTES P134 / P135)")
+    ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16",
+                    help="the 16-bit type of x, weight, bias, residual and dy (fp16: the cases' bf16 "
+                         "inputs converted; outputs follow x's type)")
     ap.add_argument("--rows", type=int, nargs="*",
                     help="rows per cell: each of these M at every N, in place of M = 2^26 // N + "
                          "--m-adjust (small shapes: the kernels of a few rows, e.g. 32 512)")
@@ -187,7 +190,7 @@ def run(args) -> int:
         print("profile_kernels: needs a GPU (the profiler's device times)")
         return 0
     copy = H.copy_bandwidth()["gbps"]
-    print(f"copy bandwidth {copy:.0f} GB/s")
+    print(f"copy bandwidth {copy:.0f} GB/s; inputs {args.dtype}")
     from engine.triton_kernels import utils as triton_utils
 
     lean = triton_utils.lean_dram(H.device())
@@ -209,6 +212,9 @@ def run(args) -> int:
                     m = max(1, m + args.m_adjust) if m_rows is None else m_rows
                     spec = C.Spec(norm, mode, impl, args.sm_margin)
                     inp = C.make_inputs(norm, mode, m, n, H.device())
+                    if args.dtype == "fp16":  # every bf16 input as fp16 (scale and amax stay fp32)
+                        inp = {k: v.to(torch.float16) if v.dtype == torch.bfloat16 else v
+                               for k, v in inp.items()}
                     try:
                         case = C.build(spec, inp)
                         ms = H.bench(case.fn)

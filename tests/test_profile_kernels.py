@@ -71,3 +71,43 @@ def test_rows_option_times_each_row_count_at_every_width(monkeypatch, capsys):
     assert shapes == [(3, 1024), (5, 1024), (3, 4096), (5, 4096)]
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "kernels" in ln]
     assert [ln.split(":")[0].split("M=")[1].strip() for ln in lines] == ["3", "5", "3", "5"]
+
+
+def test_dtype_option_converts_the_bf16_inputs(monkeypatch, capsys):
+    """``--dtype fp16`` hands the cases fp16 x, weight, bias and dy (the cases' bf16 inputs
+    converted), keeps the FP8 scale and amax fp32, and says so in the header; the default keeps
+    bf16."""
+    import types
+
+    import torch
+
+    from benchmarks import cases as C
+    from benchmarks import harness as H
+    from benchmarks import profile_kernels as P
+    from engine.triton_kernels import utils as TU
+
+    seen = []
+
+    def make_inputs(norm, mode, m, n, dev):
+        return {"x": torch.zeros(m, n, dtype=torch.bfloat16), "w": torch.ones(n, dtype=torch.bfloat16),
+                "scale": torch.ones(1), "amax": torch.zeros(1)}
+
+    def build(spec, inp):
+        seen.append({k: v.dtype for k, v in inp.items()})
+        return types.SimpleNamespace(fn=lambda: None)
+
+    for mod, name, value in [
+        (H, "on_gpu", lambda: True), (H, "copy_bandwidth", lambda: {"gbps": 1000.0}),
+        (H, "bench", lambda fn: 0.001), (H, "free_memory", lambda: None),
+        (H, "reset_backend", lambda: None), (H, "device", lambda: "cpu"),
+        (TU, "lean_dram", lambda dev: True), (C, "make_inputs", make_inputs), (C, "build", build),
+        (P, "device_us_per_call", lambda fn: 1.0)]:
+        monkeypatch.setattr(mod, name, value)
+    base = ["--impls", "triton", "--norms", "rmsnorm", "--modes", "fp8-delayed", "--n", "1024", "--rows", "3"]
+    assert P.main(base + ["--dtype", "fp16"]) == 0
+    assert P.main(base) == 0
+    f16, b16 = torch.float16, torch.bfloat16
+    assert seen == [{"x": f16, "w": f16, "scale": torch.float32, "amax": torch.float32},
+                    {"x": b16, "w": b16, "scale": torch.float32, "amax": torch.float32}]
+    out = capsys.readouterr().out
+    assert "inputs fp16" in out and "inputs bf16" in out
