@@ -465,12 +465,10 @@ def test_fwd_few_rows_take_4_vectors(is_rms, n):
     instructions: NOTES Q35-Q37, P146-P147), 8 past that: the statistics equal the knob's 4 bit
     for bit at FEW_ROWS_PER_SM x SMs rows and its 8 at one row more (the two layouts add a row's
     values in different orders). This also checks the Python constant against the extension's."""
-    from engine.cuda_backend import FEW_ROWS_PER_SM
-
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    few, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=FEW_ROWS_PER_SM * sms)
+    last_few = many_rows() - 1  # FEW_ROWS_PER_SM x SMs
+    few, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=last_few)
     assert torch.equal(few, four) and not torch.equal(few, eight)
-    many, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=FEW_ROWS_PER_SM * sms + 1)
+    many, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=last_few + 1)
     assert torch.equal(many, eight) and not torch.equal(many, four)
 
 

@@ -41,10 +41,9 @@ def test_median_per_call_raises_on_uneven_calls():
         median_per_call([], 3)
 
 
-def test_rows_option_times_each_row_count_at_every_width(monkeypatch, capsys):
-    """``--rows 3 5`` times M = 3 and M = 5 at each N (in place of M = 2^26 / N) and reports both,
-    with the harness's GPU parts stood in for (no GPU: the loop, the shapes and the report are
-    what is tested; session 43's first run of the option failed in the loop, a name clash)."""
+def _stub_gpu(monkeypatch, make_inputs, build=None):
+    """profile_kernels' GPU parts stood in for (harness timing, copy bandwidth, card class, the
+    cases' inputs and builds, the profiler's device time), so that its loop runs on CPU."""
     import types
 
     from benchmarks import cases as C
@@ -52,20 +51,29 @@ def test_rows_option_times_each_row_count_at_every_width(monkeypatch, capsys):
     from benchmarks import profile_kernels as P
     from engine.triton_kernels import utils as TU
 
+    build = build or (lambda spec, inp: types.SimpleNamespace(fn=lambda: None))
+    for mod, name, value in [
+        (H, "on_gpu", lambda: True), (H, "copy_bandwidth", lambda: {"gbps": 1000.0}),
+        (H, "bench", lambda fn: 0.001), (H, "free_memory", lambda: None),
+        (H, "reset_backend", lambda: None), (H, "device", lambda: "cpu"),
+        (TU, "lean_dram", lambda dev: True), (C, "make_inputs", make_inputs), (C, "build", build),
+        (P, "device_us_per_call", lambda fn: 1.0)]:
+        monkeypatch.setattr(mod, name, value)
+
+
+def test_rows_option_times_each_row_count_at_every_width(monkeypatch, capsys):
+    """``--rows 3 5`` times M = 3 and M = 5 at each N (in place of M = 2^26 / N) and reports both,
+    with the harness's GPU parts stood in for (no GPU: the loop, the shapes and the report are
+    what is tested; session 43's first run of the option failed in the loop, a name clash)."""
+    from benchmarks import profile_kernels as P
+
     shapes = []
 
     def make_inputs(norm, mode, m, n, dev):
         shapes.append((m, n))
         return {}
 
-    for mod, name, value in [
-        (H, "on_gpu", lambda: True), (H, "copy_bandwidth", lambda: {"gbps": 1000.0}),
-        (H, "bench", lambda fn: 0.001), (H, "free_memory", lambda: None),
-        (H, "reset_backend", lambda: None), (H, "device", lambda: "cpu"),
-        (TU, "lean_dram", lambda dev: True), (C, "make_inputs", make_inputs),
-        (C, "build", lambda spec, inp: types.SimpleNamespace(fn=lambda: None)),
-        (P, "device_us_per_call", lambda fn: 1.0)]:
-        monkeypatch.setattr(mod, name, value)
+    _stub_gpu(monkeypatch, make_inputs)
     assert P.main(["--impls", "triton", "--norms", "rmsnorm", "--modes", "fwd", "--n", "1024", "4096",
                    "--rows", "3", "5"]) == 0
     assert shapes == [(3, 1024), (5, 1024), (3, 4096), (5, 4096)]
@@ -81,10 +89,7 @@ def test_dtype_option_converts_the_bf16_inputs(monkeypatch, capsys):
 
     import torch
 
-    from benchmarks import cases as C
-    from benchmarks import harness as H
     from benchmarks import profile_kernels as P
-    from engine.triton_kernels import utils as TU
 
     seen = []
 
@@ -96,13 +101,7 @@ def test_dtype_option_converts_the_bf16_inputs(monkeypatch, capsys):
         seen.append({k: v.dtype for k, v in inp.items()})
         return types.SimpleNamespace(fn=lambda: None)
 
-    for mod, name, value in [
-        (H, "on_gpu", lambda: True), (H, "copy_bandwidth", lambda: {"gbps": 1000.0}),
-        (H, "bench", lambda fn: 0.001), (H, "free_memory", lambda: None),
-        (H, "reset_backend", lambda: None), (H, "device", lambda: "cpu"),
-        (TU, "lean_dram", lambda dev: True), (C, "make_inputs", make_inputs), (C, "build", build),
-        (P, "device_us_per_call", lambda fn: 1.0)]:
-        monkeypatch.setattr(mod, name, value)
+    _stub_gpu(monkeypatch, make_inputs, build)
     base = ["--impls", "triton", "--norms", "rmsnorm", "--modes", "fp8-delayed", "--n", "1024", "--rows", "3"]
     assert P.main(base + ["--dtype", "fp16"]) == 0
     assert P.main(base) == 0
