@@ -35,7 +35,8 @@ __all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_b
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
            "norm_fwd_stream_threads", "norm_fwd_band", "fp8_transpose_order", "dram_class", "device_dram_class",
-           "IN_KERNEL_TRANSPOSE_MAX_N", "SMALL_COPY_ROWS", "FEW_ROWS_PER_SM"]
+           "IN_KERNEL_TRANSPOSE_MAX_N", "SMALL_COPY_ROWS", "FEW_ROWS_PER_SM",
+           "FEW_ROWS_PER_SM_FP16"]
 
 #: Per norm, with ENGINE_NORM_EXTERNAL_TRANSPOSE unset: rows of at most this many elements ask the
 #: norm kernel for the FP8 transposed copy with ``out_t_auto`` (the extension then takes the faster
@@ -57,6 +58,9 @@ SMALL_COPY_ROWS = 4096
 #: with few rows the kernel's time is one CTA's instruction stream (benchmarks/NOTES.md Q35-Q37,
 #: P146-P147). Informational: changing it here changes nothing in the extension.
 FEW_ROWS_PER_SM = 8
+#: The same for an fp16 row of more than 1K (kFewRowsPerSmF16): 1 row per SM, where 4 vectors
+#: gained at 32-128 rows and lost from 512 (benchmarks/NOTES.md Q42, P148).
+FEW_ROWS_PER_SM_FP16 = 1
 
 _log = logging.getLogger("engine.cuda_backend")
 _lock = threading.Lock()
@@ -418,8 +422,9 @@ def norm_fwd_vectors(n: int):
     inside one CTA, 16-bit x and residual stream) gives each thread ``n`` 16-byte vectors of a row
     (4 or 8), or ``n = 0``, the default, the launcher's choice (for bf16: 4 for rows of 520-1024
     elements, where a row is then one warp, and for wider rows of at most 8K in calls of at most
-    ``FEW_ROWS_PER_SM`` (8) rows per SM, where the kernel's time is one CTA's instructions; 8
-    otherwise: benchmarks/NOTES.md, P6, P146 and P147). Fewer vectors per thread means more
+    ``FEW_ROWS_PER_SM`` (8) rows per SM, where the kernel's time is one CTA's instructions; for
+    fp16 the wider rows in calls of at most ``FEW_ROWS_PER_SM_FP16`` (1) row per SM; 8
+    otherwise: benchmarks/NOTES.md, P6, P146-P148). Fewer vectors per thread means more
     threads per row and more CTAs per SM; rows that would need more than 256 threads at ``n``
     keep 8. For tests and A/B benchmarks of the layouts on one GPU.
     Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises

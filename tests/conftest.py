@@ -31,8 +31,12 @@ def many_rows() -> int:
         return 301
     from engine.cuda_backend import FEW_ROWS_PER_SM
 
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return FEW_ROWS_PER_SM * sms + 1
+    return FEW_ROWS_PER_SM * gpu_sms() + 1
+
+
+def gpu_sms() -> int:
+    """The current GPU's SM count (the CUDA launchers' sm_count at sm_margin 0)."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
 _FLAGS = [

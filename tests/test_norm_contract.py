@@ -15,7 +15,7 @@ import torch
 import engine
 from engine.backend import OpFamily
 
-from conftest import DEVICE, ON_GPU, many_rows, use_backend
+from conftest import DEVICE, ON_GPU, gpu_sms, many_rows, use_backend
 from reference import norm_bwd as ref_bwd
 from reference import norm_fwd as ref_fwd
 from reference import residual_sum
@@ -236,9 +236,9 @@ def bf16_rows(m, n, is_rms, residual=False):
     return x, r, w, b
 
 
-def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False, rows=None):
+def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False, rows=None, x_dtype=BF16):
     """CUDA: the forward's row statistics of ``rows`` random rows of n (default ``many_rows()``: the
-    layout of calls with many rows) to ``out_dtype`` (an FP8 dtype:
+    layout of calls with many rows) of ``x_dtype`` (bf16 draws converted) to ``out_dtype`` (an FP8 dtype:
     delayed scaling, or with ``current`` current scaling, whose statistics pass writes them) under
     each value of a launch knob (engine.cuda_backend); each path adds a row's values in its own
     order. For every knob but norm_fwd_stream_from itself the streamed kernel is off, so that the
@@ -248,7 +248,7 @@ def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False, rows=None
 
     use_backend("cuda")
     try:
-        x, _, w, b = bf16_rows(rows or many_rows(), n, is_rms)
+        x, _, w, b = (t if t is None else t.to(x_dtype) for t in bf16_rows(rows or many_rows(), n, is_rms))
         stats = []
         for v in values:
             with contextlib.ExitStack() as stack:
@@ -459,16 +459,22 @@ def test_fwd_vector_layouts_taken(is_rms):
 @pytest.mark.skipif(not ON_GPU, reason="a layout default of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [2048, 8192])
-def test_fwd_few_rows_take_4_vectors(is_rms, n):
-    """With the knob at its default, bf16 rows of 1K-8K take 4 vectors per thread where a call has
-    at most cuda_backend.FEW_ROWS_PER_SM rows per SM (the kernel's time is then one CTA's
-    instructions: NOTES Q35-Q37, P146-P147), 8 past that: the statistics equal the knob's 4 bit
-    for bit at FEW_ROWS_PER_SM x SMs rows and its 8 at one row more (the two layouts add a row's
-    values in different orders). This also checks the Python constant against the extension's."""
-    last_few = many_rows() - 1  # FEW_ROWS_PER_SM x SMs
-    few, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=last_few)
+@pytest.mark.parametrize("x_dtype", [BF16, F16], ids=["bf16", "fp16"])
+def test_fwd_few_rows_take_4_vectors(is_rms, n, x_dtype):
+    """With the knob at its default, 16-bit rows of 1K-8K take 4 vectors per thread where a call
+    has at most cuda_backend.FEW_ROWS_PER_SM (bf16) or FEW_ROWS_PER_SM_FP16 (fp16) rows per SM
+    (the kernel's time is then one CTA's instructions: NOTES Q35-Q37, Q42, P146-P148), 8 past
+    that: the statistics equal the knob's 4 bit for bit at that many rows per SM and its 8 at one
+    row more (the two layouts add a row's values in different orders). This also checks the
+    Python constants against the extension's."""
+    from engine import cuda_backend
+
+    per_sm = cuda_backend.FEW_ROWS_PER_SM if x_dtype == BF16 else cuda_backend.FEW_ROWS_PER_SM_FP16
+    last_few = per_sm * gpu_sms()
+    few, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=last_few, x_dtype=x_dtype)
     assert torch.equal(few, four) and not torch.equal(few, eight)
-    many, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=last_few + 1)
+    many, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=last_few + 1,
+                                   x_dtype=x_dtype)
     assert torch.equal(many, eight) and not torch.equal(many, four)
 
 

@@ -155,9 +155,11 @@ engine_status launch_fwd_rows(FwdArgs a, const LaunchCtx& ctx, bool* transposed)
   return launch_fwd_reg_k<X, R, O, NV>(a, ctx, block, smem);
 }
 
-/* Rows per SM up to which a bf16 row of more than 1K takes 4 vectors per thread (fwd_vectors;
- * engine.cuda_backend.FEW_ROWS_PER_SM says the same to Python). */
+/* Rows per SM up to which a row of more than 1K takes 4 vectors per thread (fwd_vectors): bf16,
+ * and fp16 (kFewRowsPerSmF16; engine.cuda_backend.FEW_ROWS_PER_SM and FEW_ROWS_PER_SM_FP16 say
+ * the same to Python). */
 constexpr int kFewRowsPerSm = 8;
+constexpr int kFewRowsPerSmF16 = 1;
 
 /* Vectors of x per thread on the register path without a cluster: fwd_reg_nv, or for a 16-bit z
  * the requested count (engine_set_norm_fwd_vectors) where its row group fits 256 threads. The
@@ -174,14 +176,19 @@ constexpr int kFewRowsPerSm = 8;
  * P147); from 2048 rows they win or lose by width (RMSNorm e4m3 8K: 6-14 % slower). A row's
  * statistics then depend on whether its call had few rows (their sums added in another order:
  * equal within rounding, not in bits).
- * fp16 keeps 8 (not measured). */
+ * An fp16 z takes 4 only in calls of at most kFewRowsPerSmF16 (1) row per SM: at 32 and 128 rows
+ * they were 10-28 % faster than 8 at 2K-8K, at 512-2048 rows up to 32 % slower (H200, NOTES Q42;
+ * its 4-vector build runs 3 CTAs per SM where bf16's runs 4: fwd_min_blocks). Rows of 520-1024
+ * fp16 values keep 8 (P6 measured bf16 only). */
 template <typename X, typename R>
 int fwd_vectors(int nvec, int want, int64_t rows, int sms) {
   constexpr int NV = fwd_reg_nv<X, R>();
   if (sizeof(R) != 2) return NV;
   if (want <= 0) {
-    const bool few = rows <= (int64_t)kFewRowsPerSm * (sms > 1 ? sms : 1);
-    want = (std::is_same<R, __nv_bfloat16>::value && nvec > 64 && (nvec <= 128 || few)) ? 4 : NV;
+    constexpr bool kBf16 = std::is_same<R, __nv_bfloat16>::value;
+    const int64_t per_sm = kBf16 ? kFewRowsPerSm : kFewRowsPerSmF16;
+    const bool few = rows <= per_sm * (sms > 1 ? sms : 1);
+    want = (nvec > 64 && ((kBf16 && nvec <= 128) || few)) ? 4 : NV;
   }
   return ceil_div(nvec, want) <= kClusterRowThreads ? want : NV;
 }
