@@ -60,16 +60,52 @@ __device__ __forceinline__ uint32_t pack2(float a, float b) {
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-template <int NV, int MODE, bool PF, int MINB>
+/* FL (modes 2 and 3, engine's per-CTA and per-row work, Q44): kGsm, gamma (and beta) filled
+ * into shared memory as fp32 by each CTA before its row loop, the epilogue reading them there
+ * (engine's gb_off path); kStats, rsigma (and mu) stored per row and rsigma as the IEEE 1 /
+ * sqrtf (engine's), not rsqrtf. */
+constexpr int kGsm = 1, kStats = 2;
+
+template <int NV, int MODE, bool PF, int MINB, int FL = 0>
 __global__ void __launch_bounds__(kBlock, MINB) lab_kernel(const uint4* __restrict__ x, const uint4* __restrict__ g,
                                                      uint4* __restrict__ y, long long rows, int nvec, int tpr,
-                                                     float inv_n, float eps) {
+                                                     float inv_n, float eps, float* __restrict__ stats) {
   __shared__ float red[2][2 * (kBlock / 32)];
+  extern __shared__ __align__(16) float gsm[];
   const int group = threadIdx.x / tpr;
   const int lr = threadIdx.x - group * tpr;
   const int G = kBlock / tpr;
   const long long nblk = rows / G;
   const int wpr = tpr >> 5;
+  if constexpr ((FL & kGsm) != 0) {
+    const int nt = MODE == 3 ? 2 * nvec : nvec;
+    for (int k = threadIdx.x; k < nt; k += kBlock) {
+      float f[8];
+      unpack8(g[k], f);
+      float4* d = reinterpret_cast<float4*>(gsm + 8 * k);
+      d[0] = make_float4(f[0], f[1], f[2], f[3]);
+      d[1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+    __syncthreads();
+  }
+  /* gamma (j = 0) or beta (j = 1) of vector v as 8 floats */
+  auto gvec = [&](int v, int j, float(&out)[8]) {
+    if constexpr ((FL & kGsm) != 0) {
+      const float4* p = reinterpret_cast<const float4*>(gsm + 8 * (v + j * nvec));
+      const float4 a = p[0], b = p[1];
+      out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+      out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    } else {
+      unpack8(g[v + j * nvec], out);
+    }
+  };
+  auto rstd = [&](float var) {
+    if constexpr ((FL & kStats) != 0) {
+      return 1.0f / sqrtf(var + eps);
+    } else {
+      return rsqrtf(var + eps);
+    }
+  };
   int parity = 0;
   uint4 cur[NV], nxt[NV];
   long long blk = blockIdx.x;
@@ -119,7 +155,7 @@ __global__ void __launch_bounds__(kBlock, MINB) lab_kernel(const uint4* __restri
         }
       }
       mean = s0 * inv_n;
-      rs = rsqrtf(fmaxf(s1 * inv_n - mean * mean, 0.0f) + eps);
+      rs = rstd(fmaxf(s1 * inv_n - mean * mean, 0.0f));
     }
     if (MODE == 2) {
       float s = 0.0f;
@@ -144,7 +180,14 @@ __global__ void __launch_bounds__(kBlock, MINB) lab_kernel(const uint4* __restri
         s = 0.0f;
         for (int k = 0; k < wpr; ++k) s += b[group * wpr + k];
       }
-      rs = rsqrtf(s * inv_n + eps);
+      rs = rstd(s * inv_n);
+    }
+    if constexpr ((FL & kStats) != 0) {
+      if (lr == 0) {
+        const long long row = blk * G + group;
+        stats[row] = rs;
+        if (MODE == 3) stats[rows + row] = mean;
+      }
     }
     uint4* q = y + (blk * G + group) * (long long)nvec + lr;
 #pragma unroll
@@ -154,8 +197,8 @@ __global__ void __launch_bounds__(kBlock, MINB) lab_kernel(const uint4* __restri
       } else if (MODE == 3) { /* beta: the second half of g */
         float f[8], gf[8], bf[8];
         unpack8(cur[i], f);
-        unpack8(g[lr + i * tpr], gf);
-        unpack8(g[nvec + lr + i * tpr], bf);
+        gvec(lr + i * tpr, 0, gf);
+        gvec(lr + i * tpr, 1, bf);
         uint4 o;
         o.x = pack2((f[0] - mean) * rs * gf[0] + bf[0], (f[1] - mean) * rs * gf[1] + bf[1]);
         o.y = pack2((f[2] - mean) * rs * gf[2] + bf[2], (f[3] - mean) * rs * gf[3] + bf[3]);
@@ -165,7 +208,7 @@ __global__ void __launch_bounds__(kBlock, MINB) lab_kernel(const uint4* __restri
       } else {
         float f[8], gf[8];
         unpack8(cur[i], f);
-        unpack8(g[lr + i * tpr], gf);
+        gvec(lr + i * tpr, 0, gf);
         uint4 o;
         o.x = pack2(f[0] * rs * gf[0], f[1] * rs * gf[1]);
         o.y = pack2(f[2] * rs * gf[2], f[3] * rs * gf[3]);
@@ -187,25 +230,41 @@ __global__ void __launch_bounds__(kBlock, MINB) lab_kernel(const uint4* __restri
  * 8, mode 0-3, pf, capped: engine's CTAs per SM) on `grid` CTAs (0: the resident CTAs; capped at
  * the row blocks) on `stream`. g holds gamma, then (mode 3) beta. Returns the grid, or -1 where the
  * layout does not fit (tpr outside 32..256), or -2 on a launch error. */
-template <int NV, int MODE, bool PF, int MINB>
+template <int NV, int MODE, bool PF, int MINB, int FL = 0>
 static long long lab_launch_t(long long grid, const void* x, const void* g, void* y, long long rows, int n,
-                              cudaStream_t stream) {
-  auto* k = &lab_kernel<NV, MODE, PF, MINB>;
+                              cudaStream_t stream, float* stats = nullptr) {
+  auto* k = &lab_kernel<NV, MODE, PF, MINB, FL>;
   const int nvec = n / 8;
   const int tpr = nvec / NV;
   if (n % (8 * NV) != 0 || tpr < 32 || tpr > kBlock || (tpr & 31) != 0) return -1;
   const long long nblk = rows / (kBlock / tpr);
+  const size_t smem = (FL & kGsm) != 0 ? (size_t)n * 4 * (MODE == 3 ? 2 : 1) : 0;
+  if (smem > 48 * 1024 && cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+    return -2;
+  }
   if (grid <= 0) {
     int per_sm = 0, dev = 0, sms = 0;
     cudaGetDevice(&dev);
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kBlock, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kBlock, smem);
     grid = (long long)per_sm * sms;
   }
   grid = std::min(grid, nblk);
-  k<<<(unsigned)grid, kBlock, 0, stream>>>(static_cast<const uint4*>(x), static_cast<const uint4*>(g),
-                                            static_cast<uint4*>(y), rows, nvec, tpr, 1.0f / n, 1e-6f);
+  k<<<(unsigned)grid, kBlock, smem, stream>>>(static_cast<const uint4*>(x), static_cast<const uint4*>(g),
+                                               static_cast<uint4*>(y), rows, nvec, tpr, 1.0f / n, 1e-6f, stats);
   return cudaGetLastError() == cudaSuccess ? grid : -2;
+}
+
+/* Q44: modes 2 / 3 at NV = 8, 2 CTAs per SM, with engine's per-CTA / per-row work (FL) */
+extern "C" long long lab_launch_fl(int mode, int pf, int flags, long long grid, const void* x, const void* g, void* y,
+                                   float* stats, long long rows, int n, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+#define LAB_FL(M_, P_, F_) \
+  if (mode == M_ && pf == P_ && flags == F_) return lab_launch_t<8, M_, P_ != 0, 2, F_>(grid, x, g, y, rows, n, s, stats);
+  LAB_FL(2, 0, 1) LAB_FL(2, 0, 2) LAB_FL(2, 0, 3) LAB_FL(2, 1, 1) LAB_FL(2, 1, 2) LAB_FL(2, 1, 3)
+  LAB_FL(3, 0, 1) LAB_FL(3, 0, 2) LAB_FL(3, 0, 3) LAB_FL(3, 1, 1) LAB_FL(3, 1, 2) LAB_FL(3, 1, 3)
+#undef LAB_FL
+  return -1;
 }
 
 template <int NV, int MODE, bool PF>
@@ -294,7 +353,7 @@ static void run_case(const Bufs& b, int sms, double copy_us, const char* mode_na
     std::vector<float> t;
     for (int it = 0; it < 23; ++it) {
       CK(cudaEventRecord(e0));
-      k<<<grid, kBlock>>>(b.x, b.g, b.y, b.rows, nvec, tpr, 1.0f / b.n, 1e-6f);
+      k<<<grid, kBlock>>>(b.x, b.g, b.y, b.rows, nvec, tpr, 1.0f / b.n, 1e-6f, nullptr);
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       float ms;

@@ -51,6 +51,9 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, nargs="*", default=[4096, 8192, 16384])
     ap.add_argument("--norms", nargs="*", default=["rms", "ln"], choices=["rms", "ln"])
     ap.add_argument("--nv", type=int, nargs="*", default=[8, 4], choices=[4, 8])
+    ap.add_argument("--flags", action="store_true",
+                    help="Q44: only the rms / ln variants at NV = 8, 2 CTAs per SM, with engine's per-CTA "
+                         "gamma fill (flag 1), its per-row statistics store and IEEE 1 / sqrt (flag 2), both (3)")
     ap.add_argument("--grids", nargs="*", default=["resident", "16", "all"],
                     help="'resident' (the resident CTAs), an int k (k CTAs per SM), 'all' (a CTA per row block)")
     args = ap.parse_args(argv)
@@ -65,6 +68,10 @@ def main(argv=None) -> int:
                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int,
                                ctypes.c_void_p]
     lib.lab_regs.restype = ctypes.c_int
+    lib.lab_launch_fl.restype = ctypes.c_longlong
+    lib.lab_launch_fl.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_void_p,
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int,
+                                  ctypes.c_void_p]
     copy = H.copy_bandwidth()["gbps"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy:.0f} GB/s; kernel time, % of copy")
@@ -92,6 +99,31 @@ def main(argv=None) -> int:
                 print(f"N={n:6d} {kind:3s} engine {impl:6s} {us:8.2f} us {pct(nbytes, us):6.1f} %")
             engine.backend.reset_for_tests()
             ref = reference(kind, x, g, b)
+            stats = torch.empty(2 * m, device="cuda", dtype=torch.float32)
+            if args.flags:
+                for pf in (0, 1):
+                    for fl in (0, 1, 2, 3):
+                        for gname in args.grids:
+                            grid = 0 if gname == "resident" else (1 << 40) if gname == "all" else int(gname) * sms
+
+                            def launch():
+                                if fl == 0:
+                                    return lib.lab_launch(8, MODES[kind], pf, 0, grid, x.data_ptr(), gb.data_ptr(),
+                                                          y.data_ptr(), m, n, stream)
+                                return lib.lab_launch_fl(MODES[kind], pf, fl, grid, x.data_ptr(), gb.data_ptr(),
+                                                         y.data_ptr(), stats.data_ptr(), m, n, stream)
+
+                            y.fill_(float("nan"))
+                            used = launch()
+                            if used < 0:
+                                print(f"N={n:6d} {kind} pf={pf} fl={fl}: not launched ({used})")
+                                break
+                            torch.cuda.synchronize()
+                            err = max_err_steps(y, ref)
+                            us = device_us_per_call(launch)
+                            print(f"N={n:6d} {kind:3s} lab NV=8 pf={pf} fl={fl} grid {gname:>8s} ({used:5d}) "
+                                  f"{us:8.2f} us {pct(nbytes, us):6.1f} %  err {err:.2f} steps")
+                continue
             variants = [("copy", 0, 0), ("copy", 1, 0), ("scale", 0, 0), ("scale", 1, 0)] if is_rms else []
             variants += [(kind, pf, cap) for cap in (0, 1) for pf in (0, 1)]
             for nv in args.nv:
