@@ -123,6 +123,9 @@ def main(argv=None) -> int:
                          "never, 2-4: one configuration wherever it fits, 2 / 3: 32 x 512 per CTA, "
                          "tiles of their own / the tile in the stage, 4: 32 x 1024; "
                          "engine.cuda_backend.norm_fwd_band), for A/B runs")
+    ap.add_argument("--fwd-lean", type=int, choices=[0, 1],
+                    help="CUDA: 1 keeps the forward's register kernel where its lean kernel runs by "
+                         "default (0: the default; engine.cuda_backend.norm_fwd_lean), for A/B runs")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="Both backends: the forward calls' sm_margin (SMs left out of the "
                          "persistent grids; benchmarks.cases.Spec.sm_margin), for runs of the grid "
@@ -171,6 +174,7 @@ def main(argv=None) -> int:
              ("fwd_grid_per_sm", "norm_fwd_grid_per_sm"), ("bwd_stream_from", "norm_bwd_stream_from"),
              ("bwd_stream_threads", "norm_bwd_stream_threads"), ("fwd_stream_from", "norm_fwd_stream_from"),
              ("fwd_stream_threads", "norm_fwd_stream_threads"), ("fwd_band", "norm_fwd_band"),
+             ("fwd_lean", "norm_fwd_lean"),
              ("dram_class", "dram_class"), ("fp8_transpose_order", "fp8_transpose_order"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:

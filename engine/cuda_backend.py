@@ -34,7 +34,7 @@ __all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_b
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
-           "norm_fwd_stream_threads", "norm_fwd_band", "fp8_transpose_order", "dram_class", "device_dram_class",
+           "norm_fwd_stream_threads", "norm_fwd_band", "norm_fwd_lean", "fp8_transpose_order", "dram_class", "device_dram_class",
            "IN_KERNEL_TRANSPOSE_MAX_N", "SMALL_COPY_ROWS", "FEW_ROWS_PER_SM",
            "FEW_ROWS_PER_SM_FP16"]
 
@@ -576,6 +576,21 @@ def norm_fwd_stream_threads(n: int):
     if type(n) is not int or n not in (0, 128, 256, 512):
         raise ValueError(f"norm_fwd_stream_threads: n must be 0, 128, 256 or 512, got {n!r}")
     return _knob("set_norm_fwd_stream_threads", n)
+
+
+def norm_fwd_lean(n: int):
+    """Context manager: inside the ``with`` block ``n = 1`` keeps the CUDA norm forward's register
+    kernel for the rows its lean kernel takes by default (engine/csrc/normalization/
+    norm_fwd_lean.cuh: a 16-bit x without a residual to a non-FP8 output, rows of 8192 or 16384
+    columns at 8 vectors per thread); ``n = 0``, the
+    default, runs the lean kernel there. Both give the same bits (the lean kernel adds each row's
+    values in the register kernel's order); the lean one runs 2 CTAs of 256 threads per SM with no
+    per-CTA prologue (benchmarks/NOTES.md, Q43, Q44, P150). For tests and A/B benchmarks on one
+    GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
+    ValueError at the call."""
+    if type(n) is not int or n not in (0, 1):
+        raise ValueError(f"norm_fwd_lean: n must be 0 or 1, got {n!r}")
+    return _knob("set_norm_fwd_lean", n)
 
 
 def norm_fwd_band(n: int):

@@ -19,7 +19,7 @@ from conftest import DEVICE, ON_GPU, gpu_sms, many_rows, use_backend
 from reference import norm_bwd as ref_bwd
 from reference import norm_fwd as ref_fwd
 from reference import residual_sum
-from tolerances import BWD, FWD, REDUCTION, STATS, rel_err
+from tolerances import BWD, FWD, LARGE_MEAN_300_ATOL, REDUCTION, STATS, rel_err
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 
@@ -476,6 +476,91 @@ def test_fwd_few_rows_take_4_vectors(is_rms, n, x_dtype):
     many, four, eight = knob_stats(is_rms, n, "norm_fwd_vectors", (0, 4, 8), rows=last_few + 1,
                                    x_dtype=x_dtype)
     assert torch.equal(many, eight) and not torch.equal(many, four)
+
+
+def fwd_kernel_names(fn) -> set:
+    """The CUDA kernels one call of ``fn`` launches (torch's profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [4096, 8192, 16384])
+@pytest.mark.parametrize("case", ["bf16", "bf16-f32out-f32w-zcg-nobias", "fp16-strided"])
+def test_fwd_lean_same_bits(is_rms, n, case):
+    """The lean forward (norm_fwd_lean.cuh, rows of 8192 and 16384 columns; 4096, the register
+    kernel on both sides, a control) against float64 with
+    poisoned outputs, and bit for bit the register kernel's outputs (cuda_backend.norm_fwd_lean(1)):
+    y, rsigma and mu, over many_rows() + 37 rows (CTAs' last row blocks partly past the end),
+    bf16 to bf16 and to fp32 with fp32 zero-centred weights (LayerNorm without a bias there, with
+    one elsewhere), fp16 on rows with a stride past the row. Rows of a large mean (LayerNorm's
+    centred pass) are among them."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        m = many_rows() + 37
+        x_dtype = F16 if case.startswith("fp16") else BF16
+        out_dtype = F32 if "f32out" in case else x_dtype
+        w_dtype = F32 if "f32w" in case else x_dtype
+        zcg = "zcg" in case
+        x = rows_with_stride(m, n, x_dtype, 64 if "strided" in case else 0)
+        x[::7] += 300.0  # rows of a large mean against the spread: LayerNorm's centred pass
+        w = (torch.randn(n, device=DEVICE) * 0.5 + (0.0 if zcg else 1.0)).to(w_dtype)
+        b = None if is_rms or "nobias" in case else torch.randn(n, device=DEVICE).to(w_dtype)
+        outs = []
+        for lean in (0, 1):
+            with cuda_backend.norm_fwd_lean(lean):
+                outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
+        ref = ref_fwd(x, w, b, 1e-5, is_rms, zcg)
+        big = torch.zeros(m, dtype=torch.bool, device=DEVICE)
+        big[::7] = not is_rms  # LayerNorm's rows of a large mean: their own tolerance
+        torch.testing.assert_close(outs[0][0][~big].double(), ref["y"][~big], **FWD[out_dtype])
+        torch.testing.assert_close(outs[0][3][~big].double(), ref["rsigma"][~big], **STATS)
+        if not is_rms:
+            torch.testing.assert_close(outs[0][0][big].double(), ref["y"][big], rtol=FWD[out_dtype]["rtol"],
+                                       atol=LARGE_MEAN_300_ATOL)
+            torch.testing.assert_close(outs[0][3][big].double(), ref["rsigma"][big], rtol=1e-3, atol=0)
+        for k in (0, 3) if is_rms else (0, 2, 3):
+            assert torch.equal(outs[0][k], outs[1][k]), f"output {k} differs from the register kernel's"
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_fwd_lean_taken(is_rms):
+    """The lean kernel runs where it applies by default (8192 columns) and not under
+    norm_fwd_lean(1), nor for an FP8 output, a residual, another width (4096, 8184), or a call of
+    few rows (4 vectors per thread: FEW_ROWS_PER_SM)."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        m = many_rows()
+        x, r, w, b = bf16_rows(m, 8192, is_rms, residual=True)
+
+        def names(x, r=None, out_dtype=BF16):
+            return fwd_kernel_names(lambda: run_fwd(is_rms, x, w[:x.shape[1]], None if b is None else b[:x.shape[1]],
+                                                    r, 1e-5, False, out_dtype))
+
+        assert "lean" in " ".join(names(x))
+        with cuda_backend.norm_fwd_lean(1):
+            assert "lean" not in " ".join(names(x))
+        assert "lean" not in " ".join(names(x, out_dtype=torch.float8_e4m3fn))
+        assert "lean" not in " ".join(names(x, r))
+        assert "lean" not in " ".join(names(x[:, :8184].contiguous()))
+        assert "lean" not in " ".join(names(x[:, :4096].contiguous()))
+        assert "lean" not in " ".join(names(x[:32]))
+    finally:
+        engine.backend.reset_for_tests()
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")

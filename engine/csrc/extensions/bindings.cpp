@@ -668,6 +668,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "/ the tile in the stage; 4: 32 x 1024), 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
+  m.def("set_norm_fwd_lean", &engine_set_norm_fwd_lean,
+        "The norm forward's lean kernel (16-bit x, no residual, non-FP8 output, rows of 8192 or "
+        "16384 columns): 1 never, 0 for the default, wherever it applies "
+        "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
+        py::arg("n"));
   m.def("set_fp8_transpose_order", &engine_set_fp8_transpose_order,
         "The tile order of the tiled FP8 transpose: 1 first rows first, 2 last rows first with "
         "streaming stores, 0 for the default (engine/csrc/include/engine/common.h); returns the "

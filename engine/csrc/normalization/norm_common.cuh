@@ -129,6 +129,8 @@ struct LaunchCtx {
                              one configuration wherever it fits (engine_set_norm_fwd_band) */
   int lean_dram;          /* 1: the lean card's defaults where the cards measured apart (lean_dram,
                              engine_set_dram_class; NOTES P109) */
+  int fwd_lean;           /* forward: 1 keeps the register kernel where the lean kernel applies
+                             (engine_set_norm_fwd_lean; 0: the default, the lean kernel) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

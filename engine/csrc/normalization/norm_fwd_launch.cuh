@@ -10,6 +10,7 @@
 
 #include "normalization/norm_fwd.cuh"
 #include "normalization/norm_fwd_band.cuh"
+#include "normalization/norm_fwd_lean.cuh"
 #include "normalization/norm_fwd_stream.cuh"
 
 namespace engine {
@@ -193,6 +194,15 @@ int fwd_vectors(int nvec, int want, int64_t rows, int sms) {
   return ceil_div(nvec, want) <= kClusterRowThreads ? want : NV;
 }
 
+/* Whether the register path's rows at 8 vectors per thread go to the lean kernel
+ * (norm_fwd_lean.cuh: the same bits, measured faster; NOTES P150): a 16-bit x without a residual
+ * (the caller's types), mode kFull, no in-kernel transposed copy, rows of 8192 or 16384 columns,
+ * unless engine_set_norm_fwd_lean(1) or the general-loop knob says otherwise. */
+inline bool fwd_lean_applies(const FwdArgs& a, const LaunchCtx& ctx) {
+  return ctx.fwd_lean == 0 && !ctx.fwd_general && a.residual == nullptr && a.mode == kFull &&
+         a.out_t == nullptr && fwd_lean_cols(a.cols);
+}
+
 /* One launch of the blocked kernel: VEC elements per access (16 bytes of x, or 1 on the scalar
  * path), NVB accesses per thread and chunk, one weight type and norm kind (kNorm: norm_fwd.cuh,
  * blk_kind / kBlkRuntime); a persistent grid at the build's occupancy. */
@@ -359,6 +369,9 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
       switch (fwd_vectors<X, R>(nvec, ctx.fwd_vectors, rows, ctx.sm_count - ctx.sm_margin)) {
         case 4: return launch_fwd_rows<X, R, O, 4>(a, ctx, transposed);
         default: break;
+      }
+      if constexpr (std::is_same<X, R>::value && !is_fp8_v<O>) {
+        if (fwd_lean_applies(a, ctx)) return launch_fwd_lean<X, O>(a, ctx, fwd_grid_per_sm<O>(a, ctx));
       }
     }
     return launch_fwd_rows<X, R, O, NV>(a, ctx, transposed);

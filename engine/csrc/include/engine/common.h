@@ -144,6 +144,13 @@ int engine_set_norm_fwd_stream_threads(int n);
  * Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_band(int n);
 
+/* The norm forward's lean kernel (normalization/norm_fwd_lean.cuh: a 16-bit x without a residual
+ * to a non-FP8 output, rows of 8192 or 16384 columns at 8 vectors per thread; the register
+ * kernel's bits, at 2 CTAs per SM with no per-CTA prologue): n = 1 never (the register kernel
+ * runs those rows), 0 (the default) wherever it applies. For tests and A/B runs. Process-wide;
+ * returns the previous value, or -1 (and changes nothing) for any other n. */
+int engine_set_norm_fwd_lean(int n);
+
 /* The order in which engine_fp8_transpose (the tiled transpose after a norm's rowwise FP8 output,
  * and engine.fp8_transpose) walks its tiles: n = 1 from the first rows to the last, its stores of
  * the transposed copy plain; 2 from the last rows to the first, those stores streaming (evict

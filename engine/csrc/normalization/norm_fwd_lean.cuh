@@ -1,0 +1,196 @@
+/*
+ * The lean register forward (benchmarks/NOTES.md Q43, Q44, P150): the rows that the register path
+ * lays out without a masked slot, computed in the register kernel's order, so every bit (y,
+ * rsigma, mu) is the register path's at 8 vectors per thread.
+ *
+ * Taken (fwd_lean_applies in norm_fwd_launch.cuh) for a 16-bit x without a residual, mode kFull,
+ * a non-FP8 output, 8 vectors of x per thread (fwd_vectors), and rows of 8192 or 16384 columns: a
+ * row over tpr = cols / 64 threads (128 or 256), 256 / tpr rows per CTA, every slot in the row
+ * (the kernel itself takes any power-of-two row of 2048-16384 columns). Measured on the H200
+ * against the register kernel (NOTES P150, kernel time, two alternations): RMSNorm 8K / 16K
+ * 87.9 -> 89.3, 86.2 -> 88.4 % of copy, LayerNorm 84.5 -> 86.7, 82.9 -> 85.8; at 2K it lost 2.5
+ * points for both norms and at 4K RMSNorm lost 1, so those keep the register kernel. What differs
+ * from norm_fwd_reg_kernel's general loop, which runs the other rows:
+ *   - 2 CTAs of 256 threads per SM (up to 128 registers, where the register kernel's builds are
+ *     compiled for 3 at 80);
+ *   - no per-CTA prologue: gamma (and beta) read per row and slot as 16-byte vectors through L1,
+ *     the register kernel's global-memory path, not filled into shared memory by every CTA;
+ *   - the next row block's x loaded into registers before this one's reduction;
+ *   - no per-slot tests (no masked slot, no mode, no cluster, no FP8 or tile branches).
+ * A stand-alone kernel of this shape (ci/fwd_lab.cu) read 96-98 % of copy on the H100 at 4K-16K
+ * where the register kernel read 92-95, and on the H200 2-5 points over it at 4K-8K (Q43, Q44;
+ * the per-CTA fill cost LayerNorm 8K 8 points there); engine's form gains less (above). The grid
+ * is fwd_grid_per_sm's (16 CTAs per SM by default for these outputs): the row loop strides by it.
+ *
+ * Numerics: those of norm_fwd.cuh (z = x; RMSNorm rsigma = 1 / sqrtf(sum z^2 / N + eps);
+ * LayerNorm's one-pass sums scaled by 1 / N per thread, ln_one_pass_var, else the centred pass;
+ * ln_fma_row; norm_y), each thread's values summed in the register kernel's slot order and the row
+ * group reduced by the same RowGroupSum, so the sums, and every output, are its bits.
+ */
+#ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_LEAN_CUH_
+#define ENGINE_CSRC_NORMALIZATION_NORM_FWD_LEAN_CUH_
+
+#include "normalization/norm_fwd.cuh"
+
+namespace engine {
+namespace norm {
+
+constexpr int kLeanNV = kFwdNV;   /* 16-byte vectors of x per thread */
+constexpr int kLeanThreads = 256; /* threads per CTA: 256 / tpr row groups of tpr threads */
+
+/* Whether rows of `cols` 16-bit values go to the lean kernel: 8192 or 16384 columns (a power of
+ * two, so that its row groups fill the CTA; 2048 and 4096 measured slower: above). */
+inline bool fwd_lean_cols(int cols) { return cols == 8192 || cols == 16384; }
+
+template <typename X, typename O, typename W, bool kRms, bool kBias>
+__global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const FwdArgs a) {
+  constexpr int NV = kLeanNV;
+  constexpr int VEC = 16 / sizeof(X);
+  constexpr int ZW = PackedWords<X, VEC>::kWords;
+  static_assert(sizeof(X) == 2 && VEC == 8, "a 16-bit x");
+  __shared__ float red_buf[2 * 32 * (kRms ? 1 : 2)];
+
+  const int tpr = a.tpr;
+  const int group = threadIdx.x / tpr;
+  const int lr = threadIdx.x - group * tpr;
+  const int G = a.rows_per_iter;
+  const int64_t nblk = (a.rows + G - 1) / G;
+  const float g_add = a.zero_centered ? 1.0f : 0.0f;
+  RowGroupSum<1> red(red_buf, tpr, group);
+  RowGroupSum<2> red2(red_buf, tpr, group);
+
+  /* the thread's slots: vectors lr + i * tpr of its row (row_slots with every slot valid) */
+  auto load_row = [&](int64_t blk, uint32_t(&zw)[NV][ZW]) {
+    const int64_t row = blk * G + group;
+    if (row < a.rows) {
+      const X* xrow = static_cast<const X*>(a.x) + row * a.x_stride + lr * VEC;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) load_words<VEC * sizeof(X)>(xrow + i * tpr * VEC, zw[i]);
+    }
+  };
+  uint32_t cur[NV][ZW], nxt[NV][ZW];
+  int64_t blk = blockIdx.x;
+  if (blk < nblk) load_row(blk, cur);
+  for (; blk < nblk; blk += gridDim.x) {
+    const int64_t next = blk + gridDim.x;
+    if (next < nblk) load_row(next, nxt);
+    const int64_t row = blk * G + group;
+    if (row < a.rows) { /* uniform over the row group, whose barriers are its own */
+      auto zv = [&](int i, int j) -> float { return unpack_at<X, VEC>(cur[i], j); };
+      float mean = 0.0f;
+      float rs;
+      if constexpr (kRms) {
+        float q[1] = {0.0f};
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) q[0] = fmaf(zv(i, j), zv(i, j), q[0]);
+        }
+        red(q);
+        rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
+      } else {
+        float sq[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float z = zv(i, j);
+            sq[0] += z;
+            sq[1] = fmaf(z, z, sq[1]);
+          }
+        }
+        sq[0] *= a.inv_n;
+        sq[1] *= a.inv_n;
+        red2(sq);
+        mean = sq[0];
+        float var;
+        if (!ln_one_pass_var(mean, sq[1], var)) { /* uniform over the row group */
+          float q[2] = {0.0f, 0.0f};
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              const float d = zv(i, j) - mean;
+              q[0] = fmaf(d, d, q[0]);
+            }
+          }
+          red2(q);
+          var = q[0] * a.inv_n;
+        }
+        rs = 1.0f / sqrtf(var + a.eps);
+      }
+      if (lr == 0) {
+        a.rsigma[row] = rs;
+        if constexpr (!kRms) a.mu[row] = mean;
+      }
+      O* const orow = static_cast<O*>(a.out) + row * a.out_stride + lr * VEC;
+      const bool fma_row = !kRms && ln_fma_row(rs, mean); /* mean = c on an FMA row */
+      auto epilogue = [&](auto fma_tag) {
+        constexpr bool kFma = decltype(fma_tag)::value;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          const int64_t col = (int64_t)(lr + i * tpr) * VEC;
+          float g[VEC], b[VEC], y[VEC];
+          load_gamma_beta_t<W, kBias, VEC>(a, col, g, b);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            g[j] += g_add;
+            y[j] = norm_y<kFma>(zv(i, j), kRms ? 0.0f : mean, rs, g[j], b[j], kBias);
+          }
+          store_vec<O, VEC>(orow + i * tpr * VEC, y);
+        }
+      };
+      if constexpr (kRms) {
+        epilogue(std::false_type{});
+      } else {
+        with_ln_form(fma_row, epilogue);
+      }
+    }
+    if (next < nblk) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+#pragma unroll
+        for (int k = 0; k < ZW; ++k) cur[i][k] = nxt[i][k];
+      }
+    }
+  }
+}
+
+/* One launch: the build for the weight type and norm kind, on fwd_grid_per_sm's CTAs per SM. */
+template <typename X, typename O, typename W, bool kRms, bool kBias>
+engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
+  auto* k = &norm_fwd_lean_kernel<X, O, W, kRms, kBias>;
+  const int64_t work = ceil_div(a.rows, (int64_t)a.rows_per_iter);
+  int64_t grid = 0;
+  return launch_row_kernel(k, k, a, a.tpr * a.rows_per_iter, 0, work, ctx, 0, work, &grid,
+                           "norm_fwd_lean_kernel", per_sm);
+}
+
+template <typename X, typename O>
+engine_status launch_fwd_lean(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
+  a.tpr = a.cols / (kLeanNV * 8); /* a power of two, 32..256 (fwd_lean_cols) */
+  a.rows_per_iter = kLeanThreads / a.tpr;
+  a.cluster = 1;
+  a.tile_rows = 0;
+  a.gb_off = -1;
+  const bool bias = a.bias != nullptr;
+  if (a.w_dtype == ENGINE_DTYPE_FLOAT32) {
+    if (a.is_rms) {
+      return bias ? launch_fwd_lean_t<X, O, float, true, true>(a, ctx, per_sm)
+                  : launch_fwd_lean_t<X, O, float, true, false>(a, ctx, per_sm);
+    }
+    return bias ? launch_fwd_lean_t<X, O, float, false, true>(a, ctx, per_sm)
+                : launch_fwd_lean_t<X, O, float, false, false>(a, ctx, per_sm);
+  }
+  if (a.is_rms) {
+    return bias ? launch_fwd_lean_t<X, O, X, true, true>(a, ctx, per_sm)
+                : launch_fwd_lean_t<X, O, X, true, false>(a, ctx, per_sm);
+  }
+  return bias ? launch_fwd_lean_t<X, O, X, false, true>(a, ctx, per_sm)
+              : launch_fwd_lean_t<X, O, X, false, false>(a, ctx, per_sm);
+}
+
+}  // namespace norm
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_NORMALIZATION_NORM_FWD_LEAN_CUH_
