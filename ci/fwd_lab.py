@@ -100,55 +100,37 @@ def main(argv=None) -> int:
             engine.backend.reset_for_tests()
             ref = reference(kind, x, g, b)
             stats = torch.empty(2 * m, device="cuda", dtype=torch.float32)
-            if args.flags:
-                for pf in (0, 1):
-                    for fl in (0, 1, 2, 3):
-                        for gname in args.grids:
-                            grid = 0 if gname == "resident" else (1 << 40) if gname == "all" else int(gname) * sms
+            if args.flags:  # Q44: engine's per-CTA / per-row work on the lab's rms / ln at NV = 8
+                variants = [(8, kind, pf, 0, fl) for pf in (0, 1) for fl in (0, 1, 2, 3)]
+            else:
+                variants = [(nv, mode, pf, cap, 0) for nv in args.nv
+                            for mode, pf, cap in ([("copy", 0, 0), ("copy", 1, 0), ("scale", 0, 0), ("scale", 1, 0)]
+                                                  if is_rms else []) + [(kind, pf, cap) for cap in (0, 1)
+                                                                        for pf in (0, 1)]]
+            for nv, mode, pf, cap, fl in variants:
+                regs = f"{lib.lab_regs(nv, MODES[mode], pf, cap):3d}" if not fl else "  -"  # flags: not listed
+                label = f"{mode:5s} NV={nv} pf={pf} cap={cap} fl={fl} {regs} regs"
+                for gname in args.grids:
+                    grid = 0 if gname == "resident" else (1 << 40) if gname == "all" else int(gname) * sms
 
-                            def launch():
-                                if fl == 0:
-                                    return lib.lab_launch(8, MODES[kind], pf, 0, grid, x.data_ptr(), gb.data_ptr(),
-                                                          y.data_ptr(), m, n, stream)
-                                return lib.lab_launch_fl(MODES[kind], pf, fl, grid, x.data_ptr(), gb.data_ptr(),
-                                                         y.data_ptr(), stats.data_ptr(), m, n, stream)
+                    def launch():
+                        if fl:
+                            return lib.lab_launch_fl(MODES[mode], pf, fl, grid, x.data_ptr(), gb.data_ptr(),
+                                                     y.data_ptr(), stats.data_ptr(), m, n, stream)
+                        return lib.lab_launch(nv, MODES[mode], pf, cap, grid, x.data_ptr(), gb.data_ptr(),
+                                              y.data_ptr(), m, n, stream)
 
-                            y.fill_(float("nan"))
-                            used = launch()
-                            if used < 0:
-                                print(f"N={n:6d} {kind} pf={pf} fl={fl}: not launched ({used})")
-                                break
-                            torch.cuda.synchronize()
-                            err = max_err_steps(y, ref)
-                            us = device_us_per_call(launch)
-                            print(f"N={n:6d} {kind:3s} lab NV=8 pf={pf} fl={fl} grid {gname:>8s} ({used:5d}) "
-                                  f"{us:8.2f} us {pct(nbytes, us):6.1f} %  err {err:.2f} steps")
-                continue
-            variants = [("copy", 0, 0), ("copy", 1, 0), ("scale", 0, 0), ("scale", 1, 0)] if is_rms else []
-            variants += [(kind, pf, cap) for cap in (0, 1) for pf in (0, 1)]
-            for nv in args.nv:
-                for mode, pf, cap in variants:
-                    regs = lib.lab_regs(nv, MODES[mode], pf, cap)
-                    for gname in args.grids:
-                        grid = 0 if gname == "resident" else (1 << 40) if gname == "all" else int(gname) * sms
-
-                        def launch():
-                            return lib.lab_launch(nv, MODES[mode], pf, cap, grid, x.data_ptr(), gb.data_ptr(),
-                                                  y.data_ptr(), m, n, stream)
-
-                        y.fill_(float("nan"))
-                        used = launch()
-                        if used < 0:
-                            print(f"N={n:6d} {mode:5s} NV={nv} pf={pf} cap={cap}: not launched ({used})")
-                            break
-                        torch.cuda.synchronize()
-                        err = max_err_steps(y, ref) if mode in ("rms", "ln") else float(
-                            (y != x).sum()) if mode == "copy" else float("nan")
-                        us = device_us_per_call(launch)
-                        print(f"N={n:6d} {kind:3s} lab {mode:5s} NV={nv} pf={pf} cap={cap} {regs:3d} regs "
-                              f"grid {gname:>8s} ({used:5d}) {us:8.2f} us {pct(nbytes, us):6.1f} %"
-                              + (f"  err {err:.2f} steps" if mode in ("rms", "ln") else
-                                 f"  {int(err)} values differ" if mode == "copy" else ""))
+                    y.fill_(float("nan"))
+                    used = launch()
+                    if used < 0:
+                        print(f"N={n:6d} {kind:3s} lab {label}: not launched ({used})")
+                        break
+                    torch.cuda.synchronize()
+                    check = (f"  err {max_err_steps(y, ref):.2f} steps" if mode in ("rms", "ln") else
+                             f"  {int((y != x).sum())} values differ" if mode == "copy" else "")
+                    us = device_us_per_call(launch)
+                    print(f"N={n:6d} {kind:3s} lab {label} grid {gname:>8s} ({used:5d}) {us:8.2f} us "
+                          f"{pct(nbytes, us):6.1f} %{check}")
     return 0
 
 

@@ -59,7 +59,8 @@ SMALL_COPY_ROWS = 4096
 #: P146-P147). Informational: changing it here changes nothing in the extension.
 FEW_ROWS_PER_SM = 8
 #: The same for an fp16 row of more than 1K (kFewRowsPerSmF16): 1 row per SM, where 4 vectors
-#: gained at 32-128 rows and lost from 512 (benchmarks/NOTES.md Q42, P148).
+#: gained at 32-128 rows and lost from 512 (benchmarks/NOTES.md Q42, P148); fp16 rows of up to
+#: 1K keep 8 vectors (not measured).
 FEW_ROWS_PER_SM_FP16 = 1
 
 _log = logging.getLogger("engine.cuda_backend")

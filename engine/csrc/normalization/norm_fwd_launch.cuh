@@ -189,7 +189,7 @@ int fwd_vectors(int nvec, int want, int64_t rows, int sms) {
     constexpr bool kBf16 = std::is_same<R, __nv_bfloat16>::value;
     const int64_t per_sm = kBf16 ? kFewRowsPerSm : kFewRowsPerSmF16;
     const bool few = rows <= per_sm * (sms > 1 ? sms : 1);
-    want = (nvec > 64 && ((kBf16 && nvec <= 128) || few)) ? 4 : NV;
+    want = ((kBf16 && nvec > 64 && (nvec <= 128 || few)) || (!kBf16 && nvec > 128 && few)) ? 4 : NV;
   }
   return ceil_div(nvec, want) <= kClusterRowThreads ? want : NV;
 }

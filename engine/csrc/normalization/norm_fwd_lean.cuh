@@ -25,7 +25,10 @@
  * Numerics: those of norm_fwd.cuh (z = x; RMSNorm rsigma = 1 / sqrtf(sum z^2 / N + eps);
  * LayerNorm's one-pass sums scaled by 1 / N per thread, ln_one_pass_var, else the centred pass;
  * ln_fma_row; norm_y), each thread's values summed in the register kernel's slot order and the row
- * group reduced by the same RowGroupSum, so the sums, and every output, are its bits.
+ * group reduced by the same RowGroupSum, so the sums, and every output, are its bits. The sums'
+ * loops restate norm_fwd_reg_kernel's (without its masks) on purpose: a helper shared with it
+ * would change the register kernel's 80-register builds, which move with any added state (NOTES
+ * P54 / P55) and need their own GPU A/B.
  */
 #ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_LEAN_CUH_
 #define ENGINE_CSRC_NORMALIZATION_NORM_FWD_LEAN_CUH_
