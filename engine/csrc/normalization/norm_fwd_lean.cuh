@@ -7,9 +7,9 @@
  * a non-FP8 output, 8 vectors of x per thread (fwd_vectors), and rows of 8192 or 16384 columns: a
  * row over tpr = cols / 64 threads (128 or 256), 256 / tpr rows per CTA, every slot in the row
  * (the kernel itself takes any power-of-two row of 2048-16384 columns). Measured on the H200
- * against the register kernel (NOTES P150, kernel time, two alternations): RMSNorm 8K / 16K
- * 87.9 -> 89.3, 86.2 -> 88.4 % of copy, LayerNorm 84.5 -> 86.7, 82.9 -> 85.8; at 2K it lost 2.5
- * points for both norms and at 4K RMSNorm lost 1, so those keep the register kernel. What differs
+ * against the register kernel (NOTES P150, kernel time, means of two alternations): RMSNorm 8K /
+ * 16K 87.8 -> 89.6, 86.4 -> 88.4 % of copy, LayerNorm 84.6 -> 86.2, 82.9 -> 84.7; at 2K it lost
+ * 2.5 points for both norms and at 4K RMSNorm lost 1, so those keep the register kernel. What differs
  * from norm_fwd_reg_kernel's general loop, which runs the other rows:
  *   - 2 CTAs of 256 threads per SM (up to 128 registers, where the register kernel's builds are
  *     compiled for 3 at 80);
@@ -172,6 +172,12 @@ engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
 template <typename X, typename O>
 engine_status launch_fwd_lean(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
   a.tpr = a.cols / (kLeanNV * 8); /* a power of two, 32..256 (fwd_lean_cols) */
+  /* Row groups must fill the CTA exactly: a partial group would wait at its named barrier for
+   * threads that do not exist (the first form hung so at 6144 columns: NOTES P150). */
+  if (a.cols % (kLeanNV * 8) != 0 || a.tpr < 32 || a.tpr > kLeanThreads || (a.tpr & (a.tpr - 1)) != 0) {
+    return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm_fwd_lean: %d columns do not fill its row groups",
+                     a.cols);
+  }
   a.rows_per_iter = kLeanThreads / a.tpr;
   a.cluster = 1;
   a.tile_rows = 0;
