@@ -317,6 +317,28 @@ extern "C" int lab_regs(int nv, int mode, int pf, int capped) { /* registers of 
 }
 
 #ifndef FWD_LAB_LIB
+/* Median of 20 timed calls of f (after 3 warm-up calls), cudaEvents around each, in us. */
+template <typename F>
+static double median_us(F&& f) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<float> t;
+  for (int it = 0; it < 23; ++it) {
+    CK(cudaEventRecord(e0));
+    f();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (it >= 3) t.push_back(ms * 1000.0f);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 static float bf2f(uint16_t h) {
   uint32_t u = (uint32_t)h << 16;
   float f;
@@ -344,25 +366,15 @@ static void run_case(const Bufs& b, int sms, double copy_us, const char* mode_na
   CK(cudaFuncGetAttributes(&at, k));
   const long long grids[3] = {(long long)per_sm * sms, 16LL * sms, nblk};
   const char* gname[3] = {"resident", "16/SM", "all"};
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
   for (int gi = 0; gi < 3; ++gi) {
     const unsigned grid = (unsigned)std::min(grids[gi], nblk);
     CK(cudaMemset(b.y, 0xff, b.rows * b.n * 2)); /* NaN poison */
-    std::vector<float> t;
-    for (int it = 0; it < 23; ++it) {
-      CK(cudaEventRecord(e0));
-      k<<<grid, kBlock>>>(b.x, b.g, b.y, b.rows, nvec, tpr, 1.0f / b.n, 1e-6f, nullptr);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      if (it >= 3) t.push_back(ms * 1000.0f);
-    }
-    CK(cudaGetLastError());
-    std::sort(t.begin(), t.end());
-    const double us = t[t.size() / 2];
+    const double us = median_us([&] {
+      if (lab_launch_t<NV, MODE, PF, MINB>(grid, b.x, b.g, b.y, b.rows, b.n, 0) < 0) {
+        std::fprintf(stderr, "lab_launch_t failed\n");
+        std::exit(1);
+      }
+    });
     double err = -1.0;
     if (MODE == 2) { /* rows 0, 1 and the last against float64 */
       std::vector<uint16_t> hx(b.n), hy(b.n), hg(b.n);
@@ -435,22 +447,8 @@ int main(int argc, char** argv) {
     }
     CK(cudaMemcpy(g, h.data(), 131072 * 2, cudaMemcpyHostToDevice));
   }
-  /* the copy: cudaMemcpy of the same bytes, median of 20 */
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  std::vector<float> t;
-  for (int it = 0; it < 23; ++it) {
-    CK(cudaEventRecord(e0));
-    CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice));
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (it >= 3) t.push_back(ms * 1000.0f);
-  }
-  std::sort(t.begin(), t.end());
-  const double copy_us = t[t.size() / 2];
+  /* the copy: cudaMemcpy of the same bytes */
+  const double copy_us = median_us([&] { CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice)); });
   std::printf("%s, %d SMs: copy of %zu MB in %.2f us = %.0f GB/s (read + write)\n", p.name, sms, bytes >> 20,
               copy_us, 2.0 * bytes / copy_us / 1e3);
   for (int n : ns) {

@@ -39,6 +39,17 @@ def gpu_sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
+def cuda_kernel_names(fn):
+    """Names of the CUDA kernels one call of ``fn`` launches (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 _FLAGS = [
     "ENGINE_USE_RMSNORM_TRITON",
     "ENGINE_USE_LAYERNORM_TRITON",

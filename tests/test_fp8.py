@@ -23,7 +23,7 @@ import torch
 import engine
 from engine.fp8 import DelayedScaling, Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 
-from conftest import DEVICE, ON_GPU, many_rows, use_backend
+from conftest import DEVICE, ON_GPU, cuda_kernel_names, many_rows, use_backend
 from reference import fp8_quantize
 from reference import norm_fwd as ref_fwd
 
@@ -575,17 +575,6 @@ def test_fp8_grid_per_sm(is_rms, n):
                 assert torch.equal(q.amax, q0.amax), v
     finally:
         engine.backend.reset_for_tests()
-
-
-def cuda_kernel_names(fn):
-    """Names of the CUDA kernels one call of ``fn`` launches (torch profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the row loops of the CUDA forward")

@@ -15,7 +15,7 @@ import torch
 import engine
 from engine.backend import OpFamily
 
-from conftest import DEVICE, ON_GPU, gpu_sms, many_rows, use_backend
+from conftest import DEVICE, ON_GPU, cuda_kernel_names, gpu_sms, many_rows, use_backend
 from reference import norm_bwd as ref_bwd
 from reference import norm_fwd as ref_fwd
 from reference import residual_sum
@@ -478,18 +478,6 @@ def test_fwd_few_rows_take_4_vectors(is_rms, n, x_dtype):
     assert torch.equal(many, eight) and not torch.equal(many, four)
 
 
-def fwd_kernel_names(fn) -> set:
-    """The CUDA kernels one call of ``fn`` launches (torch's profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
-
-
 @pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [4096, 8192, 16384])
@@ -548,7 +536,7 @@ def test_fwd_lean_taken(is_rms):
         x, r, w, b = bf16_rows(m, 8192, is_rms, residual=True)
 
         def names(x, r=None, out_dtype=BF16):
-            return fwd_kernel_names(lambda: run_fwd(is_rms, x, w[:x.shape[1]], None if b is None else b[:x.shape[1]],
+            return cuda_kernel_names(lambda: run_fwd(is_rms, x, w[:x.shape[1]], None if b is None else b[:x.shape[1]],
                                                     r, 1e-5, False, out_dtype))
 
         assert "lean" in " ".join(names(x))
