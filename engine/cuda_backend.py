@@ -584,16 +584,13 @@ def norm_fwd_lean(n: int):
     kernel for the rows its lean kernel takes by default (engine/csrc/normalization/
     norm_fwd_lean.cuh: a 16-bit x without a residual to a non-FP8 output, rows of 8192 or 16384
     columns at 8 vectors per thread); ``n = 0``, the
-    default, runs the lean kernel there; ``n = 2`` runs it on every row of the register path at 8
-    vectors per thread that it fits (2048-16384 columns, a power of two), FP8 outputs in delayed
-    scaling without an in-kernel transposed copy included (NOTES P151). Both kernels give the same
-    bits (the lean kernel adds each row's values in the register kernel's order, and casts to FP8
-    as its fast loop does); the lean one runs 2 CTAs of 256 threads per SM with no
+    default, runs the lean kernel there. Both give the same bits (the lean kernel adds each row's
+    values in the register kernel's order); the lean one runs 2 CTAs of 256 threads per SM with no
     per-CTA prologue (benchmarks/NOTES.md, Q43, Q44, P150). For tests and A/B benchmarks on one
     GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
     ValueError at the call."""
-    if type(n) is not int or n not in (0, 1, 2):
-        raise ValueError(f"norm_fwd_lean: n must be 0, 1 or 2, got {n!r}")
+    if type(n) is not int or n not in (0, 1):
+        raise ValueError(f"norm_fwd_lean: n must be 0 or 1, got {n!r}")
     return _knob("set_norm_fwd_lean", n)
 
 

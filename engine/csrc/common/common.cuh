@@ -92,8 +92,7 @@ int norm_fwd_stream_from();
 int norm_fwd_stream_threads();
 /* engine_set_norm_fwd_band's value now (0: the launcher's default). */
 int norm_fwd_band();
-/* engine_set_norm_fwd_lean's value now (0: the default, the lean kernel where it applies; 1: never;
- * 2: wherever it fits, FP8 outputs too). */
+/* engine_set_norm_fwd_lean's value now (0: the default, the lean kernel where it applies). */
 int norm_fwd_lean();
 /* engine_set_fp8_transpose_order's value now (0: the default order). */
 int fp8_transpose_order();

@@ -670,8 +670,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("n"));
   m.def("set_norm_fwd_lean", &engine_set_norm_fwd_lean,
         "The norm forward's lean kernel (16-bit x, no residual, non-FP8 output, rows of 8192 or "
-        "16384 columns): 1 never, 0 for the default, wherever it applies, 2 every row of 2048-16384 "
-        "columns (a power of two) of the register path, FP8 outputs in delayed scaling included "
+        "16384 columns): 1 never, 0 for the default, wherever it applies "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_fp8_transpose_order", &engine_set_fp8_transpose_order,

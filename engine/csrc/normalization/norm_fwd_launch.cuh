@@ -196,17 +196,11 @@ int fwd_vectors(int nvec, int want, int64_t rows, int sms) {
 
 /* Whether the register path's rows at 8 vectors per thread go to the lean kernel
  * (norm_fwd_lean.cuh: the same bits, measured faster; NOTES P150): a 16-bit x without a residual
- * (the caller's types), mode kFull, no in-kernel transposed copy, a non-FP8 output, rows of 8192
- * or 16384 columns, unless engine_set_norm_fwd_lean(1) or the general-loop knob says otherwise;
- * under engine_set_norm_fwd_lean(2) every such row the kernel fits (fwd_lean_fits), FP8 outputs
- * in delayed scaling too (for A/B runs). */
-template <typename O>
+ * (the caller's types), mode kFull, no in-kernel transposed copy, rows of 8192 or 16384 columns,
+ * unless engine_set_norm_fwd_lean(1) or the general-loop knob says otherwise. */
 inline bool fwd_lean_applies(const FwdArgs& a, const LaunchCtx& ctx) {
-  if (ctx.fwd_lean == 1 || ctx.fwd_general || a.residual != nullptr || a.mode != kFull || a.out_t != nullptr) {
-    return false;
-  }
-  if (ctx.fwd_lean == 2) return fwd_lean_fits(a.cols);
-  return !is_fp8_v<O> && fwd_lean_cols(a.cols);
+  return ctx.fwd_lean == 0 && !ctx.fwd_general && a.residual == nullptr && a.mode == kFull &&
+         a.out_t == nullptr && fwd_lean_cols(a.cols);
 }
 
 /* One launch of the blocked kernel: VEC elements per access (16 bytes of x, or 1 on the scalar
@@ -376,8 +370,8 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
         case 4: return launch_fwd_rows<X, R, O, 4>(a, ctx, transposed);
         default: break;
       }
-      if constexpr (std::is_same<X, R>::value) {
-        if (fwd_lean_applies<O>(a, ctx)) return launch_fwd_lean<X, O>(a, ctx, fwd_grid_per_sm<O>(a, ctx));
+      if constexpr (std::is_same<X, R>::value && !is_fp8_v<O>) {
+        if (fwd_lean_applies(a, ctx)) return launch_fwd_lean<X, O>(a, ctx, fwd_grid_per_sm<O>(a, ctx));
       }
     }
     return launch_fwd_rows<X, R, O, NV>(a, ctx, transposed);

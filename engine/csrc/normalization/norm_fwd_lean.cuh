@@ -41,26 +41,17 @@ namespace norm {
 constexpr int kLeanNV = kFwdNV;   /* 16-byte vectors of x per thread */
 constexpr int kLeanThreads = 256; /* threads per CTA: 256 / tpr row groups of tpr threads */
 
-/* Whether rows of `cols` 16-bit values go to the lean kernel by default: 8192 or 16384 columns (a
- * power of two, so that its row groups fill the CTA; 2048 and 4096 measured slower: above). */
+/* Whether rows of `cols` 16-bit values go to the lean kernel: 8192 or 16384 columns (a power of
+ * two, so that its row groups fill the CTA; 2048 and 4096 measured slower: above). */
 inline bool fwd_lean_cols(int cols) { return cols == 8192 || cols == 16384; }
-/* Whether the kernel can take rows of `cols` at all (engine_set_norm_fwd_lean(2), for A/B runs):
- * row groups of a power of two of 32-256 threads, 2048-16384 columns. */
-inline bool fwd_lean_fits(int cols) {
-  return cols == 2048 || cols == 4096 || fwd_lean_cols(cols);
-}
 
-/* kE5M2: the format of an FP8 output (O = fp8; delayed scaling, mode kFull), as the register
- * kernel's fast loop fixes it at compile time; unused for other outputs. */
-template <typename X, typename O, typename W, bool kRms, bool kBias, bool kE5M2>
+template <typename X, typename O, typename W, bool kRms, bool kBias>
 __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const FwdArgs a) {
   constexpr int NV = kLeanNV;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ZW = PackedWords<X, VEC>::kWords;
-  constexpr bool kFp8 = is_fp8_v<O>;
   static_assert(sizeof(X) == 2 && VEC == 8, "a 16-bit x");
   __shared__ float red_buf[2 * 32 * (kRms ? 1 : 2)];
-  __shared__ int amax_buf[kFp8 ? 32 : 1];
 
   const int tpr = a.tpr;
   const int group = threadIdx.x / tpr;
@@ -68,10 +59,6 @@ __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const Fw
   const int G = a.rows_per_iter;
   const int64_t nblk = (a.rows + G - 1) / G;
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
-  /* FP8: the scale read once (block 0 writes scale_inv), |y| before scaling max-reduced per
-   * thread, then one atomic max per CTA (block_amax_atomic), as the register kernel does */
-  const float scale = fwd_fp8_scale<kFp8>(a);
-  float amax = 0.0f;
   RowGroupSum<1> red(red_buf, tpr, group);
   RowGroupSum<2> red2(red_buf, tpr, group);
 
@@ -153,18 +140,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const Fw
             g[j] += g_add;
             y[j] = norm_y<kFma>(zv(i, j), kRms ? 0.0f : mean, rs, g[j], b[j], kBias);
           }
-          if constexpr (kFp8) {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-              amax = amax_update(amax, y[j]);
-              y[j] *= scale;
-            }
-            uint32_t w[VEC / 4];
-            pack_fp8_fmt<VEC, kE5M2 ? __NV_E5M2 : __NV_E4M3>(y, w);
-            store_words<VEC>(orow + i * tpr * VEC, w);
-          } else {
-            store_vec<O, VEC>(orow + i * tpr * VEC, y);
-          }
+          store_vec<O, VEC>(orow + i * tpr * VEC, y);
         }
       };
       if constexpr (kRms) {
@@ -181,16 +157,12 @@ __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const Fw
       }
     }
   }
-  if constexpr (kFp8) block_amax_atomic(amax, a.amax, amax_buf); /* every thread reaches it */
 }
 
 /* One launch: the build for the weight type and norm kind, on fwd_grid_per_sm's CTAs per SM. */
 template <typename X, typename O, typename W, bool kRms, bool kBias>
 engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
-  void (*k)(FwdArgs) = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, false>;
-  if constexpr (is_fp8_v<O>) {
-    if (a.e5m2) k = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, true>;
-  }
+  auto* k = &norm_fwd_lean_kernel<X, O, W, kRms, kBias>;
   const int64_t work = ceil_div(a.rows, (int64_t)a.rows_per_iter);
   int64_t grid = 0;
   return launch_row_kernel(k, k, a, a.tpr * a.rows_per_iter, 0, work, ctx, 0, work, &grid,
