@@ -17,9 +17,6 @@
  *     the register kernel's global-memory path, not filled into shared memory by every CTA;
  *   - the next row block's x loaded into registers before this one's reduction;
  *   - no per-slot tests (no masked slot, no mode, no cluster, no FP8 or tile branches).
- *   - zero-centred gamma at compile time (kZcg): the other rows add nothing to gamma per value
- *     (NOTES P152; the register kernel adds 0, which makes a gamma of -0.0 +0.0: a zero y can
- *     take the other sign there, the only bits in which the two kernels can differ).
  * A stand-alone kernel of this shape (ci/fwd_lab.cu) read 96-98 % of copy on the H100 at 4K-16K
  * where the register kernel read 92-95, and on the H200 2-5 points over it at 4K-8K (Q43, Q44;
  * the per-CTA fill cost LayerNorm 8K 8 points there); engine's form gains less (above). The grid
@@ -48,9 +45,7 @@ constexpr int kLeanThreads = 256; /* threads per CTA: 256 / tpr row groups of tp
  * two, so that its row groups fill the CTA; 2048 and 4096 measured slower: above). */
 inline bool fwd_lean_cols(int cols) { return cols == 8192 || cols == 16384; }
 
-/* kZcg: zero-centred gamma (y uses gamma + 1), at compile time so that the other rows pay no add
- * per value (NOTES P152). */
-template <typename X, typename O, typename W, bool kRms, bool kBias, bool kZcg>
+template <typename X, typename O, typename W, bool kRms, bool kBias>
 __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const FwdArgs a) {
   constexpr int NV = kLeanNV;
   constexpr int VEC = 16 / sizeof(X);
@@ -63,6 +58,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const Fw
   const int lr = threadIdx.x - group * tpr;
   const int G = a.rows_per_iter;
   const int64_t nblk = (a.rows + G - 1) / G;
+  const float g_add = a.zero_centered ? 1.0f : 0.0f;
   RowGroupSum<1> red(red_buf, tpr, group);
   RowGroupSum<2> red2(red_buf, tpr, group);
 
@@ -141,7 +137,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const Fw
           load_gamma_beta_t<W, kBias, VEC>(a, col, g, b);
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            if constexpr (kZcg) g[j] += 1.0f;
+            g[j] += g_add;
             y[j] = norm_y<kFma>(zv(i, j), kRms ? 0.0f : mean, rs, g[j], b[j], kBias);
           }
           store_vec<O, VEC>(orow + i * tpr * VEC, y);
@@ -166,8 +162,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const Fw
 /* One launch: the build for the weight type and norm kind, on fwd_grid_per_sm's CTAs per SM. */
 template <typename X, typename O, typename W, bool kRms, bool kBias>
 engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
-  auto* k = a.zero_centered ? &norm_fwd_lean_kernel<X, O, W, kRms, kBias, true>
-                            : &norm_fwd_lean_kernel<X, O, W, kRms, kBias, false>;
+  auto* k = &norm_fwd_lean_kernel<X, O, W, kRms, kBias>;
   const int64_t work = ceil_div(a.rows, (int64_t)a.rows_per_iter);
   int64_t grid = 0;
   return launch_row_kernel(k, k, a, a.tpr * a.rows_per_iter, 0, work, ctx, 0, work, &grid,
