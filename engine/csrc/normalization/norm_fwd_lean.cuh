@@ -122,6 +122,20 @@ __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const Fw
         }
         rs = 1.0f / sqrtf(var + a.eps);
       }
+      /* gamma (and beta) of slot i as raw words, loaded one slot ahead of their use (P153): the
+       * compiler keeps a load after every store that precedes it in the source (the pointers may
+       * alias), so a load written at its use waited for the previous slot's store, one L1 round
+       * trip per slot (SASS: LDG gamma, STG y, LDG gamma, ...). Converted to float at the use: the
+       * same values as load_gamma_beta_t's (every 16-bit value and fp32 is exact in fp32). */
+      constexpr int GW = PackedWords<W, VEC>::kWords;
+      const W* const wv = static_cast<const W*>(a.weight) + lr * VEC;
+      const W* const bv = static_cast<const W*>(a.bias) + lr * VEC; /* read only with a bias */
+      uint32_t gw[2][GW], bw[2][GW];
+      auto load_gb = [&](int i, uint32_t(&gi)[GW], uint32_t(&bi)[GW]) {
+        load_words<VEC * sizeof(W)>(wv + i * tpr * VEC, gi);
+        if constexpr (kBias) load_words<VEC * sizeof(W)>(bv + i * tpr * VEC, bi);
+      };
+      load_gb(0, gw[0], bw[0]);
       if (lr == 0) {
         a.rsigma[row] = rs;
         if constexpr (!kRms) a.mu[row] = mean;
@@ -132,13 +146,13 @@ __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const Fw
         constexpr bool kFma = decltype(fma_tag)::value;
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
-          const int64_t col = (int64_t)(lr + i * tpr) * VEC;
-          float g[VEC], b[VEC], y[VEC];
-          load_gamma_beta_t<W, kBias, VEC>(a, col, g, b);
+          if (i + 1 < NV) load_gb(i + 1, gw[(i + 1) & 1], bw[(i + 1) & 1]);
+          float y[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            g[j] += g_add;
-            y[j] = norm_y<kFma>(zv(i, j), kRms ? 0.0f : mean, rs, g[j], b[j], kBias);
+            const float g = unpack_at<W, VEC>(gw[i & 1], j) + g_add;
+            const float b = kBias ? unpack_at<W, VEC>(bw[i & 1], j) : 0.0f;
+            y[j] = norm_y<kFma>(zv(i, j), kRms ? 0.0f : mean, rs, g, b, kBias);
           }
           store_vec<O, VEC>(orow + i * tpr * VEC, y);
         }
