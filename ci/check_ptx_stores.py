@@ -1,11 +1,19 @@
-"""L0 check of the CUDA blocked forward's y stores in PTX (NOTES P124), without a GPU.
+"""L0 checks of the CUDA forward's y stores in PTX (NOTES P124, P153), without a GPU.
 
 NVVM compiled the blocked forward's 16-byte store of a 16-bit y (``store_words`` of a ``uint4``
 through an ``O*`` of 2-byte alignment) into four ``st.global.u32``; since session 38 a row of one
 chunk stores it with one ``st.global.v4.b32`` (``store_words_v``, inline PTX). This compiles
 ``norm_fwd_bf16.cu`` to PTX with engine's nvcc flags (``-arch=compute_90`` instead of the
 gencodes) and fails if any packed build of the blocked kernel (a 16-bit x, ``VEC`` 8) lacks that
-vector store. Run by ci/compile_csrc.sh::
+vector store.
+
+In the same PTX, the lean forward (norm_fwd_lean.cuh) must load each slot's gamma (and beta) one
+slot ahead, before the previous slot's store of y (P153: +1.3 to +2.1 points on the H200). The
+compiler keeps every load after the stores that precede it in the source, so written at its
+use, each load followed the previous slot's store (PTX: ``ld st ld st ... ld st``, one L1 round
+trip per slot); loaded ahead, each epilogue body ends in two stores in a row (the last slot's
+gamma was loaded before the previous store). The check: every lean build has one such pair per
+epilogue body (RMSNorm one, LayerNorm two: its exact and FMA forms). Run by ci/compile_csrc.sh::
 
     python ci/check_ptx_stores.py [--nvcc PATH]
 """
@@ -47,6 +55,32 @@ def entries(ptx: str) -> dict:
     return out
 
 
+LEAN = re.compile(r"_ZN6engine4norm20norm_fwd_lean_kernelI\S*?Lb([01])ELb[01]E")
+
+
+def global_ops(body: str) -> str:
+    """The kernel's global loads and stores in PTX order: L (ld.global) / S (st.global), with the
+    vector width (1, 2 or 4), space-separated."""
+    ops = re.findall(r"^\s*(?:@!?%p\d+ )?(ld|st)\.global(\S*)", body, re.M)
+    return " ".join(("L" if op == "ld" else "S") + ("4" if ".v4" in m else "2" if ".v2" in m else "1")
+                    for op, m in ops)
+
+
+def lean_loads_ahead(ptx: str) -> list:
+    """Problems with the lean kernel's gamma loads (empty: every build loads them a slot ahead)."""
+    lean = {k: v for k, v in entries(ptx).items() if LEAN.match(k)}
+    if not lean:
+        return ["no build of norm_fwd_lean_kernel found in the PTX"]
+    bad = []
+    for k, v in lean.items():
+        want = 1 if LEAN.match(k).group(1) == "1" else 2  # epilogue bodies: RMSNorm 1, LayerNorm 2
+        pairs = len(re.findall(r"(?=S4 S4)", global_ops(v)))
+        if pairs < want:
+            bad.append(f"{k}: {pairs} of {want} epilogue bodies end in two y stores in a row "
+                       "(gamma loaded at its use, after the previous slot's store?)")
+    return bad
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nvcc", default=shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc")
@@ -69,7 +103,12 @@ def main(argv=None) -> int:
         print(f"check_ptx_stores: no st.global.v4.b32 (one-chunk y store) in {k}")
     print(f"check_ptx_stores: {len(packed) - len(bad)}/{len(packed)} packed blocked builds store y "
           f"with st.global.v4.b32")
-    return 1 if bad else 0
+    lean_bad = lean_loads_ahead(ptx)
+    for b in lean_bad:
+        print(f"check_ptx_stores: {b}")
+    if not lean_bad:
+        print("check_ptx_stores: every lean forward build loads gamma a slot ahead of its use")
+    return 1 if bad or lean_bad else 0
 
 
 if __name__ == "__main__":
