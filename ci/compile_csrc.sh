@@ -6,7 +6,8 @@
 #   * every binding .cpp under engine/csrc/extensions: `c++ -c` against torch's headers (plus the
 #     CUDA and Python include dirs) with -DTORCH_EXTENSION_NAME=_C and torch's C++ ABI flag;
 #   * ci/check_ptx_stores.py: the blocked forward's one-chunk y store is one st.global.v4.b32 in
-#     the PTX of norm_fwd_bf16.cu (NOTES P124).
+#     the PTX of norm_fwd_bf16.cu (NOTES P124), and the lean forward loads gamma a slot ahead of
+#     its use (P153).
 # All files compile in parallel over the cores (the binding first: it is the longest job).
 # Options: --ptxas-v   also print the ptxas register / spill / stack report of every kernel
 #          --keep DIR  keep objects and logs in DIR instead of a temporary directory
