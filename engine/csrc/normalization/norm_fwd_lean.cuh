@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const Fw
        * same values as load_gamma_beta_t's (every 16-bit value and fp32 is exact in fp32). */
       constexpr int GW = PackedWords<W, VEC>::kWords;
       const W* const wv = static_cast<const W*>(a.weight) + lr * VEC;
-      const W* const bv = static_cast<const W*>(a.bias) + lr * VEC; /* read only with a bias */
+      const W* const bv = kBias ? static_cast<const W*>(a.bias) + lr * VEC : nullptr;
       uint32_t gw[2][GW], bw[2][GW];
       auto load_gb = [&](int i, uint32_t(&gi)[GW], uint32_t(&bi)[GW]) {
         load_words<VEC * sizeof(W)>(wv + i * tpr * VEC, gi);
