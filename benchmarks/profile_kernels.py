@@ -206,7 +206,7 @@ def run(args) -> int:
     else:
         print(f"card class: triton {cls[lean]}")
     rows = []
-    env = H.environment()
+    env = H.environment() if args.json else None
     for norm in args.norms:
         for mode in args.modes:
             if mode == "cast-T" and norm != args.norms[0]:

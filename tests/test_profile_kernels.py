@@ -110,3 +110,30 @@ def test_dtype_option_converts_the_bf16_inputs(monkeypatch, capsys):
                     {"x": b16, "w": b16, "scale": torch.float32, "amax": torch.float32}]
     out = capsys.readouterr().out
     assert "inputs fp16" in out and "inputs bf16" in out
+
+
+def test_json_keeps_the_rows_measured_before_a_cut(monkeypatch, tmp_path):
+    """``--json`` is written after every row, so a run cut off (here: interrupted at its second
+    row, as a device call's time limit does) keeps the rows it measured (session 46)."""
+    import json
+
+    from benchmarks import harness as H
+    from benchmarks import profile_kernels as P
+
+    _stub_gpu(monkeypatch, lambda norm, mode, m, n, dev: {})
+    monkeypatch.setattr(H, "environment", lambda: {"device": "stub"})
+    calls = []
+
+    def device_us(fn):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the cut
+        return 1.0
+
+    monkeypatch.setattr(P, "device_us_per_call", device_us)
+    out = tmp_path / "rows.json"
+    with pytest.raises(KeyboardInterrupt):
+        P.main(["--impls", "triton", "--norms", "rmsnorm", "--modes", "fwd", "--n", "1024", "4096",
+                "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["n"], r["device_us"]) for r in rows] == [(1024, 1.0)]
