@@ -92,10 +92,9 @@ for stage in "$@"; do
           tail -4 "$OUT/mainjob_triton$t.log"; done ;;
     profkB) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py ${PROFKB_ARGS:-} \
           > "$OUT/profkB.log" 2>&1; log "profkB exit $?"; tail -80 "$OUT/profkB.log" ;;
-    profkV) for v in ${PROFKV_VECTORS:-8 4}; do
-          echo "== --fwd-vectors $v" >> "$OUT/profkV.log"
-          timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py --fwd-vectors "$v" ${PROFKV_ARGS:-} \
-            >> "$OUT/profkV.log" 2>&1; log "profkV $v exit $?"; done; tail -100 "$OUT/profkV.log" ;;
+    profkV) sides=""; for v in ${PROFKV_VECTORS:-8 4}; do sides="$sides${sides:+|}--fwd-vectors $v"; done
+          OUT="$OUT" KAB_ARGS="${PROFKV_ARGS:-}" KAB_SIDES="$sides" KAB_REPS=1 KAB_LIMIT="${PROFK_LIMIT:-300}" \
+            KAB_LOG=profkV.log bash ci/knob_ab.sh; log "profkV done"; tail -100 "$OUT/profkV.log" ;;
     hostprof) timeout 120 python3 ci/host_profile.py ${HOSTPROF_ARGS:-} > "$OUT/hostprof.log" 2>&1; log "hostprof exit $?"
           tail -70 "$OUT/hostprof.log" ;;
     profkjit) timeout "${PROFK_LIMIT:-300}" python3 benchmarks/profile_kernels.py --jit-launch ${PROFK_ARGS:-} \
