@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -58,6 +59,31 @@ def device_us_per_call(fn, calls: int = 15) -> float:
                            calls)
 
 
+def call_kernel_names(fn) -> list[str]:
+    """The names of the kernels one call of ``fn`` launches, in stream order (profiler), so that
+    a table's cell says which kernel it measured: the dispatch picks among several per width, card
+    and mode."""
+    H.sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        H.sync()
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return [e.name for e in sorted(events, key=lambda e: e.time_range.start)]
+
+
+def short_kernel_name(name: str) -> str:
+    """A kernel's demangled name without its return type, namespaces and argument list, template
+    arguments kept: ``void engine::norm::k<int, 8>(engine::norm::FwdArgs)`` -> ``k<int, 8>``."""
+    name = re.sub(r"^void\s+", "", name)
+    depth, cut = 0, len(name)
+    for i, ch in enumerate(name):  # the argument list: the first "(" outside template brackets
+        depth += {"<": 1, ">": -1}.get(ch, 0)
+        if ch == "(" and depth == 0:
+            cut = i
+            break
+    return re.sub(r"\b\w+::", "", name[:cut])
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="*", default=[1024, 8192, 32768, 131072])
@@ -65,6 +91,8 @@ def main(argv=None) -> int:
     ap.add_argument("--norms", nargs="*", default=["rmsnorm", "layernorm"])
     ap.add_argument("--impls", nargs="*", default=["cuda", "triton"])
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--names", action="store_true",
+                    help="print the kernels each row launches (the JSON rows carry them always, as 'kernels')")
     ap.add_argument("--graph", action="store_true",
                     help="also time one replay of the call captured as a CUDA graph (harness.bench_graph)")
     ap.add_argument("--jit-launch", action="store_true",
@@ -224,6 +252,7 @@ def run(args) -> int:
                         case = C.build(spec, inp)
                         ms = H.bench(case.fn)
                         dev_us = device_us_per_call(case.fn)
+                        names = call_kernel_names(case.fn)
                         g_ms = H.bench_graph(case.fn) if args.graph else None
                     except Exception as e:  # noqa: BLE001 - a row that fails is reported, not fatal
                         print(f"{spec.label:14s} {impl:7s} N={n:6d}: {H.short_error(e)}")
@@ -235,12 +264,15 @@ def run(args) -> int:
                     kern = 100 * H.gbps(nb, dev_us / 1e3) / copy
                     graph = None if g_ms is None else 100 * H.gbps(nb, g_ms) / copy
                     rows.append(dict(norm=norm, mode=mode, impl=impl, n=n, m=m, timed_ms=ms, device_us=dev_us,
-                                     timed_pct=timed, kernels_pct=kern, graph_ms=g_ms, graph_pct=graph))
+                                     timed_pct=timed, kernels_pct=kern, graph_ms=g_ms, graph_pct=graph,
+                                     kernels=names))
                     g_txt = "" if not args.graph else (
                         "   graph      -" if g_ms is None else f"   graph {g_ms * 1e3:8.1f} us = {graph:5.1f} %")
                     m_txt = "" if not (args.m_adjust or args.rows) else f" M={m:6d}"
                     print(f"{spec.label:14s} {impl:7s} N={n:6d}{m_txt}: timed {ms * 1e3:8.1f} us = {timed:5.1f} %   "
                           f"kernels {dev_us:8.1f} us = {kern:5.1f} %{g_txt}", flush=True)
+                    if args.names:
+                        print("    " + " ; ".join(short_kernel_name(k) for k in names), flush=True)
                     del inp, case
                     H.free_memory()
                     if args.json:  # after every row: a call cut off by its time limit keeps what it measured

@@ -57,7 +57,8 @@ def _stub_gpu(monkeypatch, make_inputs, build=None):
         (H, "bench", lambda fn: 0.001), (H, "free_memory", lambda: None),
         (H, "reset_backend", lambda: None), (H, "device", lambda: "cpu"),
         (TU, "lean_dram", lambda dev: True), (C, "make_inputs", make_inputs), (C, "build", build),
-        (P, "device_us_per_call", lambda fn: 1.0)]:
+        (P, "device_us_per_call", lambda fn: 1.0),
+        (P, "call_kernel_names", lambda fn: ["void engine::norm::k<float, (engine::norm::FwdPath)1>(engine::norm::FwdArgs)"])]:
         monkeypatch.setattr(mod, name, value)
 
 
@@ -137,3 +138,30 @@ def test_json_keeps_the_rows_measured_before_a_cut(monkeypatch, tmp_path):
                 "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
     assert [(r["n"], r["device_us"]) for r in rows] == [(1024, 1.0)]
+    assert rows[0]["kernels"] == ["void engine::norm::k<float, (engine::norm::FwdPath)1>(engine::norm::FwdArgs)"]
+
+
+def test_names_option_prints_each_rows_kernels_shortened(monkeypatch, capsys):
+    """``--names`` prints, under each row, the kernels its call launched (stub names here), each
+    without return type, namespaces and argument list; without it nothing is printed."""
+    from benchmarks import profile_kernels as P
+
+    _stub_gpu(monkeypatch, lambda norm, mode, m, n, dev: {})
+    args = ["--impls", "triton", "--norms", "rmsnorm", "--modes", "fwd", "--n", "1024"]
+    assert P.main(args + ["--names"]) == 0
+    assert "    k<float, (FwdPath)1>" in capsys.readouterr().out.splitlines()
+    assert P.main(args) == 0
+    assert "k<float" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, short", [
+    ("void engine::norm::norm_fwd_reg_kernel<__nv_bfloat16, float, 8>(engine::norm::FwdArgs)",
+     "norm_fwd_reg_kernel<__nv_bfloat16, float, 8>"),
+    ("_rms_fwd_kernel", "_rms_fwd_kernel"),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>(int, float)",
+     "vectorized_elementwise_kernel<4, FillFunctor<float>>"),
+])
+def test_short_kernel_name(name, short):
+    from benchmarks.profile_kernels import short_kernel_name
+
+    assert short_kernel_name(name) == short
