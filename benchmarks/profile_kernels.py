@@ -151,9 +151,10 @@ def main(argv=None) -> int:
                          "never, 2-4: one configuration wherever it fits, 2 / 3: 32 x 512 per CTA, "
                          "tiles of their own / the tile in the stage, 4: 32 x 1024; "
                          "engine.cuda_backend.norm_fwd_band), for A/B runs")
-    ap.add_argument("--fwd-lean", type=int, choices=[0, 1],
+    ap.add_argument("--fwd-lean", type=int, choices=[0, 1, 2],
                     help="CUDA: 1 keeps the forward's register kernel where its lean kernel runs by "
-                         "default (0: the default; engine.cuda_backend.norm_fwd_lean), for A/B runs")
+                         "default, 2 runs the lean kernel at 4K and 32K too (0: the default; "
+                         "engine.cuda_backend.norm_fwd_lean), for A/B runs")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="Both backends: the forward calls' sm_margin (SMs left out of the "
                          "persistent grids; benchmarks.cases.Spec.sm_margin), for runs of the grid "

@@ -584,13 +584,15 @@ def norm_fwd_lean(n: int):
     kernel for the rows its lean kernel takes by default (engine/csrc/normalization/
     norm_fwd_lean.cuh: a 16-bit x without a residual to a non-FP8 output, rows of 8192 or 16384
     columns at 8 vectors per thread); ``n = 0``, the
-    default, runs the lean kernel there. Both give the same bits (the lean kernel adds each row's
-    values in the register kernel's order); the lean one runs 2 CTAs of 256 threads per SM with no
-    per-CTA prologue (benchmarks/NOTES.md, Q43, Q44, P150). For tests and A/B benchmarks on one
-    GPU. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
-    ValueError at the call."""
-    if type(n) is not int or n not in (0, 1):
-        raise ValueError(f"norm_fwd_lean: n must be 0 or 1, got {n!r}")
+    default, runs the lean kernel there; ``n = 2`` also at 4096 and 32768 columns (the latter
+    before the streamed kernel and the clusters, as one 512-thread CTA per row: an A/B's side,
+    benchmarks/NOTES.md P154). Both give the same bits as the register kernel at one CTA per row
+    (the lean kernel adds each row's values in the register kernel's order); the lean one runs 2
+    CTAs of 256 threads per SM with no per-CTA prologue (benchmarks/NOTES.md, Q43, Q44, P150).
+    For tests and A/B benchmarks on one GPU. Process-wide, not thread-safe; restores the previous
+    value on exit. A bad ``n`` raises ValueError at the call."""
+    if type(n) is not int or n not in (0, 1, 2):
+        raise ValueError(f"norm_fwd_lean: n must be 0, 1 or 2, got {n!r}")
     return _knob("set_norm_fwd_lean", n)
 
 

@@ -480,12 +480,14 @@ def test_fwd_few_rows_take_4_vectors(is_rms, n, x_dtype):
 
 @pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n", [4096, 8192, 16384])
+@pytest.mark.parametrize("n,knob", [(4096, 0), (8192, 0), (16384, 0), (4096, 2), (32768, 2)])
 @pytest.mark.parametrize("case", ["bf16", "bf16-f32out-f32w-zcg-nobias", "fp16-strided"])
-def test_fwd_lean_same_bits(is_rms, n, case):
-    """The lean forward (norm_fwd_lean.cuh, rows of 8192 and 16384 columns; 4096, the register
-    kernel on both sides, a control) against float64 with
-    poisoned outputs, and bit for bit the register kernel's outputs (cuda_backend.norm_fwd_lean(1)):
+def test_fwd_lean_same_bits(is_rms, n, knob, case):
+    """The lean forward (norm_fwd_lean.cuh, rows of 8192 and 16384 columns; 4096 under knob 0, the
+    register kernel on both sides, a control; 4096 and 32768 under knob 2, P154's A/B side, the
+    latter as one 512-thread CTA per row) against float64 with
+    poisoned outputs, and bit for bit the register kernel's outputs (cuda_backend.norm_fwd_lean(1);
+    at 32768 its one-CTA build: no cluster, no streamed kernel):
     y, rsigma and mu, over many_rows() + 37 rows (CTAs' last row blocks partly past the end),
     bf16 to bf16 and to fp32 with fp32 zero-centred weights (LayerNorm without a bias there, with
     one elsewhere), fp16 on rows with a stride past the row. Rows of a large mean (LayerNorm's
@@ -504,8 +506,9 @@ def test_fwd_lean_same_bits(is_rms, n, case):
         w = (torch.randn(n, device=DEVICE) * 0.5 + (0.0 if zcg else 1.0)).to(w_dtype)
         b = None if is_rms or "nobias" in case else torch.randn(n, device=DEVICE).to(w_dtype)
         outs = []
-        for lean in (0, 1):
-            with cuda_backend.norm_fwd_lean(lean):
+        for lean in (knob, 1):
+            with cuda_backend.norm_fwd_lean(lean), cuda_backend.max_cluster_size(1), \
+                    cuda_backend.norm_fwd_stream_from(1 << 30):
                 outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
         ref = ref_fwd(x, w, b, 1e-5, is_rms, zcg)
         big = torch.zeros(m, dtype=torch.bool, device=DEVICE)
@@ -527,7 +530,8 @@ def test_fwd_lean_same_bits(is_rms, n, case):
 def test_fwd_lean_taken(is_rms):
     """The lean kernel runs where it applies by default (8192 columns) and not under
     norm_fwd_lean(1), nor for an FP8 output, a residual, another width (4096, 8184), or a call of
-    few rows (4 vectors per thread: FEW_ROWS_PER_SM)."""
+    few rows (4 vectors per thread: FEW_ROWS_PER_SM); under norm_fwd_lean(2) also at 4096 and
+    32768 columns."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -547,6 +551,11 @@ def test_fwd_lean_taken(is_rms):
         assert "lean" not in " ".join(names(x[:, :8184].contiguous()))
         assert "lean" not in " ".join(names(x[:, :4096].contiguous()))
         assert "lean" not in " ".join(names(x[:32]))
+        with cuda_backend.norm_fwd_lean(2):  # P154's A/B side: 4096 and 32768 too
+            assert "lean" in " ".join(names(x[:, :4096].contiguous()))
+            x32, _, w32, b32 = bf16_rows(m, 32768, is_rms)
+            assert "lean" in " ".join(cuda_kernel_names(
+                lambda: run_fwd(is_rms, x32, w32, b32, None, 1e-5, False, BF16)))
     finally:
         engine.backend.reset_for_tests()
 

@@ -199,8 +199,8 @@ int fwd_vectors(int nvec, int want, int64_t rows, int sms) {
  * (the caller's types), mode kFull, no in-kernel transposed copy, rows of 8192 or 16384 columns,
  * unless engine_set_norm_fwd_lean(1) or the general-loop knob says otherwise. */
 inline bool fwd_lean_applies(const FwdArgs& a, const LaunchCtx& ctx) {
-  return ctx.fwd_lean == 0 && !ctx.fwd_general && a.residual == nullptr && a.mode == kFull &&
-         a.out_t == nullptr && fwd_lean_cols(a.cols);
+  return ctx.fwd_lean != 1 && !ctx.fwd_general && a.residual == nullptr && a.mode == kFull &&
+         a.out_t == nullptr && fwd_lean_cols(a.cols, ctx.fwd_lean);
 }
 
 /* One launch of the blocked kernel: VEC elements per access (16 bytes of x, or 1 on the scalar
@@ -344,6 +344,10 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
       vec && fwd_blocked_packed<X, R, VEC>() &&
       fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from, is_fp8_v<O>, sizeof(X) == 2,
                        a.is_rms != 0, ctx.lean_dram != 0);
+  /* the lean kernel's rows of 32K under its knob 2 (P154), before the stream and the clusters */
+  if constexpr (std::is_same<X, R>::value && !is_fp8_v<O> && sizeof(X) == 2) {
+    if (vec && cols == 32768 && fwd_lean_applies(a, ctx)) return launch_fwd_lean<X, O>(a, ctx, 0);
+  }
   /* the streamed cluster kernel where it applies (fwd_take_stream), before the blocked kernel that
    * a residual row takes by default, before the one an FP8 row takes by default only under the
    * stream's knob, never before the blocked knob */

@@ -43,13 +43,19 @@ namespace norm {
 
 constexpr int kLeanNV = kFwdNV;   /* 16-byte vectors of x per thread */
 constexpr int kLeanThreads = 256; /* threads per CTA: 256 / tpr row groups of tpr threads */
+/* The build for rows of 32768 columns (knob 2 only, P154): one row of 512 threads per CTA, one
+ * CTA per SM at the same 128-register cap (the same 16 warps per SM as 2 x 256). */
+constexpr int kLeanWideThreads = kMaxRowThreads;
 
 /* Whether rows of `cols` 16-bit values go to the lean kernel: 8192 or 16384 columns (a power of
- * two, so that its row groups fill the CTA; 2048 and 4096 measured slower: above). */
-inline bool fwd_lean_cols(int cols) { return cols == 8192 || cols == 16384; }
+ * two, so that its row groups fill the CTA; 2048 and 4096 measured slower: above); under
+ * engine_set_norm_fwd_lean(2) (an A/B's side, P154) also 4096 and 32768. */
+inline bool fwd_lean_cols(int cols, int knob) {
+  return cols == 8192 || cols == 16384 || (knob == 2 && (cols == 4096 || cols == 32768));
+}
 
-template <typename X, typename O, typename W, bool kRms, bool kBias>
-__global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const FwdArgs a) {
+template <typename X, typename O, typename W, bool kRms, bool kBias, int kThreads>
+__global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_lean_kernel(const FwdArgs a) {
   constexpr int NV = kLeanNV;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ZW = PackedWords<X, VEC>::kWords;
@@ -176,26 +182,31 @@ __global__ void __launch_bounds__(kLeanThreads, 2) norm_fwd_lean_kernel(const Fw
   }
 }
 
-/* One launch: the build for the weight type and norm kind, on fwd_grid_per_sm's CTAs per SM. */
+/* One launch: the build for the weight type and norm kind, on fwd_grid_per_sm's CTAs per SM
+ * (256-thread CTAs); a row of 512 threads runs its own build on the resident grid (one CTA per
+ * SM looping over rows, so that the next row's prefetch has a row to hide behind: 16 CTAs per SM
+ * would give each CTA about one row at 64M values). */
 template <typename X, typename O, typename W, bool kRms, bool kBias>
 engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
-  auto* k = &norm_fwd_lean_kernel<X, O, W, kRms, kBias>;
+  auto* k = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanThreads>;
+  auto* kw = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanWideThreads>;
+  const int block = a.tpr * a.rows_per_iter;
   const int64_t work = ceil_div(a.rows, (int64_t)a.rows_per_iter);
   int64_t grid = 0;
-  return launch_row_kernel(k, k, a, a.tpr * a.rows_per_iter, 0, work, ctx, 0, work, &grid,
-                           "norm_fwd_lean_kernel", per_sm);
+  return launch_row_kernel(k, kw, a, block, 0, work, ctx, 0, work, &grid, "norm_fwd_lean_kernel",
+                           block > kLeanThreads ? 0 : per_sm);
 }
 
 template <typename X, typename O>
 engine_status launch_fwd_lean(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
-  a.tpr = a.cols / (kLeanNV * 8); /* a power of two, 32..256 (fwd_lean_cols) */
+  a.tpr = a.cols / (kLeanNV * 8); /* a power of two, 32..512 (fwd_lean_cols) */
   /* Row groups must fill the CTA exactly: a partial group would wait at its named barrier for
    * threads that do not exist (the first form hung so at 6144 columns: NOTES P150). */
-  if (a.cols % (kLeanNV * 8) != 0 || a.tpr < 32 || a.tpr > kLeanThreads || (a.tpr & (a.tpr - 1)) != 0) {
+  if (a.cols % (kLeanNV * 8) != 0 || a.tpr < 32 || a.tpr > kLeanWideThreads || (a.tpr & (a.tpr - 1)) != 0) {
     return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm_fwd_lean: %d columns do not fill its row groups",
                      a.cols);
   }
-  a.rows_per_iter = kLeanThreads / a.tpr;
+  a.rows_per_iter = a.tpr > kLeanThreads ? 1 : kLeanThreads / a.tpr;
   a.cluster = 1;
   a.tile_rows = 0;
   a.gb_off = -1;
