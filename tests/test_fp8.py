@@ -94,7 +94,8 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=
     takes the stream and an FP8 one alone the register path's clusters, both norms (NOTES P133);
     LayerNorm's FP8 outputs otherwise take the fp32 output's kernel (NOTES P101 / P102). On
     another card (the H200; NOTES P116) the stream takes RMSNorm's FP8 outputs from 16K and
-    LayerNorm's from 8K, up to 32K (sm_90), and the register path the rows below. With a residual
+    LayerNorm's from 8K, up to 32K (sm_90), and the register path the rows below; at 32K
+    RMSNorm's fp32 output takes the lean kernel there and its FP8 outputs the stream (P154). With a residual
     of x's dtype (``residual``): at 2K-8K the blocked kernel for the fp32 output and the register
     kernel for an FP8 one (fwd_take_blocked; NOTES P91), at 16K the blocked kernel and the
     streamed one (NOTES P130; at 32K-64K both take the blocked kernel since P103). All only for a
@@ -109,7 +110,8 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=
         if alone:
             return (is_rms and lo <= n <= mid) or (sm90 and n == hi)
         return is_rms and (lo <= n <= mid or (sm90 and mid < n < hi))
-    return sm90 and (mid if is_rms else FP8_OWN_LN_WIDE) <= n < hi
+    # at 32K RMSNorm's fp32 output takes the lean kernel there (NOTES P154), its FP8 outputs the stream
+    return sm90 and ((mid if is_rms else FP8_OWN_LN_WIDE) <= n < hi or (is_rms and n == hi))
 
 
 def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False, alone=True):
@@ -350,7 +352,7 @@ def register_path():
 
 @pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
 @pytest.mark.parametrize("n,dram_class", [(4096, 1), (16384, 1), (16392, 1), (24584, 1), (32768, 1),
-                                          (16384, 2), (24584, 2)])
+                                          (16384, 2), (24584, 2), (32768, 2)])
 @pytest.mark.parametrize("fp8_dtype", FP8)
 def test_fp8_own_kernel_widths(n, dram_class, fp8_dtype):
     """By default the CUDA forward takes another kernel for RMSNorm's FP8 outputs than for the
@@ -358,7 +360,8 @@ def test_fp8_own_kernel_widths(n, dram_class, fp8_dtype):
     (fwd_take_blocked; NOTES P100 / P102), its streamed kernel above with the transposed copy and
     in current scaling (fwd_take_stream; NOTES P59/P67/P68), where delayed scaling alone takes the
     fp32 output's path but at 32K, where it takes the clusters and the fp32 output the stream
-    (P133); on another card the stream from 16K (P116). test_norm_contract.py::
+    (P133); on another card the stream from 16K (P116; at 32K the fp32 output the lean kernel,
+    P154). test_norm_contract.py::
     test_fwd_fp8_default_path checks the paths taken. Here, over 67 rows (16392 and 24584: rows
     not a power of two), with each class's defaults (engine.cuda_backend.dram_class): delayed
     scaling's bytes, alone and (past 16K, where the copy comes after the norm) with the copy, are

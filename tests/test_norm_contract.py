@@ -483,11 +483,11 @@ def test_fwd_few_rows_take_4_vectors(is_rms, n, x_dtype):
 @pytest.mark.parametrize("n,knob", [(4096, 0), (8192, 0), (16384, 0), (4096, 2), (32768, 2)])
 @pytest.mark.parametrize("case", ["bf16", "bf16-f32out-f32w-zcg-nobias", "fp16-strided"])
 def test_fwd_lean_same_bits(is_rms, n, knob, case):
-    """The lean forward (norm_fwd_lean.cuh, rows of 8192 and 16384 columns; 4096 under knob 0, the
-    register kernel on both sides, a control; 4096 and 32768 under knob 2, P154's A/B side, the
-    latter as one 512-thread CTA per row) against float64 with
-    poisoned outputs, and bit for bit the register kernel's outputs (cuda_backend.norm_fwd_lean(1);
-    at 32768 its one-CTA build: no cluster, no streamed kernel):
+    """The lean forward (norm_fwd_lean.cuh: rows of 8192 and 16384 columns, on a card that is not
+    lean 4096 too, where on a lean card the register kernel runs on both sides, a control; under
+    knob 2 4096 and 32768 on any card, the latter as one 512-thread CTA per row) against float64
+    with poisoned outputs, and bit for bit the register kernel's outputs
+    (cuda_backend.norm_fwd_lean(1), its one-CTA build: no cluster, no streamed kernel):
     y, rsigma and mu, over many_rows() + 37 rows (CTAs' last row blocks partly past the end),
     bf16 to bf16 and to fp32 with fp32 zero-centred weights (LayerNorm without a bias there, with
     one elsewhere), fp16 on rows with a stride past the row. Rows of a large mean (LayerNorm's
@@ -506,10 +506,11 @@ def test_fwd_lean_same_bits(is_rms, n, knob, case):
         w = (torch.randn(n, device=DEVICE) * 0.5 + (0.0 if zcg else 1.0)).to(w_dtype)
         b = None if is_rms or "nobias" in case else torch.randn(n, device=DEVICE).to(w_dtype)
         outs = []
-        for lean in (knob, 1):
-            with cuda_backend.norm_fwd_lean(lean), cuda_backend.max_cluster_size(1), \
-                    cuda_backend.norm_fwd_stream_from(1 << 30):
-                outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
+        with cuda_backend.norm_fwd_lean(knob):
+            outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
+        with cuda_backend.norm_fwd_lean(1), cuda_backend.max_cluster_size(1), \
+                cuda_backend.norm_fwd_stream_from(1 << 30):
+            outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
         ref = ref_fwd(x, w, b, 1e-5, is_rms, zcg)
         big = torch.zeros(m, dtype=torch.bool, device=DEVICE)
         big[::7] = not is_rms  # LayerNorm's rows of a large mean: their own tolerance
@@ -528,10 +529,11 @@ def test_fwd_lean_same_bits(is_rms, n, knob, case):
 @pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_fwd_lean_taken(is_rms):
-    """The lean kernel runs where it applies by default (8192 columns) and not under
-    norm_fwd_lean(1), nor for an FP8 output, a residual, another width (4096, 8184), or a call of
-    few rows (4 vectors per thread: FEW_ROWS_PER_SM); under norm_fwd_lean(2) also at 4096 and
-    32768 columns."""
+    """The lean kernel runs where it applies by default (8192 columns; 4096 and RMSNorm's 32768
+    on a card that is not lean, dram_class 2, not on a lean one: P154) and not under
+    norm_fwd_lean(1), nor for an FP8 output, a residual, another width (8184), a call of
+    few rows (4 vectors per thread: FEW_ROWS_PER_SM), or (32768) under the stream's knob; under
+    norm_fwd_lean(2) at 4096 and 32768 on either card."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -549,13 +551,22 @@ def test_fwd_lean_taken(is_rms):
         assert "lean" not in " ".join(names(x, out_dtype=torch.float8_e4m3fn))
         assert "lean" not in " ".join(names(x, r))
         assert "lean" not in " ".join(names(x[:, :8184].contiguous()))
-        assert "lean" not in " ".join(names(x[:, :4096].contiguous()))
         assert "lean" not in " ".join(names(x[:32]))
-        with cuda_backend.norm_fwd_lean(2):  # P154's A/B side: 4096 and 32768 too
-            assert "lean" in " ".join(names(x[:, :4096].contiguous()))
-            x32, _, w32, b32 = bf16_rows(m, 32768, is_rms)
-            assert "lean" in " ".join(cuda_kernel_names(
-                lambda: run_fwd(is_rms, x32, w32, b32, None, 1e-5, False, BF16)))
+        x4 = x[:, :4096].contiguous()
+        x32, _, w32, b32 = bf16_rows(m, 32768, is_rms)
+
+        def names32():
+            return " ".join(cuda_kernel_names(lambda: run_fwd(is_rms, x32, w32, b32, None, 1e-5, False, BF16)))
+
+        for dram_class in (1, 2):
+            with cuda_backend.dram_class(dram_class):
+                assert ("lean" in " ".join(names(x4))) == (dram_class == 2), dram_class
+                assert ("lean" in names32()) == (dram_class == 2 and is_rms), dram_class
+                with cuda_backend.norm_fwd_stream_from(32768):
+                    assert "lean" not in names32()
+                with cuda_backend.norm_fwd_lean(2):
+                    assert "lean" in " ".join(names(x4))
+                    assert "lean" in names32()
     finally:
         engine.backend.reset_for_tests()
 
@@ -803,6 +814,8 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
         stream = False  # the clusters there (NOTES P131; test_fwd_ln_32k_default_path)
     if fp8 and cuda_lean() and n == 32768:
         stream = False  # the clusters there (NOTES P133; test_fwd_fp8_alone_path)
+    if is_rms and not fp8 and not cuda_lean() and n == 32768:
+        return  # the lean kernel's there, neither path's (P154; test_fwd_ln_32k_default_path)
     assert torch.equal(stats[2], stats[0] if stream else stats[1])
 
 
@@ -813,9 +826,11 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
 def test_fwd_ln_32k_default_path(is_rms, n, dram_class):
     """LayerNorm's bf16 rows of 32K without a residual take the clusters by default on a card that
     is not lean (dram_class 2, the H200: NOTES P131, the clusters 80 % of copy against the stream's
-    76-79) and the streamed kernel on a lean one (the H100); rows past 32K and RMSNorm's take the
-    stream on both. Over 301 rows the default's statistics are that path's bit for bit (the stream:
-    its knob at n; the clusters: the stream's knob past every row) and differ from the other's."""
+    76-79), RMSNorm's the lean kernel there (NOTES P154: 83.5 against the stream's 81.4), and
+    both the streamed kernel on a lean card (the H100); rows past 32K take the stream on both.
+    Over 301 rows the default's statistics are that path's bit for bit (the stream: its knob at
+    n; the clusters: the stream's knob past every row; the lean kernel: norm_fwd_lean(2)) and
+    differ from the others'."""
     from engine import cuda_backend
 
     if torch.cuda.get_device_capability()[0] < 9:
@@ -824,16 +839,22 @@ def test_fwd_ln_32k_default_path(is_rms, n, dram_class):
     try:
         x, _, w, b = bf16_rows(301, n, is_rms)
         stats = {}
-        for path, stream_from in (("stream", n), ("clusters", 1 << 30), ("default", 0)):
-            with cuda_backend.norm_fwd_stream_from(stream_from), \
+        for path, stream_from, lean in (("stream", n, 0), ("clusters", 1 << 30, 0), ("lean", 0, 2),
+                                        ("default", 0, 0)):
+            with cuda_backend.norm_fwd_stream_from(stream_from), cuda_backend.norm_fwd_lean(lean), \
                     cuda_backend.dram_class(dram_class):
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
             stats[path] = rsigma if is_rms else torch.cat([mu, rsigma])
     finally:
         engine.backend.reset_for_tests()
-    torch.testing.assert_close(stats["clusters"], stats["stream"], rtol=1e-5, atol=1e-6)
-    assert not torch.equal(stats["clusters"], stats["stream"])
-    want = "clusters" if (not is_rms and n == 32768 and dram_class == 2) else "stream"
+    paths = ("stream", "clusters", "lean") if n == 32768 else ("stream", "clusters")
+    for i, p in enumerate(paths):
+        for q in paths[i + 1:]:
+            torch.testing.assert_close(stats[p], stats[q], rtol=1e-5, atol=1e-6)
+            assert not torch.equal(stats[p], stats[q]), (p, q)
+    want = "stream"
+    if n == 32768 and dram_class == 2:
+        want = "lean" if is_rms else "clusters"
     assert torch.equal(stats["default"], stats[want])
 
 
@@ -848,7 +869,7 @@ FP8_DEFAULT_PATH = {
     (False, 32768): {1: "register", 2: "stream"}}
 FP8_CURRENT_PATH = {(True, 16392, 1): "stream", (True, 32768, 1): "stream",
                     (False, 32768, 1): "stream"}
-BF16_PATH = {(True, 32768, 1): "stream", (True, 32768, 2): "stream", (False, 32768, 1): "stream"}
+BF16_PATH = {(True, 32768, 1): "stream", (True, 32768, 2): "lean", (False, 32768, 1): "stream"}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
@@ -875,8 +896,9 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     the default's statistics of an FP8 output, delayed scaling or current scaling's statistics
     pass, are that kernel's (its knob at n, the
     other one off) bit for bit, those of a bf16 output the register path's (both off; at 32K the
-    stream's, but LayerNorm's on a wide card, P131: BF16_PATH); they differ from the other
-    kernels' (the blocked kernel's and the stream's where the register path is the one taken)."""
+    stream's, but on a wide card LayerNorm's the clusters', P131, and RMSNorm's the lean kernel's,
+    P154: BF16_PATH); they differ from the other kernels' (the blocked kernel's and the stream's
+    where the register path is the one taken)."""
     from engine import cuda_backend
 
     fp8_path = FP8_DEFAULT_PATH[(is_rms, n)][dram_class]
@@ -886,19 +908,21 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     if want != "blocked" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
     off = 1 << 30
-    knobs = {"blocked": (n, off), "stream": (off, n), "register": (off, off), "default": (0, 0)}
+    knobs = {"blocked": (n, off, 0), "stream": (off, n, 0), "register": (off, off, 0), "default": (0, 0, 0)}
+    if want == "lean":  # the lean kernel (P154), which the other knobs turn off
+        knobs["lean"] = (0, 0, 2)
     use_backend("cuda")
     try:
         x, _, w, b = bf16_rows(many_rows(), n, is_rms)
         stats = {}
-        for path, (blocked_from, stream_from) in knobs.items():
-            with cuda_backend.norm_fwd_blocked_from(blocked_from), \
+        for path, (blocked_from, stream_from, lean) in knobs.items():
+            with cuda_backend.norm_fwd_blocked_from(blocked_from), cuda_backend.norm_fwd_lean(lean), \
                     cuda_backend.norm_fwd_stream_from(stream_from), cuda_backend.dram_class(dram_class):
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, out_dtype, current)
             stats[path] = rsigma if is_rms else torch.cat([mu, rsigma])
     finally:
         engine.backend.reset_for_tests()
-    others = ("blocked", "stream") if want == "register" else ("register",)
+    others = {"register": ("blocked", "stream"), "lean": ("register", "stream")}.get(want, ("register",))
     for other in others:
         torch.testing.assert_close(stats[other], stats[want], rtol=1e-5, atol=1e-6)
         assert not torch.equal(stats[other], stats[want]), other
