@@ -94,8 +94,9 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=
     takes the stream and an FP8 one alone the register path's clusters, both norms (NOTES P133);
     LayerNorm's FP8 outputs otherwise take the fp32 output's kernel (NOTES P101 / P102). On
     another card (the H200; NOTES P116) the stream takes RMSNorm's FP8 outputs from 16K and
-    LayerNorm's from 8K, up to 32K (sm_90), and the register path the rows below; at 32K
-    RMSNorm's fp32 output takes the lean kernel there and its FP8 outputs the stream (P154). With a residual
+    LayerNorm's from 8K, up to 32K (sm_90), and the register path the rows below. At 32K the
+    fp32 output takes the lean kernel (P154) for RMSNorm on the H200 and for LayerNorm on the
+    H100, and the FP8 outputs there keep the kernels above. With a residual
     of x's dtype (``residual``): at 2K-8K the blocked kernel for the fp32 output and the register
     kernel for an FP8 one (fwd_take_blocked; NOTES P91), at 16K the blocked kernel and the
     streamed one (NOTES P130; at 32K-64K both take the blocked kernel since P103). All only for a
@@ -109,7 +110,8 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=
     if cuda_lean() if lean is None else lean:
         if alone:
             return (is_rms and lo <= n <= mid) or (sm90 and n == hi)
-        return is_rms and (lo <= n <= mid or (sm90 and mid < n < hi))
+        # at 32K LayerNorm's fp32 output takes the lean kernel there (NOTES P154), the others the stream
+        return (is_rms and (lo <= n <= mid or (sm90 and mid < n < hi))) or (not is_rms and sm90 and n == hi)
     # at 32K RMSNorm's fp32 output takes the lean kernel there (NOTES P154), its FP8 outputs the stream
     return sm90 and ((mid if is_rms else FP8_OWN_LN_WIDE) <= n < hi or (is_rms and n == hi))
 

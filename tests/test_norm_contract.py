@@ -480,12 +480,11 @@ def test_fwd_few_rows_take_4_vectors(is_rms, n, x_dtype):
 
 @pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n,knob", [(4096, 0), (8192, 0), (16384, 0), (4096, 2), (32768, 2)])
+@pytest.mark.parametrize("n,knob", [(4096, 0), (8192, 0), (16384, 0), (32768, 2)])
 @pytest.mark.parametrize("case", ["bf16", "bf16-f32out-f32w-zcg-nobias", "fp16-strided"])
 def test_fwd_lean_same_bits(is_rms, n, knob, case):
-    """The lean forward (norm_fwd_lean.cuh: rows of 8192 and 16384 columns, on a card that is not
-    lean 4096 too, where on a lean card the register kernel runs on both sides, a control; under
-    knob 2 4096 and 32768 on any card, the latter as one 512-thread CTA per row) against float64
+    """The lean forward (norm_fwd_lean.cuh: rows of 4096-16384 columns; under knob 2 32768 for
+    both norms on any card, as one 512-thread CTA per row) against float64
     with poisoned outputs, and bit for bit the register kernel's outputs
     (cuda_backend.norm_fwd_lean(1), its one-CTA build: no cluster, no streamed kernel):
     y, rsigma and mu, over many_rows() + 37 rows (CTAs' last row blocks partly past the end),
@@ -529,11 +528,11 @@ def test_fwd_lean_same_bits(is_rms, n, knob, case):
 @pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_fwd_lean_taken(is_rms):
-    """The lean kernel runs where it applies by default (8192 columns; 4096 and RMSNorm's 32768
-    on a card that is not lean, dram_class 2, not on a lean one: P154) and not under
+    """The lean kernel runs where it applies by default (8192 and 4096 columns; 32768 for RMSNorm
+    on a card that is not lean, dram_class 2, and for LayerNorm on a lean one: P154) and not under
     norm_fwd_lean(1), nor for an FP8 output, a residual, another width (8184), a call of
     few rows (4 vectors per thread: FEW_ROWS_PER_SM), or (32768) under the stream's knob; under
-    norm_fwd_lean(2) at 4096 and 32768 on either card."""
+    norm_fwd_lean(2) at 32768 for both norms on either card."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -560,8 +559,8 @@ def test_fwd_lean_taken(is_rms):
 
         for dram_class in (1, 2):
             with cuda_backend.dram_class(dram_class):
-                assert ("lean" in " ".join(names(x4))) == (dram_class == 2), dram_class
-                assert ("lean" in names32()) == (dram_class == 2 and is_rms), dram_class
+                assert "lean" in " ".join(names(x4)), dram_class
+                assert ("lean" in names32()) == (is_rms == (dram_class == 2)), dram_class
                 with cuda_backend.norm_fwd_stream_from(32768):
                     assert "lean" not in names32()
                 with cuda_backend.norm_fwd_lean(2):
@@ -814,7 +813,7 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
         stream = False  # the clusters there (NOTES P131; test_fwd_ln_32k_default_path)
     if fp8 and cuda_lean() and n == 32768:
         stream = False  # the clusters there (NOTES P133; test_fwd_fp8_alone_path)
-    if is_rms and not fp8 and not cuda_lean() and n == 32768:
+    if not fp8 and n == 32768 and is_rms != cuda_lean():
         return  # the lean kernel's there, neither path's (P154; test_fwd_ln_32k_default_path)
     assert torch.equal(stats[2], stats[0] if stream else stats[1])
 
@@ -826,8 +825,9 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
 def test_fwd_ln_32k_default_path(is_rms, n, dram_class):
     """LayerNorm's bf16 rows of 32K without a residual take the clusters by default on a card that
     is not lean (dram_class 2, the H200: NOTES P131, the clusters 80 % of copy against the stream's
-    76-79), RMSNorm's the lean kernel there (NOTES P154: 83.5 against the stream's 81.4), and
-    both the streamed kernel on a lean card (the H100); rows past 32K take the stream on both.
+    76-79), RMSNorm's the lean kernel there (NOTES P154: 83.5 against the stream's 81.4); on a
+    lean card (the H100) LayerNorm's the lean kernel (P154: 87.1 against the stream's 85.2),
+    RMSNorm's the streamed kernel; rows past 32K take the stream on both.
     Over 301 rows the default's statistics are that path's bit for bit (the stream: its knob at
     n; the clusters: the stream's knob past every row; the lean kernel: norm_fwd_lean(2)) and
     differ from the others'."""
@@ -853,8 +853,8 @@ def test_fwd_ln_32k_default_path(is_rms, n, dram_class):
             torch.testing.assert_close(stats[p], stats[q], rtol=1e-5, atol=1e-6)
             assert not torch.equal(stats[p], stats[q]), (p, q)
     want = "stream"
-    if n == 32768 and dram_class == 2:
-        want = "lean" if is_rms else "clusters"
+    if n == 32768:
+        want = {(True, 2): "lean", (False, 2): "clusters", (False, 1): "lean"}.get((is_rms, dram_class), want)
     assert torch.equal(stats["default"], stats[want])
 
 
@@ -869,7 +869,7 @@ FP8_DEFAULT_PATH = {
     (False, 32768): {1: "register", 2: "stream"}}
 FP8_CURRENT_PATH = {(True, 16392, 1): "stream", (True, 32768, 1): "stream",
                     (False, 32768, 1): "stream"}
-BF16_PATH = {(True, 32768, 1): "stream", (True, 32768, 2): "lean", (False, 32768, 1): "stream"}
+BF16_PATH = {(True, 32768, 1): "stream", (True, 32768, 2): "lean", (False, 32768, 1): "lean"}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
@@ -897,7 +897,7 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     pass, are that kernel's (its knob at n, the
     other one off) bit for bit, those of a bf16 output the register path's (both off; at 32K the
     stream's, but on a wide card LayerNorm's the clusters', P131, and RMSNorm's the lean kernel's,
-    P154: BF16_PATH); they differ from the other kernels' (the blocked kernel's and the stream's
+    and on a lean card LayerNorm's the lean kernel's, P154: BF16_PATH); they differ from the other kernels' (the blocked kernel's and the stream's
     where the register path is the one taken)."""
     from engine import cuda_backend
 

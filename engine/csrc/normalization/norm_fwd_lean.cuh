@@ -4,13 +4,14 @@
  * rsigma, mu) is the register path's at 8 vectors per thread.
  *
  * Taken (fwd_lean_applies in norm_fwd_launch.cuh) for a 16-bit x without a residual, mode kFull,
- * a non-FP8 output, 8 vectors of x per thread (fwd_vectors), and rows of 8192 or 16384 columns
- * (on the H200 also 4096, and RMSNorm's 32768: fwd_lean_cols): a row over tpr = cols / 64
- * threads (64-256), 256 / tpr rows per CTA, every slot in the row; rows of 32768 as one CTA of
- * 512 threads (the kernel itself takes any power-of-two row of 2048-32768 columns). Measured on the H200
+ * a non-FP8 output, 8 vectors of x per thread (fwd_vectors), and rows of 4096-16384 columns
+ * (and 32768 on one card per norm: fwd_lean_cols, P154): a row over tpr = cols / 64 threads
+ * (64-256), 256 / tpr rows per CTA, every slot in the row; rows of 32768 as one CTA of 512
+ * threads (the kernel itself takes any power-of-two row of 2048-32768 columns). Measured on the H200
  * against the register kernel (NOTES P150, kernel time, means of two alternations): RMSNorm 8K /
  * 16K 87.8 -> 89.6, 86.4 -> 88.4 % of copy, LayerNorm 84.6 -> 86.2, 82.9 -> 84.7; at 2K it lost
- * 2.5 points for both norms and at 4K RMSNorm lost 1, so those keep the register kernel. What differs
+ * 2.5 points for both norms, so 2K keeps the register kernel (at 4K RMSNorm lost 1 then, before
+ * P153; since P153 4K gains on both cards: fwd_lean_cols). What differs
  * from norm_fwd_reg_kernel's general loop, which runs the other rows:
  *   - 2 CTAs of 256 threads per SM (up to 128 registers, where the register kernel's builds are
  *     compiled for 3 at 80);
@@ -49,17 +50,19 @@ constexpr int kLeanThreads = 256; /* threads per CTA: 256 / tpr row groups of tp
 constexpr int kLeanWideThreads = kMaxRowThreads;
 
 /* Whether rows of `cols` 16-bit values go to the lean kernel (`knob`: engine_set_norm_fwd_lean's
- * value, 0 or 2; `lean_card`: LaunchCtx::lean_dram, the H100): 8192 or 16384 columns (a power of
- * two, so that its row groups fill the CTA; 2048 measured slower: above); on a card that is not
- * lean (the H200) also 4096, and 32768 for RMSNorm (P154, kernel time, knob 2 against the
- * default, two alternations: RMSNorm fwd 4K 90.8-91.0 -> 91.6-91.7, LayerNorm 86.5-86.7 ->
- * 88.6-89.3; RMSNorm 32K 81.2-81.5 (the streamed kernel) -> 83.2-83.8 and its fwd + bwd
- * 81.6-81.7 -> 85.3-85.6; LayerNorm 32K lost 5, 80.3-81.0 (the clusters) -> 74.6-75.9, and keeps
- * the clusters); knob 2 takes all of them on any card (the H100 has not measured them). */
+ * value, 0 or 2; `lean_card`: LaunchCtx::lean_dram, the H100): 4096, 8192 and 16384 columns (a
+ * power of two, so that its row groups fill the CTA; 2048 measured slower: above), and 32768 for
+ * RMSNorm on a card that is not lean (the H200) and for LayerNorm on a lean one (the H100), or
+ * both under knob 2. P154 (kernel time, knob 2 against the default, two alternations each):
+ *   H200: RMSNorm fwd 4K 90.8-91.0 -> 91.6-91.7, LayerNorm 86.5-86.7 -> 88.6-89.3; RMSNorm 32K
+ *     81.2-81.5 (the streamed kernel) -> 83.2-83.8, its fwd + bwd 81.6-81.7 -> 85.3-85.6;
+ *     LayerNorm 32K 80.3-81.0 (the clusters) -> 74.6-75.9, lost;
+ *   H100: RMSNorm fwd 4K 94.6-94.7 -> 95.7-95.8, LayerNorm 93.5 -> 94.3-94.7; LayerNorm 32K
+ *     85.1-85.2 (the stream) -> 86.9-87.3, its fwd + bwd 82.8-82.9 -> 86.0-86.2; RMSNorm 32K
+ *     88.3-88.4 (the stream) -> 87.2-88.1, not taken. */
 inline bool fwd_lean_cols(int cols, int knob, bool rms, bool lean_card) {
-  if (cols == 8192 || cols == 16384) return true;
-  const bool wide = knob == 2 || !lean_card;
-  return wide && (cols == 4096 || (cols == 32768 && (rms || knob == 2)));
+  if (cols == 4096 || cols == 8192 || cols == 16384) return true;
+  return cols == 32768 && (knob == 2 || rms != lean_card);
 }
 
 template <typename X, typename O, typename W, bool kRms, bool kBias, int kThreads>

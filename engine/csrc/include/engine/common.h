@@ -145,10 +145,11 @@ int engine_set_norm_fwd_stream_threads(int n);
 int engine_set_norm_fwd_band(int n);
 
 /* The norm forward's lean kernel (normalization/norm_fwd_lean.cuh: a 16-bit x without a residual
- * to a non-FP8 output, rows of 8192 or 16384 columns at 8 vectors per thread; the register
+ * to a non-FP8 output, rows of 4096-16384 columns, and 32768 on one card per norm, at 8 vectors
+ * per thread; the register
  * kernel's bits, at 2 CTAs per SM with no per-CTA prologue): n = 1 never (the register kernel
- * runs those rows), 0 (the default) wherever it applies, 2 also at 4096 and 32768 columns (an
- * A/B's side: benchmarks/NOTES.md P154). For tests and A/B runs. Process-wide;
+ * runs those rows), 0 (the default) wherever it applies, 2 at 32768 columns for both norms on
+ * any card (the default takes one per card: benchmarks/NOTES.md P154). For tests and A/B runs. Process-wide;
  * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_lean(int n);
 
