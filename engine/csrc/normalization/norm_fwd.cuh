@@ -42,7 +42,9 @@
  * from 4K: fwd_take_blocked), with a residual of
  * x's dtype from 16K (fwd_take_stream) on sm_90, modes kFull and kStats): the row over a cluster,
  * the next rows copied ahead into shared memory; this kernel keeps kApply there, the residual rows
- * the stream does not take and the knobs.
+ * the stream does not take and the knobs. Non-FP8 rows of exactly 32768 columns go to the lean
+ * kernel before both on one card per norm (RMSNorm on the H200, LayerNorm on the H100:
+ * fwd_lean_cols in norm_fwd_lean.cuh, NOTES P154).
  * Blocked path (norm_fwd_blocked_kernel), any cols: one CTA per row at a time; pass 1 walks the
  * row in chunks of blockDim * NVB * VEC elements computing the statistics (RMSNorm: sum of squares;
  * LayerNorm: the sums of z and z^2, var = E[z^2] - mean^2 where that loses at most 2 bits, else

@@ -44,7 +44,8 @@
  * statistics back and computes y with the same formula (norm_y) on the register path: the same
  * bits as this kernel's kFull output, so current scaling's FP8 output is delayed scaling's at the
  * same scale, and the cast of the fp32 output wherever that output takes this kernel too
- * (fwd_take_stream: RMSNorm's FP8 outputs take it from 16K, the other rows from 32K; on a lean
+ * (fwd_take_stream: RMSNorm's FP8 outputs take it from 16K, the other rows from 32K, but for
+ * non-FP8 rows of exactly 32768 the lean kernel on one card per norm, fwd_lean_cols; on a lean
  * card an FP8 output in delayed scaling without a transposed copy only past 32K).
  */
 #ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_STREAM_CUH_
