@@ -583,14 +583,13 @@ def norm_fwd_lean(n: int):
     """Context manager: inside the ``with`` block ``n = 1`` keeps the CUDA norm forward's register
     kernel for the rows its lean kernel takes by default (engine/csrc/normalization/
     norm_fwd_lean.cuh: a 16-bit x without a residual to a non-FP8 output, rows of 4096-16384
-    columns at 8 vectors per thread); ``n = 0``, the
-    default, runs the lean kernel there (also at 4096 columns, and at 32768 for RMSNorm on a card
-    that is not lean, the H200, and for LayerNorm on a lean one, the H100: benchmarks/NOTES.md
-    P154); ``n = 2`` at 32768 for both norms on any card (before the streamed kernel and the
-    clusters, as one 512-thread CTA per row; for A/B runs). Both give the same bits as the
-    register kernel at one CTA per row
-    (the lean kernel adds each row's values in the register kernel's order); the lean one runs 2
-    CTAs of 256 threads per SM with no per-CTA prologue (benchmarks/NOTES.md, Q43, Q44, P150).
+    columns at 8 vectors per thread, and of 32768 for RMSNorm on a card that is not lean, the
+    H200, and for LayerNorm on a lean one, the H100: benchmarks/NOTES.md P154); ``n = 0``, the
+    default, runs the lean kernel there; ``n = 2`` also at 32768 for both norms on any card
+    (before the streamed kernel and the clusters, as one 512-thread CTA per row; for A/B runs).
+    The lean kernel gives the register kernel's bits at one CTA per row (it adds each row's
+    values in the register kernel's order); it runs 2 CTAs of 256 threads per SM with no
+    per-CTA prologue (benchmarks/NOTES.md, Q43, Q44, P150).
     For tests and A/B benchmarks on one GPU. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` raises ValueError at the call."""
     if type(n) is not int or n not in (0, 1, 2):
