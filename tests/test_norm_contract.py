@@ -897,8 +897,9 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     pass, are that kernel's (its knob at n, the
     other one off) bit for bit, those of a bf16 output the register path's (both off; at 32K the
     stream's, but on a wide card LayerNorm's the clusters', P131, and RMSNorm's the lean kernel's,
-    and on a lean card LayerNorm's the lean kernel's, P154: BF16_PATH); they differ from the other kernels' (the blocked kernel's and the stream's
-    where the register path is the one taken)."""
+    and on a lean card LayerNorm's the lean kernel's, P154: BF16_PATH); they differ from the
+    other kernels' (the blocked kernel's and the stream's where the register path is the one
+    taken)."""
     from engine import cuda_backend
 
     fp8_path = FP8_DEFAULT_PATH[(is_rms, n)][dram_class]
