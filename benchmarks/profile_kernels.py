@@ -45,30 +45,30 @@ def median_per_call(kernels, calls: int) -> float:
                              for i in range(0, len(kernels), per_call))
 
 
-def device_us_per_call(fn, calls: int = 15) -> float:
-    """Summed device time of all kernels one call launches (profiler): the median over ``calls``
-    back-to-back calls (:func:`median_per_call`). The median, not the mean of 5 as before session
-    28: cells of unchanged kernels moved by up to 5 points between runs with the mean
-    (benchmarks/NOTES.md, P89's outcome and M1)."""
+def device_events(fn, calls: int) -> list:
+    """The profiler's device events of ``calls`` back-to-back calls of ``fn``, in stream order."""
     H.sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             fn()
         H.sync()
-    return median_per_call([e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA],
-                           calls)
+    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sorted(events, key=lambda e: e.time_range.start)
+
+
+def device_us_per_call(fn, calls: int = 15) -> float:
+    """Summed device time of all kernels one call launches (profiler): the median over ``calls``
+    back-to-back calls (:func:`median_per_call`). The median, not the mean of 5 as before session
+    28: cells of unchanged kernels moved by up to 5 points between runs with the mean
+    (benchmarks/NOTES.md, P89's outcome and M1)."""
+    return median_per_call(device_events(fn, calls), calls)
 
 
 def call_kernel_names(fn) -> list[str]:
     """The names of the kernels one call of ``fn`` launches, in stream order (profiler), so that
     a table's cell says which kernel it measured: the dispatch picks among several per width, card
     and mode."""
-    H.sync()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        H.sync()
-    events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return [e.name for e in sorted(events, key=lambda e: e.time_range.start)]
+    return [e.name for e in device_events(fn, 1)]
 
 
 def short_kernel_name(name: str) -> str:
