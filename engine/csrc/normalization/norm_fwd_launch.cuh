@@ -350,7 +350,9 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
                        a.is_rms != 0, ctx.lean_dram != 0);
   /* the lean kernel's rows of 32K (fwd_lean_cols; P154), before the stream and the clusters */
   if constexpr (std::is_same<X, R>::value && !is_fp8_v<O> && sizeof(X) == 2) {
-    if (vec && cols == 32768 && fwd_lean_applies(a, ctx)) return launch_fwd_lean<X, O>(a, ctx, 0);
+    if (vec && cols == 32768 && fwd_lean_applies(a, ctx)) {
+      return launch_fwd_lean<X, O>(a, ctx, fwd_grid_per_sm<O>(a, ctx));
+    }
   }
   /* the streamed cluster kernel where it applies (fwd_take_stream), before the blocked kernel that
    * a residual row takes by default, before the one an FP8 row takes by default only under the
