@@ -586,14 +586,15 @@ def norm_fwd_lean(n: int):
     columns at 8 vectors per thread, and of 32768 for RMSNorm on a card that is not lean, the
     H200, and for LayerNorm on a lean one, the H100: benchmarks/NOTES.md P154); ``n = 0``, the
     default, runs the lean kernel there; ``n = 2`` also at 32768 for both norms on any card
-    (before the streamed kernel and the clusters, as one 512-thread CTA per row; for A/B runs).
+    (before the streamed kernel and the clusters, as one 512-thread CTA per row; for A/B runs);
+    ``n = 3`` as 2, with those rows over a cluster of two 256-thread CTAs (P155; sm_90).
     The lean kernel gives the register kernel's bits at one CTA per row (it adds each row's
     values in the register kernel's order); it runs 2 CTAs of 256 threads per SM with no
     per-CTA prologue (benchmarks/NOTES.md, Q43, Q44, P150).
     For tests and A/B benchmarks on one GPU. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` raises ValueError at the call."""
-    if type(n) is not int or n not in (0, 1, 2):
-        raise ValueError(f"norm_fwd_lean: n must be 0, 1 or 2, got {n!r}")
+    if type(n) is not int or n not in (0, 1, 2, 3):
+        raise ValueError(f"norm_fwd_lean: n must be 0, 1, 2 or 3, got {n!r}")
     return _knob("set_norm_fwd_lean", n)
 
 

@@ -480,13 +480,15 @@ def test_fwd_few_rows_take_4_vectors(is_rms, n, x_dtype):
 
 @pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n,knob", [(4096, 0), (8192, 0), (16384, 0), (32768, 2)])
+@pytest.mark.parametrize("n,knob", [(4096, 0), (8192, 0), (16384, 0), (32768, 2), (32768, 3)])
 @pytest.mark.parametrize("case", ["bf16", "bf16-f32out-f32w-zcg-nobias", "fp16-strided"])
 def test_fwd_lean_same_bits(is_rms, n, knob, case):
     """The lean forward (norm_fwd_lean.cuh: rows of 4096-16384 columns; under knob 2 32768 for
-    both norms on any card, as one 512-thread CTA per row) against float64
+    both norms on any card, as one 512-thread CTA per row; under knob 3 over a 2-CTA cluster,
+    P155) against float64
     with poisoned outputs, and bit for bit the register kernel's outputs
-    (cuda_backend.norm_fwd_lean(1), its one-CTA build: no cluster, no streamed kernel):
+    (cuda_backend.norm_fwd_lean(1), its one-CTA build, or under knob 3 its 2-CTA clusters; no
+    streamed kernel):
     y, rsigma and mu, over many_rows() + 37 rows (CTAs' last row blocks partly past the end),
     bf16 to bf16 and to fp32 with fp32 zero-centred weights (LayerNorm without a bias there, with
     one elsewhere), fp16 on rows with a stride past the row. Rows of a large mean (LayerNorm's
@@ -507,7 +509,8 @@ def test_fwd_lean_same_bits(is_rms, n, knob, case):
         outs = []
         with cuda_backend.norm_fwd_lean(knob):
             outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
-        with cuda_backend.norm_fwd_lean(1), cuda_backend.max_cluster_size(1), \
+        # knob 3 (P155): the row over a 2-CTA cluster, the register kernel's clusters of two
+        with cuda_backend.norm_fwd_lean(1), cuda_backend.max_cluster_size(2 if knob == 3 else 1), \
                 cuda_backend.norm_fwd_stream_from(1 << 30):
             outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
         ref = ref_fwd(x, w, b, 1e-5, is_rms, zcg)
@@ -563,9 +566,10 @@ def test_fwd_lean_taken(is_rms):
                 assert ("lean" in names32()) == (is_rms == (dram_class == 2)), dram_class
                 with cuda_backend.norm_fwd_stream_from(32768):
                     assert "lean" not in names32()
-                with cuda_backend.norm_fwd_lean(2):
-                    assert "lean" in " ".join(names(x4))
-                    assert "lean" in names32()
+                for knob in (2, 3):
+                    with cuda_backend.norm_fwd_lean(knob):
+                        assert "lean" in " ".join(names(x4))
+                        assert "lean" in names32()
     finally:
         engine.backend.reset_for_tests()
 

@@ -62,40 +62,50 @@ constexpr int kLeanWideThreads = kMaxRowThreads;
  *     88.3-88.4 (the stream) -> 87.2-88.1, not taken. */
 inline bool fwd_lean_cols(int cols, int knob, bool rms, bool lean_card) {
   if (cols == 4096 || cols == 8192 || cols == 16384) return true;
-  return cols == 32768 && (knob == 2 || rms != lean_card);
+  return cols == 32768 && (knob >= 2 || rms != lean_card);
 }
 
-template <typename X, typename O, typename W, bool kRms, bool kBias, int kThreads>
+/* kCl: CTAs per row (1, or 2: a thread-block cluster whose CTA k holds lanes k * tpr ..
+ * (k + 1) * tpr - 1 of the row, the row's sums reduced in the CTA and then over the cluster by
+ * cluster_sum in rank order: the register kernel's cluster path, norm_fwd.cuh, and its bits;
+ * P155). */
+template <typename X, typename O, typename W, bool kRms, bool kBias, int kThreads, int kCl = 1>
 __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_lean_kernel(const FwdArgs a) {
   constexpr int NV = kLeanNV;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ZW = PackedWords<X, VEC>::kWords;
   static_assert(sizeof(X) == 2 && VEC == 8, "a 16-bit x");
+  static_assert(kCl == 1 || (kCl == 2 && kThreads <= kClusterRowThreads), "clusters of two 256-thread CTAs");
   __shared__ float red_buf[2 * 32 * (kRms ? 1 : 2)];
+  __shared__ ClusterXchgSmem cl_smem; /* unused (and dropped) at kCl = 1 */
 
   const int tpr = a.tpr;
   const int group = threadIdx.x / tpr;
   const int lr = threadIdx.x - group * tpr;
+  const int glane = kCl > 1 ? cluster_rank() * tpr + lr : lr; /* lane in the row */
+  const int gstride = kCl * tpr;                              /* threads per row */
   const int G = a.rows_per_iter;
   const int64_t nblk = (a.rows + G - 1) / G;
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
   RowGroupSum<1> red(red_buf, tpr, group);
   RowGroupSum<2> red2(red_buf, tpr, group);
+  ClusterXchg xchg(cl_smem, kCl);
 
-  /* the thread's slots: vectors lr + i * tpr of its row (row_slots with every slot valid) */
+  /* the thread's slots: vectors glane + i * gstride of its row (row_slots with every slot valid) */
   auto load_row = [&](int64_t blk, uint32_t(&zw)[NV][ZW]) {
     const int64_t row = blk * G + group;
     if (row < a.rows) {
-      const X* xrow = static_cast<const X*>(a.x) + row * a.x_stride + lr * VEC;
+      const X* xrow = static_cast<const X*>(a.x) + row * a.x_stride + glane * VEC;
 #pragma unroll
-      for (int i = 0; i < NV; ++i) load_words<VEC * sizeof(X)>(xrow + i * tpr * VEC, zw[i]);
+      for (int i = 0; i < NV; ++i) load_words<VEC * sizeof(X)>(xrow + i * gstride * VEC, zw[i]);
     }
   };
   uint32_t cur[NV][ZW], nxt[NV][ZW];
-  int64_t blk = blockIdx.x;
+  const int64_t bstride = gridDim.x / kCl; /* rows (blocks) in flight: one per cluster */
+  int64_t blk = blockIdx.x / kCl;
   if (blk < nblk) load_row(blk, cur);
-  for (; blk < nblk; blk += gridDim.x) {
-    const int64_t next = blk + gridDim.x;
+  for (; blk < nblk; blk += bstride) {
+    const int64_t next = blk + bstride;
     if (next < nblk) load_row(next, nxt);
     const int64_t row = blk * G + group;
     if (row < a.rows) { /* uniform over the row group, whose barriers are its own */
@@ -110,6 +120,7 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
           for (int j = 0; j < VEC; ++j) q[0] = fmaf(zv(i, j), zv(i, j), q[0]);
         }
         red(q);
+        cluster_sum<1>(q, xchg);
         rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
       } else {
         float sq[2] = {0.0f, 0.0f};
@@ -125,6 +136,7 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
         sq[0] *= a.inv_n;
         sq[1] *= a.inv_n;
         red2(sq);
+        cluster_sum<2>(sq, xchg);
         mean = sq[0];
         float var;
         if (!ln_one_pass_var(mean, sq[1], var)) { /* uniform over the row group */
@@ -138,7 +150,9 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
             }
           }
           red2(q);
-          var = q[0] * a.inv_n;
+          float c[1] = {q[0]};
+          cluster_sum<1>(c, xchg);
+          var = c[0] * a.inv_n;
         }
         rs = 1.0f / sqrtf(var + a.eps);
       }
@@ -148,19 +162,19 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
        * trip per slot (SASS: LDG gamma, STG y, LDG gamma, ...). Converted to float at the use: the
        * same values as load_gamma_beta_t's (every 16-bit value and fp32 is exact in fp32). */
       constexpr int GW = PackedWords<W, VEC>::kWords;
-      const W* const wv = static_cast<const W*>(a.weight) + lr * VEC;
-      const W* const bv = kBias ? static_cast<const W*>(a.bias) + lr * VEC : nullptr;
+      const W* const wv = static_cast<const W*>(a.weight) + glane * VEC;
+      const W* const bv = kBias ? static_cast<const W*>(a.bias) + glane * VEC : nullptr;
       uint32_t gw[2][GW], bw[2][GW];
       auto load_gb = [&](int i, uint32_t(&gi)[GW], uint32_t(&bi)[GW]) {
-        load_words<VEC * sizeof(W)>(wv + i * tpr * VEC, gi);
-        if constexpr (kBias) load_words<VEC * sizeof(W)>(bv + i * tpr * VEC, bi);
+        load_words<VEC * sizeof(W)>(wv + i * gstride * VEC, gi);
+        if constexpr (kBias) load_words<VEC * sizeof(W)>(bv + i * gstride * VEC, bi);
       };
       load_gb(0, gw[0], bw[0]);
-      if (lr == 0) {
+      if (glane == 0) {
         a.rsigma[row] = rs;
         if constexpr (!kRms) a.mu[row] = mean;
       }
-      O* const orow = static_cast<O*>(a.out) + row * a.out_stride + lr * VEC;
+      O* const orow = static_cast<O*>(a.out) + row * a.out_stride + glane * VEC;
       const bool fma_row = !kRms && ln_fma_row(rs, mean); /* mean = c on an FMA row */
       auto epilogue = [&](auto fma_tag) {
         constexpr bool kFma = decltype(fma_tag)::value;
@@ -174,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
             const float b = kBias ? unpack_at<W, VEC>(bw[i & 1], j) : 0.0f;
             y[j] = norm_y<kFma>(zv(i, j), kRms ? 0.0f : mean, rs, g, b, kBias);
           }
-          store_vec<O, VEC>(orow + i * tpr * VEC, y);
+          store_vec<O, VEC>(orow + i * gstride * VEC, y);
         }
       };
       if constexpr (kRms) {
@@ -191,6 +205,7 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
       }
     }
   }
+  xchg.finish(); /* no CTA leaves while its cluster peer may still send to it */
 }
 
 /* One launch: the build for the weight type and norm kind, on fwd_grid_per_sm's CTAs per SM
@@ -201,6 +216,12 @@ template <typename X, typename O, typename W, bool kRms, bool kBias>
 engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
   auto* k = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanThreads>;
   auto* kw = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanWideThreads>;
+  if (a.cluster == 2) { /* P155: a row over a cluster of two 256-thread CTAs, resident grid */
+    auto* kc = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanThreads, 2>;
+    const int64_t work = a.rows;
+    int64_t grid = 0;
+    return launch_row_kernel(kc, kc, a, a.tpr, 0, work, ctx, 0, work, &grid, "norm_fwd_lean_kernel", 0);
+  }
   const int block = a.tpr * a.rows_per_iter;
   const int64_t work = ceil_div(a.rows, (int64_t)a.rows_per_iter);
   int64_t grid = 0;
@@ -211,14 +232,17 @@ engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
 template <typename X, typename O>
 engine_status launch_fwd_lean(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
   a.tpr = a.cols / (kLeanNV * 8); /* a power of two, 32..512 (fwd_lean_cols) */
+  /* knob 3 (P155's A/B side): rows of 512 threads over a cluster of two 256-thread CTAs */
+  const int cluster = ctx.fwd_lean == 3 && a.tpr == kLeanWideThreads && ctx.max_cluster >= 2 ? 2 : 1;
+  a.tpr /= cluster;
   /* Row groups must fill the CTA exactly: a partial group would wait at its named barrier for
    * threads that do not exist (the first form hung so at 6144 columns: NOTES P150). */
   if (a.cols % (kLeanNV * 8) != 0 || a.tpr < 32 || a.tpr > kLeanWideThreads || (a.tpr & (a.tpr - 1)) != 0) {
     return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm_fwd_lean: %d columns do not fill its row groups",
                      a.cols);
   }
-  a.rows_per_iter = a.tpr > kLeanThreads ? 1 : kLeanThreads / a.tpr;
-  a.cluster = 1;
+  a.rows_per_iter = a.tpr > kLeanThreads || cluster > 1 ? 1 : kLeanThreads / a.tpr;
+  a.cluster = cluster;
   a.tile_rows = 0;
   a.gb_off = -1;
   const bool bias = a.bias != nullptr;

@@ -149,7 +149,8 @@ int engine_set_norm_fwd_band(int n);
  * per thread; the register
  * kernel's bits, at 2 CTAs per SM with no per-CTA prologue): n = 1 never (the register kernel
  * runs those rows), 0 (the default) wherever it applies, 2 at 32768 columns for both norms on
- * any card (the default takes one per card: benchmarks/NOTES.md P154). For tests and A/B runs. Process-wide;
+ * any card (the default takes one per card: benchmarks/NOTES.md P154), 3 the same with rows of
+ * 32768 over a cluster of two 256-thread CTAs (P155). For tests and A/B runs. Process-wide;
  * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_lean(int n);
 
