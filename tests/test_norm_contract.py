@@ -480,15 +480,16 @@ def test_fwd_few_rows_take_4_vectors(is_rms, n, x_dtype):
 
 @pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n,knob", [(4096, 0), (8192, 0), (16384, 0), (32768, 2), (32768, 3)])
+@pytest.mark.parametrize("n,knob", [(4096, 0), (8192, 0), (16384, 0), (32768, 2), (32768, 3), (65536, 3),
+                                    (131072, 3)])
 @pytest.mark.parametrize("case", ["bf16", "bf16-f32out-f32w-zcg-nobias", "fp16-strided"])
 def test_fwd_lean_same_bits(is_rms, n, knob, case):
     """The lean forward (norm_fwd_lean.cuh: rows of 4096-16384 columns; under knob 2 32768 for
-    both norms on any card, as one 512-thread CTA per row; under knob 3 over a 2-CTA cluster,
-    P155) against float64
+    both norms on any card, as one 512-thread CTA per row; under knob 3 rows of 32K, 64K and 128K
+    over clusters of 2, 4 and 8 CTAs, P155) against float64
     with poisoned outputs, and bit for bit the register kernel's outputs
-    (cuda_backend.norm_fwd_lean(1), its one-CTA build, or under knob 3 its 2-CTA clusters; no
-    streamed kernel):
+    (cuda_backend.norm_fwd_lean(1), its one-CTA build, or under knob 3 its clusters of the same
+    size; no streamed kernel):
     y, rsigma and mu, over many_rows() + 37 rows (CTAs' last row blocks partly past the end),
     bf16 to bf16 and to fp32 with fp32 zero-centred weights (LayerNorm without a bias there, with
     one elsewhere), fp16 on rows with a stride past the row. Rows of a large mean (LayerNorm's
@@ -509,8 +510,9 @@ def test_fwd_lean_same_bits(is_rms, n, knob, case):
         outs = []
         with cuda_backend.norm_fwd_lean(knob):
             outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
-        # knob 3 (P155): the row over a 2-CTA cluster, the register kernel's clusters of two
-        with cuda_backend.norm_fwd_lean(1), cuda_backend.max_cluster_size(2 if knob == 3 else 1), \
+        # knob 3 (P155): the row over a cluster of n / 16384 CTAs, the register kernel's clusters
+        # of that size
+        with cuda_backend.norm_fwd_lean(1), cuda_backend.max_cluster_size(n // 16384 if knob == 3 else 1), \
                 cuda_backend.norm_fwd_stream_from(1 << 30):
             outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
         ref = ref_fwd(x, w, b, 1e-5, is_rms, zcg)
@@ -535,7 +537,8 @@ def test_fwd_lean_taken(is_rms):
     on a card that is not lean, dram_class 2, and for LayerNorm on a lean one: P154) and not under
     norm_fwd_lean(1), nor for an FP8 output, a residual, another width (8184), a call of
     few rows (4 vectors per thread: FEW_ROWS_PER_SM), or (32768) under the stream's knob; under
-    norm_fwd_lean(2) at 32768 for both norms on either card."""
+    norm_fwd_lean(2) at 32768 for both norms on either card; under norm_fwd_lean(3) also at 65536
+    and 131072, but not with the cluster size capped below theirs or under the stream's knob."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -570,6 +573,21 @@ def test_fwd_lean_taken(is_rms):
                     with cuda_backend.norm_fwd_lean(knob):
                         assert "lean" in " ".join(names(x4))
                         assert "lean" in names32()
+        # knob 3 (P155): rows of 64K and 128K over clusters of 4 and 8 CTAs, not where the
+        # cluster size is capped below that, nor under the stream's knob
+        for n in (65536, 131072):
+            xw, _, ww, bw = bf16_rows(64, n, is_rms)
+
+            def names_w():
+                return " ".join(cuda_kernel_names(lambda: run_fwd(is_rms, xw, ww, bw, None, 1e-5, False, BF16)))
+
+            assert "lean" not in names_w(), n
+            with cuda_backend.norm_fwd_lean(3):
+                assert "lean" in names_w(), n
+                with cuda_backend.max_cluster_size(n // 32768):
+                    assert "lean" not in names_w(), n
+                with cuda_backend.norm_fwd_stream_from(1 << 30):
+                    assert "lean" not in names_w(), n
     finally:
         engine.backend.reset_for_tests()
 

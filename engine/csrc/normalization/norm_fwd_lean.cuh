@@ -49,8 +49,17 @@ constexpr int kLeanThreads = 256; /* threads per CTA: 256 / tpr row groups of tp
  * the same 128-register cap (the same 16 warps per SM as 2 x 256). */
 constexpr int kLeanWideThreads = kMaxRowThreads;
 
+/* CTAs per row of the lean kernel: under knob 3 (P155) rows of 32768 and more over a cluster of
+ * cols / 16384 256-thread CTAs (2 at 32K, 4 at 64K, 8 at 128K) where max_cluster allows it; 1
+ * otherwise (a 32K row then runs as one 512-thread CTA). */
+inline int fwd_lean_cluster(int cols, int knob, int max_cluster) {
+  if (knob != 3 || cols < 32768) return 1;
+  const int c = cols / (kLeanNV * 8 * kLeanThreads);
+  return c <= max_cluster ? c : 1;
+}
+
 /* Whether rows of `cols` 16-bit values go to the lean kernel (`knob`: engine_set_norm_fwd_lean's
- * value, 0 or 2; `lean_card`: LaunchCtx::lean_dram, the H100): 4096, 8192 and 16384 columns (a
+ * value, 0, 2 or 3; `lean_card`: LaunchCtx::lean_dram, the H100): 4096, 8192 and 16384 columns (a
  * power of two, so that its row groups fill the CTA; 2048 measured slower: above), and 32768 for
  * RMSNorm on a card that is not lean (the H200) and for LayerNorm on a lean one (the H100), or
  * both under knob 2. P154 (kernel time, knob 2 against the default, two alternations each):
@@ -59,37 +68,42 @@ constexpr int kLeanWideThreads = kMaxRowThreads;
  *     LayerNorm 32K 80.3-81.0 (the clusters) -> 74.6-75.9, lost;
  *   H100: RMSNorm fwd 4K 94.6-94.7 -> 95.7-95.8, LayerNorm 93.5 -> 94.3-94.7; LayerNorm 32K
  *     85.1-85.2 (the stream) -> 86.9-87.3, its fwd + bwd 82.8-82.9 -> 86.0-86.2; RMSNorm 32K
- *     88.3-88.4 (the stream) -> 87.2-88.1, not taken. */
-inline bool fwd_lean_cols(int cols, int knob, bool rms, bool lean_card) {
+ *     88.3-88.4 (the stream) -> 87.2-88.1, not taken.
+ * Under knob 3 also 65536 and 131072 where fwd_lean_cluster gives them a cluster (P155). */
+inline bool fwd_lean_cols(int cols, int knob, bool rms, bool lean_card, int max_cluster) {
   if (cols == 4096 || cols == 8192 || cols == 16384) return true;
-  return cols == 32768 && (knob >= 2 || rms != lean_card);
+  if (cols == 32768) return knob >= 2 || rms != lean_card;
+  /* knob 3: rows of 64K and 128K over clusters of 4 and 8 CTAs, where those clusters are allowed */
+  return (cols == 65536 || cols == 131072) && fwd_lean_cluster(cols, knob, max_cluster) > 1;
 }
 
-/* kCl: CTAs per row (1, or 2: a thread-block cluster whose CTA k holds lanes k * tpr ..
- * (k + 1) * tpr - 1 of the row, the row's sums reduced in the CTA and then over the cluster by
- * cluster_sum in rank order: the register kernel's cluster path, norm_fwd.cuh, and its bits;
- * P155). */
-template <typename X, typename O, typename W, bool kRms, bool kBias, int kThreads, int kCl = 1>
+/* kCl: whether a row spans a thread-block cluster (P155): a.cluster CTAs of kThreads threads
+ * (2, 4 or 8 at rows of 32K, 64K, 128K), CTA k holding lanes k * tpr .. (k + 1) * tpr - 1 of the
+ * row, the row's sums reduced in the CTA and then over the cluster by cluster_sum in rank order:
+ * the register kernel's cluster path, norm_fwd.cuh, and its bits. One build serves every cluster
+ * size (the size is a.cluster, read at run time); kCl = false is the one-CTA build. */
+template <typename X, typename O, typename W, bool kRms, bool kBias, int kThreads, bool kCl = false>
 __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_lean_kernel(const FwdArgs a) {
   constexpr int NV = kLeanNV;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ZW = PackedWords<X, VEC>::kWords;
   static_assert(sizeof(X) == 2 && VEC == 8, "a 16-bit x");
-  static_assert(kCl == 1 || (kCl == 2 && kThreads <= kClusterRowThreads), "clusters of two 256-thread CTAs");
+  static_assert(!kCl || kThreads <= kClusterRowThreads, "clusters of CTAs of up to 256 threads");
   __shared__ float red_buf[2 * 32 * (kRms ? 1 : 2)];
-  __shared__ ClusterXchgSmem cl_smem; /* unused (and dropped) at kCl = 1 */
+  __shared__ ClusterXchgSmem cl_smem; /* unused (and dropped) without kCl */
 
   const int tpr = a.tpr;
   const int group = threadIdx.x / tpr;
   const int lr = threadIdx.x - group * tpr;
-  const int glane = kCl > 1 ? cluster_rank() * tpr + lr : lr; /* lane in the row */
-  const int gstride = kCl * tpr;                              /* threads per row */
+  const int ncl = kCl ? a.cluster : 1;                     /* CTAs per row */
+  const int glane = kCl ? cluster_rank() * tpr + lr : lr; /* lane in the row */
+  const int gstride = ncl * tpr;                          /* threads per row */
   const int G = a.rows_per_iter;
   const int64_t nblk = (a.rows + G - 1) / G;
   const float g_add = a.zero_centered ? 1.0f : 0.0f;
   RowGroupSum<1> red(red_buf, tpr, group);
   RowGroupSum<2> red2(red_buf, tpr, group);
-  ClusterXchg xchg(cl_smem, kCl);
+  ClusterXchg xchg(cl_smem, ncl);
 
   /* the thread's slots: vectors glane + i * gstride of its row (row_slots with every slot valid) */
   auto load_row = [&](int64_t blk, uint32_t(&zw)[NV][ZW]) {
@@ -101,8 +115,8 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
     }
   };
   uint32_t cur[NV][ZW], nxt[NV][ZW];
-  const int64_t bstride = gridDim.x / kCl; /* rows (blocks) in flight: one per cluster */
-  int64_t blk = blockIdx.x / kCl;
+  const int64_t bstride = gridDim.x / ncl; /* rows (blocks) in flight: one per cluster */
+  int64_t blk = blockIdx.x / ncl;
   if (blk < nblk) load_row(blk, cur);
   for (; blk < nblk; blk += bstride) {
     const int64_t next = blk + bstride;
@@ -216,8 +230,8 @@ template <typename X, typename O, typename W, bool kRms, bool kBias>
 engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
   auto* k = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanThreads>;
   auto* kw = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanWideThreads>;
-  if (a.cluster == 2) { /* P155: a row over a cluster of two 256-thread CTAs, resident grid */
-    auto* kc = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanThreads, 2>;
+  if (a.cluster > 1) { /* P155: a row over a cluster of 256-thread CTAs, resident grid */
+    auto* kc = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanThreads, true>;
     const int64_t work = a.rows;
     int64_t grid = 0;
     return launch_row_kernel(kc, kc, a, a.tpr, 0, work, ctx, 0, work, &grid, "norm_fwd_lean_kernel", 0);
@@ -231,9 +245,8 @@ engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
 
 template <typename X, typename O>
 engine_status launch_fwd_lean(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
-  a.tpr = a.cols / (kLeanNV * 8); /* a power of two, 32..512 (fwd_lean_cols) */
-  /* knob 3 (P155's A/B side): rows of 512 threads over a cluster of two 256-thread CTAs */
-  const int cluster = ctx.fwd_lean == 3 && a.tpr == kLeanWideThreads && ctx.max_cluster >= 2 ? 2 : 1;
+  a.tpr = a.cols / (kLeanNV * 8); /* a power of two, 32..2048 (fwd_lean_cols) */
+  const int cluster = fwd_lean_cluster(a.cols, ctx.fwd_lean, ctx.max_cluster);
   a.tpr /= cluster;
   /* Row groups must fill the CTA exactly: a partial group would wait at its named barrier for
    * threads that do not exist (the first form hung so at 6144 columns: NOTES P150). */
