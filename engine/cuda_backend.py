@@ -587,8 +587,8 @@ def norm_fwd_lean(n: int):
     H200, and for LayerNorm on a lean one, the H100: benchmarks/NOTES.md P154); ``n = 0``, the
     default, runs the lean kernel there; ``n = 2`` also at 32768 for both norms on any card
     (before the streamed kernel and the clusters, as one 512-thread CTA per row; for A/B runs);
-    ``n = 3`` as 2, with those rows over a cluster of two 256-thread CTAs, and rows of 65536 and
-    131072 over clusters of four and eight (where :func:`max_cluster_size` allows them; P155; sm_90).
+    ``n = 3`` as 2, with those rows over a cluster of two 256-thread CTAs (the default's form for
+    RMSNorm on a card that is not lean, where :func:`max_cluster_size` allows a cluster: P155).
     The lean kernel gives the register kernel's bits at one CTA per row (it adds each row's
     values in the register kernel's order); it runs 2 CTAs of 256 threads per SM with no
     per-CTA prologue (benchmarks/NOTES.md, Q43, Q44, P150).

@@ -480,13 +480,12 @@ def test_fwd_few_rows_take_4_vectors(is_rms, n, x_dtype):
 
 @pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("n,knob", [(4096, 0), (8192, 0), (16384, 0), (32768, 2), (32768, 3), (65536, 3),
-                                    (131072, 3)])
+@pytest.mark.parametrize("n,knob", [(4096, 0), (8192, 0), (16384, 0), (32768, 2), (32768, 3)])
 @pytest.mark.parametrize("case", ["bf16", "bf16-f32out-f32w-zcg-nobias", "fp16-strided"])
 def test_fwd_lean_same_bits(is_rms, n, knob, case):
     """The lean forward (norm_fwd_lean.cuh: rows of 4096-16384 columns; under knob 2 32768 for
-    both norms on any card, as one 512-thread CTA per row; under knob 3 rows of 32K, 64K and 128K
-    over clusters of 2, 4 and 8 CTAs, P155) against float64
+    both norms on any card, as one 512-thread CTA per row; under knob 3 over a 2-CTA cluster,
+    P155) against float64
     with poisoned outputs, and bit for bit the register kernel's outputs
     (cuda_backend.norm_fwd_lean(1), its one-CTA build, or under knob 3 its clusters of the same
     size; no streamed kernel):
@@ -510,9 +509,8 @@ def test_fwd_lean_same_bits(is_rms, n, knob, case):
         outs = []
         with cuda_backend.norm_fwd_lean(knob):
             outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
-        # knob 3 (P155): the row over a cluster of n / 16384 CTAs, the register kernel's clusters
-        # of that size
-        with cuda_backend.norm_fwd_lean(1), cuda_backend.max_cluster_size(n // 16384 if knob == 3 else 1), \
+        # knob 3 (P155): the row over a 2-CTA cluster, the register kernel's clusters of two
+        with cuda_backend.norm_fwd_lean(1), cuda_backend.max_cluster_size(2 if knob == 3 else 1), \
                 cuda_backend.norm_fwd_stream_from(1 << 30):
             outs.append(run_fwd(is_rms, x, w, b, None, 1e-5, zcg, out_dtype))
         ref = ref_fwd(x, w, b, 1e-5, is_rms, zcg)
@@ -530,6 +528,10 @@ def test_fwd_lean_same_bits(is_rms, n, knob, case):
         engine.backend.reset_for_tests()
 
 
+# The lean kernel's cluster build in a profiler kernel name: its last template argument (kCl) true.
+LEAN_CLUSTER = ", 256, true>"
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_fwd_lean_taken(is_rms):
@@ -537,8 +539,9 @@ def test_fwd_lean_taken(is_rms):
     on a card that is not lean, dram_class 2, and for LayerNorm on a lean one: P154) and not under
     norm_fwd_lean(1), nor for an FP8 output, a residual, another width (8184), a call of
     few rows (4 vectors per thread: FEW_ROWS_PER_SM), or (32768) under the stream's knob; under
-    norm_fwd_lean(2) at 32768 for both norms on either card; under norm_fwd_lean(3) also at 65536
-    and 131072, but not with the cluster size capped below theirs or under the stream's knob."""
+    norm_fwd_lean(2) at 32768 for both norms on either card (one 512-thread CTA per row); over a
+    2-CTA cluster under norm_fwd_lean(3) and by default for RMSNorm on a wide card (P155), not
+    with clusters capped at 1."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -573,21 +576,16 @@ def test_fwd_lean_taken(is_rms):
                     with cuda_backend.norm_fwd_lean(knob):
                         assert "lean" in " ".join(names(x4))
                         assert "lean" in names32()
-        # knob 3 (P155): rows of 64K and 128K over clusters of 4 and 8 CTAs, not where the
-        # cluster size is capped below that, nor under the stream's knob
-        for n in (65536, 131072):
-            xw, _, ww, bw = bf16_rows(64, n, is_rms)
-
-            def names_w():
-                return " ".join(cuda_kernel_names(lambda: run_fwd(is_rms, xw, ww, bw, None, 1e-5, False, BF16)))
-
-            assert "lean" not in names_w(), n
-            with cuda_backend.norm_fwd_lean(3):
-                assert "lean" in names_w(), n
-                with cuda_backend.max_cluster_size(n // 32768):
-                    assert "lean" not in names_w(), n
-                with cuda_backend.norm_fwd_stream_from(1 << 30):
-                    assert "lean" not in names_w(), n
+        # RMSNorm 32K on a wide card by default (P155), and both norms under knob 3: the 2-CTA
+        # cluster build (the last template argument), not where clusters are capped at 1
+        with cuda_backend.dram_class(2):
+            assert (LEAN_CLUSTER in names32()) == is_rms
+            with cuda_backend.max_cluster_size(1):
+                assert LEAN_CLUSTER not in names32() and ("lean" in names32()) == is_rms
+        with cuda_backend.norm_fwd_lean(3):
+            assert LEAN_CLUSTER in names32()
+        with cuda_backend.norm_fwd_lean(2):
+            assert LEAN_CLUSTER not in names32()
     finally:
         engine.backend.reset_for_tests()
 
@@ -847,7 +845,8 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
 def test_fwd_ln_32k_default_path(is_rms, n, dram_class):
     """LayerNorm's bf16 rows of 32K without a residual take the clusters by default on a card that
     is not lean (dram_class 2, the H200: NOTES P131, the clusters 80 % of copy against the stream's
-    76-79), RMSNorm's the lean kernel there (NOTES P154: 83.5 against the stream's 81.4); on a
+    76-79), RMSNorm's the lean kernel there (NOTES P154: 83.5 against the stream's 81.4), over a
+    2-CTA cluster (P155: 85.5), whose bits are the clusters'; on a
     lean card (the H100) LayerNorm's the lean kernel (P154: 87.1 against the stream's 85.2),
     RMSNorm's the streamed kernel; rows past 32K take the stream on both.
     Over 301 rows the default's statistics are that path's bit for bit (the stream: its knob at
@@ -876,7 +875,7 @@ def test_fwd_ln_32k_default_path(is_rms, n, dram_class):
             assert not torch.equal(stats[p], stats[q]), (p, q)
     want = "stream"
     if n == 32768:
-        want = {(True, 2): "lean", (False, 2): "clusters", (False, 1): "lean"}.get((is_rms, dram_class), want)
+        want = {(True, 2): "clusters", (False, 2): "clusters", (False, 1): "lean"}.get((is_rms, dram_class), want)
     assert torch.equal(stats["default"], stats[want])
 
 
@@ -891,7 +890,9 @@ FP8_DEFAULT_PATH = {
     (False, 32768): {1: "register", 2: "stream"}}
 FP8_CURRENT_PATH = {(True, 16392, 1): "stream", (True, 32768, 1): "stream",
                     (False, 32768, 1): "stream"}
-BF16_PATH = {(True, 32768, 1): "stream", (True, 32768, 2): "lean", (False, 32768, 1): "lean"}
+# (RMSNorm 32K on a wide card: the lean kernel over a 2-CTA cluster, P155, whose bits are the register
+# path's clusters'.)
+BF16_PATH = {(True, 32768, 1): "stream", (True, 32768, 2): "register", (False, 32768, 1): "lean"}
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
@@ -918,8 +919,9 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     the default's statistics of an FP8 output, delayed scaling or current scaling's statistics
     pass, are that kernel's (its knob at n, the
     other one off) bit for bit, those of a bf16 output the register path's (both off; at 32K the
-    stream's, but on a wide card LayerNorm's the clusters', P131, and RMSNorm's the lean kernel's,
-    and on a lean card LayerNorm's the lean kernel's, P154: BF16_PATH); they differ from the
+    stream's, but on a wide card LayerNorm's the clusters', P131, and RMSNorm's the lean kernel's
+    over a 2-CTA cluster, the clusters' bits, P155, and on a lean card LayerNorm's the lean
+    kernel's, P154: BF16_PATH); they differ from the
     other kernels' (the blocked kernel's and the stream's where the register path is the one
     taken)."""
     from engine import cuda_backend

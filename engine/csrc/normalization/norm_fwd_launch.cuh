@@ -198,14 +198,13 @@ int fwd_vectors(int nvec, int want, int64_t rows, int sms) {
  * (norm_fwd_lean.cuh: the same bits, measured faster; NOTES P150, P154): a 16-bit x without a
  * residual (the caller's types), mode kFull, no in-kernel transposed copy, rows of the widths
  * fwd_lean_cols gives, unless engine_set_norm_fwd_lean(1) or the general-loop knob says
- * otherwise. Rows of 32768 and more (one 512-thread CTA per row, or under knob 3 a cluster of
- * 256-thread CTAs; before the stream and the clusters) only where neither the stream's nor the blocked kernel's knob is set, so that those knobs still
- * reach their kernels. */
+ * otherwise. Rows of 32768 (one 512-thread CTA per row, or a cluster of two 256-thread CTAs:
+ * fwd_lean_cluster; before the stream and the clusters) only where neither the stream's nor the
+ * blocked kernel's knob is set, so that those knobs still reach their kernels. */
 inline bool fwd_lean_applies(const FwdArgs& a, const LaunchCtx& ctx) {
   return ctx.fwd_lean != 1 && !ctx.fwd_general && a.residual == nullptr && a.mode == kFull &&
-         a.out_t == nullptr &&
-         fwd_lean_cols(a.cols, ctx.fwd_lean, a.is_rms != 0, ctx.lean_dram != 0, ctx.max_cluster) &&
-         (a.cols < 32768 || (ctx.fwd_stream_from == 0 && ctx.fwd_blocked_from == 0));
+         a.out_t == nullptr && fwd_lean_cols(a.cols, ctx.fwd_lean, a.is_rms != 0, ctx.lean_dram != 0) &&
+         (a.cols != 32768 || (ctx.fwd_stream_from == 0 && ctx.fwd_blocked_from == 0));
 }
 
 /* One launch of the blocked kernel: VEC elements per access (16 bytes of x, or 1 on the scalar
@@ -349,10 +348,10 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
       vec && fwd_blocked_packed<X, R, VEC>() &&
       fwd_take_blocked(cols, a.residual != nullptr, ctx.fwd_blocked_from, is_fp8_v<O>, sizeof(X) == 2,
                        a.is_rms != 0, ctx.lean_dram != 0);
-  /* the lean kernel's rows of 32K (fwd_lean_cols; P154; 64K-128K under knob 3, P155), before
-   * the stream and the clusters */
+  /* the lean kernel's rows of 32K (fwd_lean_cols; P154, P155), before the stream and the
+   * clusters */
   if constexpr (std::is_same<X, R>::value && !is_fp8_v<O> && sizeof(X) == 2) {
-    if (vec && cols >= 32768 && fwd_lean_applies(a, ctx)) {
+    if (vec && cols == 32768 && fwd_lean_applies(a, ctx)) {
       return launch_fwd_lean<X, O>(a, ctx, fwd_grid_per_sm<O>(a, ctx));
     }
   }

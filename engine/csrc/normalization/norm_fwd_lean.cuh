@@ -7,7 +7,8 @@
  * a non-FP8 output, 8 vectors of x per thread (fwd_vectors), and rows of 4096-16384 columns
  * (and 32768 on one card per norm: fwd_lean_cols, P154): a row over tpr = cols / 64 threads
  * (64-256), 256 / tpr rows per CTA, every slot in the row; rows of 32768 as one CTA of 512
- * threads (the kernel itself takes any power-of-two row of 2048-32768 columns). Measured on the H200
+ * threads or over a cluster of two 256-thread CTAs (fwd_lean_cluster, P155; the kernel itself
+ * takes any power-of-two row of 2048-32768 columns in one CTA). Measured on the H200
  * against the register kernel (NOTES P150, kernel time, means of two alternations): RMSNorm 8K /
  * 16K 87.8 -> 89.6, 86.4 -> 88.4 % of copy, LayerNorm 84.6 -> 86.2, 82.9 -> 84.7; at 2K it lost
  * 2.5 points for both norms, so 2K keeps the register kernel (at 4K RMSNorm lost 1 then, before
@@ -49,15 +50,6 @@ constexpr int kLeanThreads = 256; /* threads per CTA: 256 / tpr row groups of tp
  * the same 128-register cap (the same 16 warps per SM as 2 x 256). */
 constexpr int kLeanWideThreads = kMaxRowThreads;
 
-/* CTAs per row of the lean kernel: under knob 3 (P155) rows of 32768 and more over a cluster of
- * cols / 16384 256-thread CTAs (2 at 32K, 4 at 64K, 8 at 128K) where max_cluster allows it; 1
- * otherwise (a 32K row then runs as one 512-thread CTA). */
-inline int fwd_lean_cluster(int cols, int knob, int max_cluster) {
-  if (knob != 3 || cols < 32768) return 1;
-  const int c = cols / (kLeanNV * 8 * kLeanThreads);
-  return c <= max_cluster ? c : 1;
-}
-
 /* Whether rows of `cols` 16-bit values go to the lean kernel (`knob`: engine_set_norm_fwd_lean's
  * value, 0, 2 or 3; `lean_card`: LaunchCtx::lean_dram, the H100): 4096, 8192 and 16384 columns (a
  * power of two, so that its row groups fill the CTA; 2048 measured slower: above), and 32768 for
@@ -68,17 +60,27 @@ inline int fwd_lean_cluster(int cols, int knob, int max_cluster) {
  *     LayerNorm 32K 80.3-81.0 (the clusters) -> 74.6-75.9, lost;
  *   H100: RMSNorm fwd 4K 94.6-94.7 -> 95.7-95.8, LayerNorm 93.5 -> 94.3-94.7; LayerNorm 32K
  *     85.1-85.2 (the stream) -> 86.9-87.3, its fwd + bwd 82.8-82.9 -> 86.0-86.2; RMSNorm 32K
- *     88.3-88.4 (the stream) -> 87.2-88.1, not taken.
- * Under knob 3 also 65536 and 131072 where fwd_lean_cluster gives them a cluster (P155). */
-inline bool fwd_lean_cols(int cols, int knob, bool rms, bool lean_card, int max_cluster) {
+ *     88.3-88.4 (the stream) -> 87.2-88.1, not taken. */
+inline bool fwd_lean_cols(int cols, int knob, bool rms, bool lean_card) {
   if (cols == 4096 || cols == 8192 || cols == 16384) return true;
-  if (cols == 32768) return knob >= 2 || rms != lean_card;
-  /* knob 3: rows of 64K and 128K over clusters of 4 and 8 CTAs, where those clusters are allowed */
-  return (cols == 65536 || cols == 131072) && fwd_lean_cluster(cols, knob, max_cluster) > 1;
+  return cols == 32768 && (knob >= 2 || rms != lean_card);
+}
+
+/* CTAs per row of the lean kernel (fwd_lean_cols's rows): rows of 32768 over a cluster of two
+ * 256-thread CTAs for RMSNorm on a card that is not lean (the H200) and for both norms under
+ * knob 3, where max_cluster allows a cluster; 1 otherwise (a 32K row is then one 512-thread CTA).
+ * P155 (H200, kernel time, knob 3 against the default, two alternations): RMSNorm fwd 32K
+ * 83.5-83.7 (one 512-thread CTA) -> 85.3-85.7, its fwd + bwd 85.2-85.4 -> 86.3-86.6; LayerNorm
+ * fwd 32K 80.2-80.7 (the register kernel's clusters) -> 78.2-78.3, not taken. Rows of 64K and
+ * 128K over clusters of 4 and 8 lost to the stream (RMSNorm 84.4 -> 78.5-81.5, LayerNorm 78-81 ->
+ * 66-72): not offered. */
+inline int fwd_lean_cluster(int cols, int knob, bool rms, bool lean_card, int max_cluster) {
+  if (cols != 32768 || max_cluster < 2) return 1;
+  return knob == 3 || (knob == 0 && rms && !lean_card) ? 2 : 1;
 }
 
 /* kCl: whether a row spans a thread-block cluster (P155): a.cluster CTAs of kThreads threads
- * (2, 4 or 8 at rows of 32K, 64K, 128K), CTA k holding lanes k * tpr .. (k + 1) * tpr - 1 of the
+ * (fwd_lean_cluster: 2 at rows of 32K; the kernel takes any size up to 16), CTA k holding lanes k * tpr .. (k + 1) * tpr - 1 of the
  * row, the row's sums reduced in the CTA and then over the cluster by cluster_sum in rank order:
  * the register kernel's cluster path, norm_fwd.cuh, and its bits. One build serves every cluster
  * size (the size is a.cluster, read at run time); kCl = false is the one-CTA build. */
@@ -245,8 +247,8 @@ engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
 
 template <typename X, typename O>
 engine_status launch_fwd_lean(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
-  a.tpr = a.cols / (kLeanNV * 8); /* a power of two, 32..2048 (fwd_lean_cols) */
-  const int cluster = fwd_lean_cluster(a.cols, ctx.fwd_lean, ctx.max_cluster);
+  a.tpr = a.cols / (kLeanNV * 8); /* a power of two, 32..512 (fwd_lean_cols) */
+  const int cluster = fwd_lean_cluster(a.cols, ctx.fwd_lean, a.is_rms != 0, ctx.lean_dram != 0, ctx.max_cluster);
   a.tpr /= cluster;
   /* Row groups must fill the CTA exactly: a partial group would wait at its named barrier for
    * threads that do not exist (the first form hung so at 6144 columns: NOTES P150). */

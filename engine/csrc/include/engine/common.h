@@ -149,9 +149,9 @@ int engine_set_norm_fwd_band(int n);
  * per thread; the register
  * kernel's bits, at 2 CTAs per SM with no per-CTA prologue): n = 1 never (the register kernel
  * runs those rows), 0 (the default) wherever it applies, 2 at 32768 columns for both norms on
- * any card (the default takes one per card: benchmarks/NOTES.md P154), 3 the same with rows of
- * 32768, 65536 and 131072 over a cluster of 2, 4 and 8 256-thread CTAs where the cluster size
- * allows it (P155). For tests and A/B runs. Process-wide;
+ * any card (the default takes one per card: benchmarks/NOTES.md P154) as one 512-thread CTA per
+ * row, 3 the same over a cluster of two 256-thread CTAs (the default's form for RMSNorm on a card
+ * that is not lean: P155). For tests and A/B runs. Process-wide;
  * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_lean(int n);
 
