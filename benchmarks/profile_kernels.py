@@ -153,8 +153,8 @@ def main(argv=None) -> int:
                          "engine.cuda_backend.norm_fwd_band), for A/B runs")
     ap.add_argument("--fwd-lean", type=int, choices=[0, 1, 2, 3],
                     help="CUDA: 1 keeps the forward's register kernel where its lean kernel runs by "
-                         "default, 2 runs it at 32K for both norms, 3 there over 2-CTA clusters (0: the default; "
-                         "engine.cuda_backend.norm_fwd_lean), for A/B runs")
+                         "default, 2 runs it at 32K for both norms, 3 there over 2-CTA clusters "
+                         "(0: the default; engine.cuda_backend.norm_fwd_lean), for A/B runs")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="Both backends: the forward calls' sm_margin (SMs left out of the "
                          "persistent grids; benchmarks.cases.Spec.sm_margin), for runs of the grid "

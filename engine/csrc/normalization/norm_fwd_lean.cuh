@@ -80,10 +80,10 @@ inline int fwd_lean_cluster(int cols, int knob, bool rms, bool lean_card, int ma
 }
 
 /* kCl: whether a row spans a thread-block cluster (P155): a.cluster CTAs of kThreads threads
- * (fwd_lean_cluster: 2 at rows of 32K; the kernel takes any size up to 16), CTA k holding lanes k * tpr .. (k + 1) * tpr - 1 of the
- * row, the row's sums reduced in the CTA and then over the cluster by cluster_sum in rank order:
- * the register kernel's cluster path, norm_fwd.cuh, and its bits. One build serves every cluster
- * size (the size is a.cluster, read at run time); kCl = false is the one-CTA build. */
+ * (fwd_lean_cluster: 2 at rows of 32K; the size is read at run time), CTA k holding lanes
+ * k * tpr .. (k + 1) * tpr - 1 of the row, the row's sums reduced in the CTA and then over the
+ * cluster by cluster_sum in rank order: the register kernel's cluster path, norm_fwd.cuh, and
+ * its bits. kCl = false is the one-CTA build. */
 template <typename X, typename O, typename W, bool kRms, bool kBias, int kThreads, bool kCl = false>
 __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_lean_kernel(const FwdArgs a) {
   constexpr int NV = kLeanNV;
@@ -248,7 +248,8 @@ engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
 template <typename X, typename O>
 engine_status launch_fwd_lean(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
   a.tpr = a.cols / (kLeanNV * 8); /* a power of two, 32..512 (fwd_lean_cols) */
-  const int cluster = fwd_lean_cluster(a.cols, ctx.fwd_lean, a.is_rms != 0, ctx.lean_dram != 0, ctx.max_cluster);
+  const int cluster =
+      fwd_lean_cluster(a.cols, ctx.fwd_lean, a.is_rms != 0, ctx.lean_dram != 0, ctx.max_cluster);
   a.tpr /= cluster;
   /* Row groups must fill the CTA exactly: a partial group would wait at its named barrier for
    * threads that do not exist (the first form hung so at 6144 columns: NOTES P150). */
