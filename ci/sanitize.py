@@ -217,6 +217,39 @@ def run(external: str) -> int:
     return bad
 
 
+# The lean forward's rows (norm_fwd_lean.cuh): 4K-16K by default (row groups of 64-256 threads,
+# several rows per CTA, the last row block partly past the end; 4K-8K past the few-rows layout's
+# 8 rows per SM, engine.cuda_backend.FEW_ROWS_PER_SM, on either grid), 32K under knob 2 (one
+# 512-thread CTA per row) and knob 3 (a 2-CTA cluster, the default's form for RMSNorm on the
+# H200, NOTES P155: its exchange slots and mbarrier phases reused row after row)
+LEAN_CASES = [(1101, 4096, 0), (1101, 8192, 0), (301, 16384, 0), (37, 32768, 2), (37, 32768, 3)]
+
+
+def run_lean() -> int:
+    """The lean forward alone (a short run for racecheck): each case at the default grid and on a
+    grid cut to 4 SMs (sm_margin), where each CTA or cluster walks many rows; bf16 with a bias for
+    LayerNorm, y, mu and rsigma checked against the reference on the CPU and equal on both grids."""
+    bad = 0
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    engine.backend.reset_for_tests()
+    for (m, n, knob), is_rms in itertools.product(LEAN_CASES, (True, False)):
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        b = None if is_rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        outs = []
+        with torch.no_grad(), cuda_backend.norm_fwd_lean(knob):
+            for margin in (0, sms - 4):
+                outs.append(cuda_backend.norm_fwd_alloc(x, w, b, None, 1e-5, None, is_rms, False, margin))
+        ref = (engine.rmsnorm(x.cpu(), w.cpu(), 1e-5) if is_rms
+               else engine.layernorm(x.cpu(), w.cpu(), b.cpu(), 1e-5))
+        same = all(torch.equal(a, c) for a, c in zip(outs[0], outs[1]) if a is not None)
+        if not (same and torch.allclose(outs[0][0].float().cpu(), ref.float(), rtol=2e-2, atol=2e-2)):
+            print(f"lean forward mismatch {m}x{n} rms={is_rms} knob={knob} same grids={same}")
+            bad += 1
+    torch.cuda.synchronize()
+    return bad
+
+
 def run_narrow() -> int:
     """The tiled transposes' narrow form (store_tile_pieces, NOTES P134-P136): copies whose rows of
     M bytes are 2-, 4- or 8-byte aligned runs, over one, two and several row tiles (M = 18, 20,
@@ -244,15 +277,17 @@ def run_narrow() -> int:
 
 if __name__ == "__main__":
     # --band: the card's default band configuration; --band-wide: S = 1024 (knob 4); --narrow:
-    # run_narrow alone
+    # run_narrow alone; --lean: run_lean alone
     args = sys.argv[1:]
     if args == ["--narrow"]:
         failures = run_narrow()
+    elif args == ["--lean"]:
+        failures = run_lean()
     elif args == ["--band"]:
         failures = run_band(0, BAND_SHAPES)
     elif args == ["--band-wide"]:
         failures = run_band(4, BAND_WIDE_SHAPES)
     else:
-        failures = run("1") + run("0") + run_narrow()
+        failures = run("1") + run("0") + run_narrow() + run_lean()
     print("sanitize driver:", "OK" if failures == 0 else f"{failures} mismatches")
     sys.exit(1 if failures else 0)
