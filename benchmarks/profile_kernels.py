@@ -56,19 +56,21 @@ def device_events(fn, calls: int) -> list:
     return sorted(events, key=lambda e: e.time_range.start)
 
 
-def device_us_per_call(fn, calls: int = 15) -> float:
+def device_profile(fn, calls: int = 15) -> tuple[float, list[str]]:
     """Summed device time of all kernels one call launches (profiler): the median over ``calls``
-    back-to-back calls (:func:`median_per_call`). The median, not the mean of 5 as before session
-    28: cells of unchanged kernels moved by up to 5 points between runs with the mean
-    (benchmarks/NOTES.md, P89's outcome and M1)."""
-    return median_per_call(device_events(fn, calls), calls)
+    back-to-back calls (:func:`median_per_call`), and the names of the kernels the first call
+    launched, in stream order (so that a table's cell says which kernel it measured: the dispatch
+    picks among several per width, card and mode), from one profiler session. The median, not the
+    mean of 5 as before session 28: cells of unchanged kernels moved by up to 5 points between
+    runs with the mean (benchmarks/NOTES.md, P89's outcome and M1)."""
+    events = device_events(fn, calls)
+    us = median_per_call(events, calls)  # raises unless every call launched the same count
+    return us, [e.name for e in events[:len(events) // calls]]
 
 
-def call_kernel_names(fn) -> list[str]:
-    """The names of the kernels one call of ``fn`` launches, in stream order (profiler), so that
-    a table's cell says which kernel it measured: the dispatch picks among several per width, card
-    and mode."""
-    return [e.name for e in device_events(fn, 1)]
+def device_us_per_call(fn, calls: int = 15) -> float:
+    """:func:`device_profile`'s device time alone."""
+    return device_profile(fn, calls)[0]
 
 
 def short_kernel_name(name: str) -> str:
@@ -252,8 +254,7 @@ def run(args) -> int:
                     try:
                         case = C.build(spec, inp)
                         ms = H.bench(case.fn)
-                        dev_us = device_us_per_call(case.fn)
-                        names = call_kernel_names(case.fn)
+                        dev_us, names = device_profile(case.fn)
                         g_ms = H.bench_graph(case.fn) if args.graph else None
                     except Exception as e:  # noqa: BLE001 - a row that fails is reported, not fatal
                         print(f"{spec.label:14s} {impl:7s} N={n:6d}: {H.short_error(e)}")

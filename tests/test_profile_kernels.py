@@ -41,6 +41,32 @@ def test_median_per_call_raises_on_uneven_calls():
         median_per_call([], 3)
 
 
+def test_device_profile_times_and_names_from_one_session(monkeypatch):
+    """device_profile takes the time and the first call's kernel names (stream order) from one
+    profiler session of ``calls`` calls (one session per cell, where a second one-call session had
+    given the names)."""
+    from benchmarks import profile_kernels as P
+
+    sessions = []
+
+    def device_events(fn, calls):
+        sessions.append(calls)
+        evs = []
+        for call, us in enumerate((5, 7, 6)):
+            for k, (name, dur) in enumerate((("norm", us), ("transpose", 2))):
+                ev = _event(call * 100 + k * 10, dur)
+                ev.name = name
+                evs.append(ev)
+        return evs
+
+    monkeypatch.setattr(P, "device_events", device_events)
+    assert P.device_profile(lambda: None, 3) == (8.0, ["norm", "transpose"])  # sums 7, 9, 8
+    assert sessions == [3]
+
+
+KERNEL = "void engine::norm::k<float, (engine::norm::FwdPath)1>(engine::norm::FwdArgs)"
+
+
 def _stub_gpu(monkeypatch, make_inputs, build=None):
     """profile_kernels' GPU parts stood in for (harness timing, copy bandwidth, card class, the
     cases' inputs and builds, the profiler's device time), so that its loop runs on CPU."""
@@ -57,8 +83,7 @@ def _stub_gpu(monkeypatch, make_inputs, build=None):
         (H, "bench", lambda fn: 0.001), (H, "free_memory", lambda: None),
         (H, "reset_backend", lambda: None), (H, "device", lambda: "cpu"),
         (TU, "lean_dram", lambda dev: True), (C, "make_inputs", make_inputs), (C, "build", build),
-        (P, "device_us_per_call", lambda fn: 1.0),
-        (P, "call_kernel_names", lambda fn: ["void engine::norm::k<float, (engine::norm::FwdPath)1>(engine::norm::FwdArgs)"])]:
+        (P, "device_profile", lambda fn: (1.0, [KERNEL]))]:
         monkeypatch.setattr(mod, name, value)
 
 
@@ -125,13 +150,13 @@ def test_json_keeps_the_rows_measured_before_a_cut(monkeypatch, tmp_path):
     monkeypatch.setattr(H, "environment", lambda: {"device": "stub"})
     calls = []
 
-    def device_us(fn):
+    def device_profile(fn):
         calls.append(1)
         if len(calls) == 2:
             raise KeyboardInterrupt  # the cut
-        return 1.0
+        return 1.0, [KERNEL]
 
-    monkeypatch.setattr(P, "device_us_per_call", device_us)
+    monkeypatch.setattr(P, "device_profile", device_profile)
     out = tmp_path / "rows.json"
     with pytest.raises(KeyboardInterrupt):
         P.main(["--impls", "triton", "--norms", "rmsnorm", "--modes", "fwd", "--n", "1024", "4096",
