@@ -13,7 +13,6 @@ GB/s of the transpose counts its 2 bytes per value (1 read, 1 written).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -25,16 +24,12 @@ import torch  # noqa: E402
 import engine  # noqa: E402
 from engine.fp8 import Float8Quantizer  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
-from benchmarks.profile_kernels import device_events  # noqa: E402
+from benchmarks.profile_kernels import device_events, median_per_call  # noqa: E402
 
 
 def per_kernel_us(events, calls: int, key) -> float:
-    """Median over the calls of the summed time of the events whose name satisfies ``key``."""
-    times = [e.time_range.elapsed_us() for e in events if key(e.name)]
-    if len(times) % calls:
-        raise RuntimeError(f"{len(times)} matching events over {calls} calls")
-    per = len(times) // calls
-    return statistics.median(sum(times[i:i + per]) for i in range(0, len(times), per))
+    """profile_kernels.median_per_call over the events whose kernel name satisfies ``key``."""
+    return median_per_call([e for e in events if key(e.name)], calls)
 
 
 def main() -> int:
