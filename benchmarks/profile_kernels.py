@@ -153,10 +153,9 @@ def main(argv=None) -> int:
                          "never, 2-4: one configuration wherever it fits, 2 / 3: 32 x 512 per CTA, "
                          "tiles of their own / the tile in the stage, 4: 32 x 1024; "
                          "engine.cuda_backend.norm_fwd_band), for A/B runs")
-    ap.add_argument("--fwd-lean", type=int, choices=[0, 1, 2, 3, 4],
+    ap.add_argument("--fwd-lean", type=int, choices=[0, 1, 2, 3],
                     help="CUDA: 1 keeps the forward's register kernel where its lean kernel runs by "
-                         "default, 2 runs it at 32K for both norms, 3 there over 2-CTA clusters, 4 also "
-                         "the residual rows of 4K-16K (P161) "
+                         "default, 2 runs it at 32K for both norms, 3 there over 2-CTA clusters "
                          "(0: the default; engine.cuda_backend.norm_fwd_lean), for A/B runs")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="Both backends: the forward calls' sm_margin (SMs left out of the "

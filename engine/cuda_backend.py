@@ -588,17 +588,14 @@ def norm_fwd_lean(n: int):
     default, runs the lean kernel there; ``n = 2`` also at 32768 for both norms on any card
     (before the streamed kernel and the clusters, as one 512-thread CTA per row; for A/B runs);
     ``n = 3`` as 2, with those rows over a cluster of two 256-thread CTAs (the default's form for
-    RMSNorm on a card that is not lean, where :func:`max_cluster_size` allows a cluster: P155);
-    ``n = 4`` as 0, and the rows with a fused residual add of x's own 16-bit dtype at 4096, 8192
-    and 16384 columns to a non-FP8 output as well (the default sends them to the blocked kernel;
-    for A/B runs: benchmarks/NOTES.md P161).
+    RMSNorm on a card that is not lean, where :func:`max_cluster_size` allows a cluster: P155).
     The lean kernel gives the register kernel's bits at one CTA per row (it adds each row's
     values in the register kernel's order); it runs 2 CTAs of 256 threads per SM with no
     per-CTA prologue (benchmarks/NOTES.md, Q43, Q44, P150).
     For tests and A/B benchmarks on one GPU. Process-wide, not thread-safe; restores the previous
     value on exit. A bad ``n`` raises ValueError at the call."""
-    if type(n) is not int or n not in (0, 1, 2, 3, 4):
-        raise ValueError(f"norm_fwd_lean: n must be 0, 1, 2, 3 or 4, got {n!r}")
+    if type(n) is not int or n not in (0, 1, 2, 3):
+        raise ValueError(f"norm_fwd_lean: n must be 0, 1, 2 or 3, got {n!r}")
     return _knob("set_norm_fwd_lean", n)
 
 

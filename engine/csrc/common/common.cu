@@ -350,7 +350,7 @@ int engine_set_norm_fwd_band(int n) {
 }
 
 int engine_set_norm_fwd_lean(int n) {
-  if (n < 0 || n > 4) return -1;
+  if (n < 0 || n > 3) return -1;
   return engine::g_norm_fwd_lean.exchange(n);
 }
 

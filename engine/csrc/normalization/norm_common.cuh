@@ -130,8 +130,7 @@ struct LaunchCtx {
   int lean_dram;          /* 1: the lean card's defaults where the cards measured apart (lean_dram,
                              engine_set_dram_class; NOTES P109) */
   int fwd_lean;           /* forward: 1 keeps the register kernel where the lean kernel applies
-                             (engine_set_norm_fwd_lean; 0: the default, the lean kernel; 4
-                             also the residual rows of 4K-16K, P161) */
+                             (engine_set_norm_fwd_lean; 0: the default, the lean kernel) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

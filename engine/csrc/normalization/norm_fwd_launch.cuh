@@ -207,17 +207,6 @@ inline bool fwd_lean_applies(const FwdArgs& a, const LaunchCtx& ctx) {
          (a.cols != 32768 || (ctx.fwd_stream_from == 0 && ctx.fwd_blocked_from == 0));
 }
 
-/* P161 (for A/B runs, engine_set_norm_fwd_lean(4)): rows with the fused residual add of x's own
- * 16-bit dtype, mode kFull, no transposed copy, 4096, 8192 or 16384 columns, to the lean kernel's
- * residual build (norm_fwd_lean.cuh, kRes: z = round_X(x + r) as the blocked kernel rounds it,
- * residual_out stored from the lean kernel's slots) on the resident grid, ahead of the stream and
- * the blocked kernel, unless the stream's or the blocked kernel's knob is set. */
-inline bool fwd_lean_res_applies(const FwdArgs& a, const LaunchCtx& ctx) {
-  return ctx.fwd_lean == 4 && !ctx.fwd_general && a.residual != nullptr && a.residual_out != nullptr &&
-         a.mode == kFull && a.out_t == nullptr && (a.cols == 4096 || a.cols == 8192 || a.cols == 16384) &&
-         ctx.fwd_stream_from == 0 && ctx.fwd_blocked_from == 0;
-}
-
 /* One launch of the blocked kernel: VEC elements per access (16 bytes of x, or 1 on the scalar
  * path), NVB accesses per thread and chunk, one weight type and norm kind (kNorm: norm_fwd.cuh,
  * blk_kind / kBlkRuntime); a persistent grid at the build's occupancy. */
@@ -365,7 +354,6 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
     if (vec && cols == 32768 && fwd_lean_applies(a, ctx)) {
       return launch_fwd_lean<X, O>(a, ctx, fwd_grid_per_sm<O>(a, ctx));
     }
-    if (vec && fwd_lean_res_applies(a, ctx)) return launch_fwd_lean<X, O>(a, ctx, fwd_grid_per_sm<O>(a, ctx));
   }
   /* the streamed cluster kernel where it applies (fwd_take_stream), before the blocked kernel that
    * a residual row takes by default, before the one an FP8 row takes by default only under the

@@ -28,14 +28,6 @@
  * the per-CTA fill cost LayerNorm 8K 8 points there); engine's form gains less (above). The grid
  * is fwd_grid_per_sm's (16 CTAs per SM by default for these outputs): the row loop strides by it.
  *
- * kRes (P161, for A/B runs: engine_set_norm_fwd_lean(4), fwd_lean_res_applies in
- * norm_fwd_launch.cuh): the fused residual add of x's own 16-bit dtype at 4096-16384 columns, on
- * the resident grid (2 CTAs per SM). Each row's z = round_X(x + r) (the blocked and streamed
- * kernels' arithmetic: the same residual_out bits) replaces the row's x words and is stored as
- * residual_out; the residual comes by cp.async into shared memory (each thread its own slots),
- * copied with the next row block's x loads, so it takes no registers; the statistics and the
- * epilogue then run on z as they run on x. Its sums add in this kernel's order, not the blocked
- * kernel's (the default for these rows): y, rsigma and mu differ from it within rounding.
  * Numerics: those of norm_fwd.cuh (z = x; RMSNorm rsigma = 1 / sqrtf(sum z^2 / N + eps);
  * LayerNorm's one-pass sums scaled by 1 / N per thread, ln_one_pass_var, else the centred pass;
  * ln_fma_row; norm_y), each thread's values summed in the register kernel's slot order and the row
@@ -71,7 +63,7 @@ constexpr int kLeanWideThreads = kMaxRowThreads;
  *     88.3-88.4 (the stream) -> 87.2-88.1, not taken. */
 inline bool fwd_lean_cols(int cols, int knob, bool rms, bool lean_card) {
   if (cols == 4096 || cols == 8192 || cols == 16384) return true;
-  return cols == 32768 && (knob == 2 || knob == 3 || rms != lean_card);
+  return cols == 32768 && (knob >= 2 || rms != lean_card);
 }
 
 /* CTAs per row of the lean kernel (fwd_lean_cols's rows): rows of 32768 over a cluster of two
@@ -84,7 +76,7 @@ inline bool fwd_lean_cols(int cols, int knob, bool rms, bool lean_card) {
  * 66-72): not offered. */
 inline int fwd_lean_cluster(int cols, int knob, bool rms, bool lean_card, int max_cluster) {
   if (cols != 32768 || max_cluster < 2) return 1;
-  return knob == 3 || ((knob == 0 || knob == 4) && rms && !lean_card) ? 2 : 1;
+  return knob == 3 || (knob == 0 && rms && !lean_card) ? 2 : 1;
 }
 
 /* kCl: whether a row spans a thread-block cluster (P155): a.cluster CTAs of kThreads threads
@@ -92,23 +84,15 @@ inline int fwd_lean_cluster(int cols, int knob, bool rms, bool lean_card, int ma
  * k * tpr .. (k + 1) * tpr - 1 of the row, the row's sums reduced in the CTA and then over the
  * cluster by cluster_sum in rank order: the register kernel's cluster path, norm_fwd.cuh, and
  * its bits. kCl = false is the one-CTA build. */
-template <typename X, typename O, typename W, bool kRms, bool kBias, int kThreads, bool kCl = false,
-          bool kRes = false>
+template <typename X, typename O, typename W, bool kRms, bool kBias, int kThreads, bool kCl = false>
 __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_lean_kernel(const FwdArgs a) {
   constexpr int NV = kLeanNV;
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ZW = PackedWords<X, VEC>::kWords;
   static_assert(sizeof(X) == 2 && VEC == 8, "a 16-bit x");
   static_assert(!kCl || kThreads <= kClusterRowThreads, "clusters of CTAs of up to 256 threads");
-  static_assert(!kRes || !kCl, "the residual rows take one CTA per row group");
   __shared__ float red_buf[2 * 32 * (kRms ? 1 : 2)];
   __shared__ ClusterXchgSmem cl_smem; /* unused (and dropped) without kCl */
-  /* kRes: the next row's residual, copied by cp.async (slot i of a thread at i * kThreads +
-   * threadIdx.x, read back by that thread alone: its own copies' completion is the only
-   * synchronisation), so that it takes no registers beside the next row's x (in registers, the
-   * residual and x of the next row and z of this one, ptxas spilled 184-244 bytes at the
-   * 128-register cap; z in shared memory instead, as much) */
-  __shared__ __align__(16) uint4 rsm[kRes ? NV * kThreads : 1];
 
   const int tpr = a.tpr;
   const int group = threadIdx.x / tpr;
@@ -123,22 +107,14 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
   RowGroupSum<2> red2(red_buf, tpr, group);
   ClusterXchg xchg(cl_smem, ncl);
 
-  /* the thread's slots: vectors glane + i * gstride of its row (row_slots with every slot valid);
-   * kRes: the residual's of the same slots into rsm (one cp.async group per row block) */
-  const uint32_t rs_s = smem_u32(&rsm[kRes ? threadIdx.x : 0]);
+  /* the thread's slots: vectors glane + i * gstride of its row (row_slots with every slot valid) */
   auto load_row = [&](int64_t blk, uint32_t(&zw)[NV][ZW]) {
     const int64_t row = blk * G + group;
     if (row < a.rows) {
-      if constexpr (kRes) {
-        const X* rrow = static_cast<const X*>(a.residual) + row * a.res_stride + glane * VEC;
-#pragma unroll
-        for (int i = 0; i < NV; ++i) cp_async16(rs_s + (uint32_t)(i * kThreads * 16), rrow + i * gstride * VEC, true);
-      }
       const X* xrow = static_cast<const X*>(a.x) + row * a.x_stride + glane * VEC;
 #pragma unroll
       for (int i = 0; i < NV; ++i) load_words<VEC * sizeof(X)>(xrow + i * gstride * VEC, zw[i]);
     }
-    if constexpr (kRes) cp_async_commit();
   };
   uint32_t cur[NV][ZW], nxt[NV][ZW];
   const int64_t bstride = gridDim.x / ncl; /* rows (blocks) in flight: one per cluster */
@@ -146,27 +122,8 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
   if (blk < nblk) load_row(blk, cur);
   for (; blk < nblk; blk += bstride) {
     const int64_t next = blk + bstride;
-    const int64_t row = blk * G + group;
-    if constexpr (kRes) {
-      /* z = round_X(x + r) (the blocked and streamed kernels' arithmetic: the same residual_out
-       * bits) over cur's words, stored as residual_out, before the next row's copies: each
-       * store's data waits for its slot's LDS, so the next copy into rsm is issued after the
-       * reads it overwrites (in-order issue; both asm volatile with a memory clobber) */
-      cp_async_wait<0>();
-      if (row < a.rows) {
-        X* const ro = static_cast<X*>(a.residual_out) + row * a.res_out_stride + glane * VEC;
-#pragma unroll
-        for (int i = 0; i < NV; ++i) {
-          float z[VEC];
-          lds_vec8<X>(rs_s + (uint32_t)(i * kThreads * 16), z);
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) z[j] += unpack_at<X, VEC>(cur[i], j);
-          pack_to<X, VEC>(z, cur[i]);
-          store_words_v<VEC * sizeof(X)>(ro + i * gstride * VEC, cur[i]);
-        }
-      }
-    }
     if (next < nblk) load_row(next, nxt);
+    const int64_t row = blk * G + group;
     if (row < a.rows) { /* uniform over the row group, whose barriers are its own */
       auto zv = [&](int i, int j) -> float { return unpack_at<X, VEC>(cur[i], j); };
       float mean = 0.0f;
@@ -273,17 +230,6 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
  * would give each CTA about one row at 64M values). */
 template <typename X, typename O, typename W, bool kRms, bool kBias>
 engine_status launch_fwd_lean_t(FwdArgs a, const LaunchCtx& ctx, int per_sm) {
-  if (a.residual != nullptr) { /* P161: rows of 4K-16K (fwd_lean_res_applies), 256-thread CTAs */
-    auto* kr = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanThreads, false, true>;
-    const int block = a.tpr * a.rows_per_iter;
-    if (block != kLeanThreads || a.cluster > 1) {
-      return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm_fwd_lean: a residual row of %d columns",
-                       a.cols);
-    }
-    const int64_t work = ceil_div(a.rows, (int64_t)a.rows_per_iter);
-    int64_t grid = 0;
-    return launch_row_kernel(kr, kr, a, block, 0, work, ctx, 0, work, &grid, "norm_fwd_lean_kernel", per_sm);
-  }
   auto* k = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanThreads>;
   auto* kw = &norm_fwd_lean_kernel<X, O, W, kRms, kBias, kLeanWideThreads>;
   if (a.cluster > 1) { /* P155: a row over a cluster of 256-thread CTAs, resident grid */

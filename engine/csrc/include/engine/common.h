@@ -151,9 +151,7 @@ int engine_set_norm_fwd_band(int n);
  * runs those rows), 0 (the default) wherever it applies, 2 at 32768 columns for both norms on
  * any card (the default takes one per card: benchmarks/NOTES.md P154) as one 512-thread CTA per
  * row, 3 the same over a cluster of two 256-thread CTAs (the default's form for RMSNorm on a card
- * that is not lean: P155), 4 as 0 and also the rows with a fused residual add of x's dtype at 4096,
- * 8192 and 16384 columns (a 16-bit x, a non-FP8 output: benchmarks/NOTES.md P161; the default
- * sends those to the blocked kernel). For tests and A/B runs. Process-wide;
+ * that is not lean: P155). For tests and A/B runs. Process-wide;
  * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_lean(int n);
 
