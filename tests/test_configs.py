@@ -105,10 +105,15 @@ def test_layernorm_residual_entry():
     one chunk over the row (P93, h200_ab_s28_p93.log: 86.7 / 85.9 -> 93.8 / 93.8 %) where the
     plain forward takes two; at 64K a row per program in two chunks of 32K at 32 programs per SM
     (P111 / P113), where the plain forward takes two-row tiles of 16K chunks (one row in two
-    chunks on a lean card, at 8 programs per SM)."""
+    chunks on a lean card, at 8 programs per SM); at 8K (session 50, Q58) one row per program in one
+    chunk at 16 warps on a wide card, where the plain forward takes two-row tiles at 8 warps."""
     plain = nc.fwd_config(4096, torch.bfloat16, False, False, False)
     res = nc.fwd_config(4096, torch.bfloat16, False, False, False, residual=True)
     assert plain.blocked and not res.blocked
+    # 8K on a wide card (NOTES Q58: the H200's sweep, 1.11x timed over the plain forward's entry)
+    res8 = nc.fwd_config(8192, torch.bfloat16, False, False, False, residual=True)
+    assert res8 == nc.NormConfig(1, 8192, True, 16, 32, 1)
+    assert nc.fwd_config(8192, torch.bfloat16, False, False, False) != res8
     for n in (16384, 32768):
         res = nc.fwd_config(n, torch.bfloat16, False, False, False, residual=True)
         assert res.blocked and res.block_n == n

@@ -156,10 +156,11 @@ _LN_FWD_OVERRIDES = {
 # norms._reload_res), two at RMSNorm 64K (pass 2 reads residual_out); an A/B in kernel time, two
 # alternations (NOTES P93,
 # h200_ab_s28_p93.log): RMSNorm 32K / 64K 89.3 / 87.0 -> 95.7 / 90.0 %, LayerNorm 16K / 32K 86.7 /
-# 85.9 -> 93.8 / 93.8. LayerNorm 8K keeps the plain forward's entry: 32 warps at 32 programs per
-# SM gained on an H100 (NOTES P94: 90.8 -> 98.8 % of its copy) and lost on the H200 (P97, two
-# alternations in one call, h200_ab_s29_p97.log), so it is the lean card's entry
-# (_RES_FWD_OVERRIDES_LEAN; utils.lean_dram, NOTES P109).
+# 85.9 -> 93.8 / 93.8. LayerNorm 8K kept the plain forward's entry until session 50: 32 warps at 32
+# programs per SM gained on an H100 (NOTES P94: 90.8 -> 98.8 % of its copy) and lost on the H200
+# (P97, two alternations in one call, h200_ab_s29_p97.log), so it is the lean card's entry
+# (_RES_FWD_OVERRIDES_LEAN; utils.lean_dram, NOTES P109); the H200's own sweep (Q58) found one
+# row per program at 16 warps (below).
 # RMSNorm 128K and LayerNorm 64K: one row per program in chunks of 32K at 32 programs per SM
 # (NOTES P111: tune.py --ops fwd-res on an H100, h100_tune_res_wide_{rms,ln}_s33.log, timed, % of
 # its copy: 82.1 -> 87.4, 86.1 -> 93.1; kernel time 83.8-84.2 -> 89.2, 87.3-87.6 -> 94.9-95.1), a
@@ -170,6 +171,11 @@ _RES_FWD_OVERRIDES = {
            32768: NormConfig(1, 32768, True, 16, 8, 1), 65536: NormConfig(1, 32768, True, 16, 8, 2),
            131072: NormConfig(1, 32768, True, 16, 32, 2)},
     False: {4096: NormConfig(4, 4096, False, 8, 8),
+            # session 50 (Q58, tune.py --ops fwd-res on the H200, h200_tune_res_ln_s50.log, timed,
+            # each candidate checked against the reference): one row in one chunk over 16 warps at
+            # 32 programs per SM, 96.2 % of copy against the plain forward's entry's 87.0 (1.11x);
+            # kernel time not yet measured (NOTES Q58)
+            8192: NormConfig(1, 8192, True, 16, 32, 1),
             16384: NormConfig(2, 16384, True, 32, 8, 2), 32768: NormConfig(1, 32768, True, 32, 8, 2),
             65536: NormConfig(1, 32768, True, 16, 32, 3)},
 }
