@@ -34,7 +34,7 @@ __all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_b
            "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
-           "norm_fwd_stream_threads", "norm_fwd_band", "norm_fwd_lean", "fp8_transpose_order", "dram_class", "device_dram_class",
+           "norm_fwd_stream_threads", "norm_fwd_band", "norm_fwd_lean", "norm_fwd_blocked_shape", "fp8_transpose_order", "dram_class", "device_dram_class",
            "IN_KERNEL_TRANSPOSE_MAX_N", "SMALL_COPY_ROWS", "FEW_ROWS_PER_SM",
            "FEW_ROWS_PER_SM_FP16"]
 
@@ -597,6 +597,22 @@ def norm_fwd_lean(n: int):
     if type(n) is not int or n not in (0, 1, 2, 3):
         raise ValueError(f"norm_fwd_lean: n must be 0, 1, 2 or 3, got {n!r}")
     return _knob("set_norm_fwd_lean", n)
+
+
+def norm_fwd_blocked_shape(n: int):
+    """Context manager: inside the ``with`` block the CUDA forward's blocked kernel, on the rows
+    with a fused residual add of a 16-bit x (of x's dtype) to a non-FP8 output, which it takes by
+    default at 2K-16K, runs in the shape ``n`` says: ``2`` two 16-byte vectors per thread per
+    chunk (CTAs of twice the threads, up to 512, so rows of up to 8192 columns; wider rows keep
+    four), ``3`` the same on a grid of 32 CTAs per SM, ``4`` the default's four vectors per thread
+    on a grid of 32 CTAs per SM; ``0`` (the default) four vectors per thread on the resident grid
+    (benchmarks/NOTES.md P162: Triton's fastest tile for LayerNorm + residual 8K on the H200, Q58,
+    is one row over 16 warps at 32 programs per SM). For tests and A/B benchmarks. Process-wide,
+    not thread-safe; restores the previous value on exit. A bad ``n`` raises ValueError at the
+    call."""
+    if type(n) is not int or n not in (0, 2, 3, 4):
+        raise ValueError(f"norm_fwd_blocked_shape: n must be 0, 2, 3 or 4, got {n!r}")
+    return _knob("set_norm_fwd_blocked_shape", n)
 
 
 def norm_fwd_band(n: int):

@@ -175,6 +175,8 @@ KNOBS = {
                                 [1, 64, 1024, 256.0, "256", True], "0, 128, 256 or 512"),
     "norm_fwd_band": ("set_norm_fwd_band", 2, 4, 0, 5,
                       [-1, 5, 256, 2.0, "2", True], r"int in 0\.\.4"),
+    "norm_fwd_blocked_shape": ("set_norm_fwd_blocked_shape", 2, 4, 0, 1, [-1, 1, 5, 2.0, "2", True],
+                               "0, 2, 3 or 4"),
     "norm_fwd_lean": ("set_norm_fwd_lean", 1, 3, 0, 4, [-1, 4, 1.0, "1", True], "0, 1, 2 or 3"),
     "dram_class": ("set_dram_class", 1, 2, 0, 3, [-1, 3, 1.0, "1", True], "0, 1 or 2"),
     "fp8_transpose_order": ("set_fp8_transpose_order", 1, 2, 0, 3, [-1, 3, 1.0, "1", True],

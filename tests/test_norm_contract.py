@@ -619,6 +619,38 @@ def test_fwd_blocked_from(is_rms, blocked_from, n):
 
 @pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("n", [2048, 4104, 8192, 16384])
+def test_fwd_blocked_shape(is_rms, n):
+    """P162, norm_fwd_blocked_shape: the blocked kernel's residual rows (its default at 2K-16K)
+    under each shape against float64 with poisoned outputs, residual_out bit for bit round(x + r):
+    bf16 with a bias (LayerNorm) over many_rows() + 37 rows, fp16 rows with a stride past the row
+    to fp32 with fp32 zero-centred weights over 37 rows. Shape 4 (the default's four vectors per
+    thread on 32 CTAs per SM) gives the default's bits; shapes 2 and 3 (two vectors per thread,
+    CTAs of twice the threads: another order of a row's sums) give each other's bits and, up to
+    8192 columns, not the default's; at 16384 (one chunk of 512 threads at four vectors) shape 2
+    keeps four vectors, the default's bits."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    try:
+        for shape in (0, 2, 3, 4):
+            with cuda_backend.norm_fwd_blocked_shape(shape), cuda_backend.norm_fwd_stream_from(1 << 30):
+                check_fwd(is_rms, many_rows() + 37, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
+                check_fwd(is_rms, 37, n, F16, F32, F32, zcg=True, res_dtype=F16, row_extra=64)
+        x, r, w, b = bf16_rows(many_rows(), n, is_rms, residual=True)
+        stats = {}
+        for shape in (0, 2, 3, 4):
+            with cuda_backend.norm_fwd_blocked_shape(shape), cuda_backend.norm_fwd_stream_from(1 << 30):
+                _, _, mu, rsigma = run_fwd(is_rms, x, w, b, r, 1e-5, False, BF16)
+            stats[shape] = rsigma if is_rms else torch.cat([mu, rsigma])
+        assert torch.equal(stats[4], stats[0]) and torch.equal(stats[3], stats[2])
+        assert torch.equal(stats[2], stats[0]) == (n > 8192)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="a path knob of the CUDA forward")
+@pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("n", [8192, 65536])
 def test_fwd_blocked_from_taken(is_rms, n):
     """The knob changes the path (the blocked kernel adds a row's values in chunks of up to 16K

@@ -211,10 +211,11 @@ inline bool fwd_lean_applies(const FwdArgs& a, const LaunchCtx& ctx) {
  * path), NVB accesses per thread and chunk, one weight type and norm kind (kNorm: norm_fwd.cuh,
  * blk_kind / kBlkRuntime); a persistent grid at the build's occupancy. */
 template <typename X, typename R, typename O, int VEC, int NVB, typename W, int kNorm>
-engine_status launch_fwd_blocked(const FwdArgs& a, const LaunchCtx& ctx, int block) {
+engine_status launch_fwd_blocked(const FwdArgs& a, const LaunchCtx& ctx, int block, int per_sm_set = 0) {
   auto* kernel = &norm_fwd_blocked_kernel<X, R, O, VEC, NVB, W, kNorm>;
   int per_sm = 1;
   ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), block, 0, &per_sm));
+  if (per_sm_set > 0) per_sm = per_sm_set; /* more CTAs than resident: the row loop strides by the grid */
   const int64_t grid = persistent_grid(a.rows, ctx.sm_count, ctx.sm_margin, per_sm);
   kernel<<<(unsigned)grid, block, 0, ctx.stream>>>(a);
   ENGINE_CHECK_LAUNCH(VEC > 1 ? "norm_fwd_blocked_kernel" : "norm_fwd_blocked_kernel(scalar)");
@@ -230,9 +231,21 @@ template <typename X, typename R, typename O, typename W, int kNorm>
 engine_status launch_fwd_blocked_vec(const FwdArgs& a, const LaunchCtx& ctx) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int NVB = 4;
+  /* P162 (engine_set_norm_fwd_blocked_shape, for A/B runs): the residual rows of a 16-bit x to a
+   * non-FP8 output at 2 vectors per thread (rows of one chunk of up to 512 threads) and / or on
+   * a grid of 32 CTAs per SM */
+  int per_sm_set = 0;
+  if constexpr (sizeof(X) == 2 && std::is_same<X, R>::value && !is_fp8_v<O> && kNorm != kBlkRuntime) {
+    const int shape = a.residual != nullptr ? ctx.fwd_blocked_shape : 0;
+    per_sm_set = shape == 3 || shape == 4 ? 32 : 0;
+    if ((shape == 2 || shape == 3) && a.cols <= kMaxRowThreads * VEC * 2) {
+      const int block = (int)round_up(ceil_div(a.cols, VEC * 2), 32);
+      return launch_fwd_blocked<X, R, O, VEC, 2, W, kNorm>(a, ctx, block, per_sm_set);
+    }
+  }
   const int want = (int)round_up(ceil_div(a.cols, VEC * NVB), 32);
   const int block = want < kMaxRowThreads ? want : kMaxRowThreads;
-  return launch_fwd_blocked<X, R, O, VEC, NVB, W, kNorm>(a, ctx, block);
+  return launch_fwd_blocked<X, R, O, VEC, NVB, W, kNorm>(a, ctx, block, per_sm_set);
 }
 
 template <typename X, typename R, typename O, typename W>

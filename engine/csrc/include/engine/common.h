@@ -155,6 +155,14 @@ int engine_set_norm_fwd_band(int n);
  * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_lean(int n);
 
+/* The norm forward's blocked kernel on the rows with a fused residual add of a 16-bit x to a
+ * non-FP8 output (its default rows at 2K-16K; benchmarks/NOTES.md P162): n = 2 two 16-byte vectors
+ * per thread per chunk (CTAs of twice the threads, up to 512: rows of up to 8192 columns), 3 the
+ * same on a grid of 32 CTAs per SM, 4 the default's four vectors per thread on a grid of 32 CTAs
+ * per SM; 0 (the default) four vectors per thread on the resident grid. For tests and A/B runs.
+ * Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
+int engine_set_norm_fwd_blocked_shape(int n);
+
 /* The order in which engine_fp8_transpose (the tiled transpose after a norm's rowwise FP8 output,
  * and engine.fp8_transpose) walks its tiles: n = 1 from the first rows to the last, its stores of
  * the transposed copy plain; 2 from the last rows to the first, those stores streaming (evict
