@@ -132,8 +132,8 @@ def main(argv=None) -> int:
                     help="CUDA: largest CTA of the backward's streamed kernel (0: the default; "
                          "engine.cuda_backend.norm_bwd_stream_threads), for A/B runs")
     ap.add_argument("--m-adjust", type=int, default=0,
-                    help="rows per cell: M = 2^26 // N + this (default 0; e.g. -12 gives M % 16 = 4 "
-                         "and -14 M % 16 = 2 at power-of-two widths: transposed copies whose runs "
+                    help="rows per cell: M = 2^26 // N + this (default 0; e.g. -12 gives M %% 16 = 4 "
+                         "and -14 M %% 16 = 2 at power-of-two widths: transposed copies whose runs "
                          "are not 16-byte aligned, NOTES P134 / P135)")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16",
                     help="the 16-bit type of x, weight, bias, residual and dy (fp16: the cases' bf16 "

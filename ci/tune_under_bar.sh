@@ -10,12 +10,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/tune}; mkdir -p "$OUT"
 dry=(); [ "${TUNE_DRY:-0}" = 1 ] && dry=(--dry-run)
+: > "$OUT/tune_under_bar.log"  # this run's tables only
 rc=0
 run() {  # op norm widths seconds
   local n=$3
   [ ${#dry[@]} -gt 0 ] && n=256
   echo "== tune.py --ops $1 --norm $2 --n $n" >> "$OUT/tune_under_bar.log"
-  timeout $(( $4 + 90 )) python3 benchmarks/tune.py "${dry[@]}" --ops "$1" --norm "$2" --n "$n" \
+  timeout $(( $4 + 90 )) python3 benchmarks/tune.py ${dry[@]+"${dry[@]}"} --ops "$1" --norm "$2" --n "$n" \
     --max-seconds "$4" --out "$OUT/tune_${1}_${2}.json" > "$OUT/tune_$1_$2.tmp" 2>&1 || rc=1
   tail -14 "$OUT/tune_$1_$2.tmp" >> "$OUT/tune_under_bar.log"; rm -f "$OUT/tune_$1_$2.tmp"
 }
