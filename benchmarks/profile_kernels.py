@@ -153,10 +153,11 @@ def main(argv=None) -> int:
                          "never, 2-4: one configuration wherever it fits, 2 / 3: 32 x 512 per CTA, "
                          "tiles of their own / the tile in the stage, 4: 32 x 1024; "
                          "engine.cuda_backend.norm_fwd_band), for A/B runs")
-    ap.add_argument("--fwd-blocked-shape", type=int, choices=[0, 2, 3, 4],
-                    help="CUDA: the forward's blocked kernel on 16-bit residual rows: 2 two vectors "
-                         "per thread, 3 the same at 32 CTAs per SM, 4 four vectors at 32 CTAs per SM "
-                         "(0: the default; engine.cuda_backend.norm_fwd_blocked_shape), for A/B runs")
+    ap.add_argument("--fwd-blocked-shape", type=int, choices=[0, 1, 2, 3, 4],
+                    help="CUDA: the forward's blocked kernel on 16-bit residual rows: 1 four vectors "
+                         "per thread on the resident grid (before P162), 2 two vectors per thread, 3 "
+                         "the same at 32 CTAs per SM, 4 four vectors at 32 CTAs per SM (0: the "
+                         "default, by width; engine.cuda_backend.norm_fwd_blocked_shape), for A/B runs")
     ap.add_argument("--fwd-lean", type=int, choices=[0, 1, 2, 3],
                     help="CUDA: 1 keeps the forward's register kernel where its lean kernel runs by "
                          "default, 2 runs it at 32K for both norms, 3 there over 2-CTA clusters "

@@ -602,16 +602,16 @@ def norm_fwd_lean(n: int):
 def norm_fwd_blocked_shape(n: int):
     """Context manager: inside the ``with`` block the CUDA forward's blocked kernel, on the rows
     with a fused residual add of a 16-bit x (of x's dtype) to a non-FP8 output, which it takes by
-    default at 2K-16K, runs in the shape ``n`` says: ``2`` two 16-byte vectors per thread per
-    chunk (CTAs of twice the threads, up to 512, so rows of up to 8192 columns; wider rows keep
-    four), ``3`` the same on a grid of 32 CTAs per SM, ``4`` the default's four vectors per thread
-    on a grid of 32 CTAs per SM; ``0`` (the default) four vectors per thread on the resident grid
-    (benchmarks/NOTES.md P162: Triton's fastest tile for LayerNorm + residual 8K on the H200, Q58,
-    is one row over 16 warps at 32 programs per SM). For tests and A/B benchmarks. Process-wide,
-    not thread-safe; restores the previous value on exit. A bad ``n`` raises ValueError at the
-    call."""
-    if type(n) is not int or n not in (0, 2, 3, 4):
-        raise ValueError(f"norm_fwd_blocked_shape: n must be 0, 2, 3 or 4, got {n!r}")
+    default at 2K-16K, runs in the shape ``n`` says: ``1`` four 16-byte vectors per thread per
+    chunk on the resident grid (the shape before P162), ``2`` two vectors per thread (CTAs of
+    twice the threads, up to 512, so rows of up to 8192 columns; wider rows keep four), ``3`` the
+    same on a grid of 32 CTAs per SM, ``4`` four vectors per thread on a grid of 32 CTAs per SM;
+    ``0`` (the default) the shape by width, as measured on the H200 (benchmarks/NOTES.md P162: 2
+    to 2K, 3 to 4K and at RMSNorm 8K, 4 at LayerNorm 8K and at 16K, 1 wider). For tests and A/B
+    benchmarks. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n``
+    raises ValueError at the call."""
+    if type(n) is not int or n not in (0, 1, 2, 3, 4):
+        raise ValueError(f"norm_fwd_blocked_shape: n must be 0, 1, 2, 3 or 4, got {n!r}")
     return _knob("set_norm_fwd_blocked_shape", n)
 
 

@@ -174,7 +174,8 @@ _RES_FWD_OVERRIDES = {
             # session 50 (Q58, tune.py --ops fwd-res on the H200, h200_tune_res_ln_s50.log, timed,
             # each candidate checked against the reference): one row in one chunk over 16 warps at
             # 32 programs per SM, 96.2 % of copy against the plain forward's entry's 87.0 (1.11x);
-            # kernel time not yet measured (NOTES Q58)
+            # kernel time, three alternations, 88.8-89.8 -> 98.8-99.2 (NOTES Q58b,
+            # h200_ab_s51_q58.log)
             8192: NormConfig(1, 8192, True, 16, 32, 1),
             16384: NormConfig(2, 16384, True, 32, 8, 2), 32768: NormConfig(1, 32768, True, 32, 8, 2),
             65536: NormConfig(1, 32768, True, 16, 32, 3)},

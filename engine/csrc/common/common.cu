@@ -352,7 +352,7 @@ int engine_set_norm_fwd_band(int n) {
 }
 
 int engine_set_norm_fwd_blocked_shape(int n) {
-  if (n != 0 && (n < 2 || n > 4)) return -1;
+  if (n < 0 || n > 4) return -1;
   return engine::g_norm_fwd_blocked_shape.exchange(n);
 }
 

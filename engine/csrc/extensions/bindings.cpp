@@ -669,10 +669,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_norm_fwd_blocked_shape", &engine_set_norm_fwd_blocked_shape,
-        "The norm forward's blocked kernel on residual rows of a 16-bit x to a non-FP8 output: 2 "
-        "two vectors per thread, 3 the same on 32 CTAs per SM, 4 four vectors on 32 CTAs per SM, 0 "
-        "for the default (engine/csrc/include/engine/common.h); returns the previous value, -1 for "
-        "an invalid n",
+        "The norm forward's blocked kernel on residual rows of a 16-bit x to a non-FP8 output: 1 "
+        "four vectors per thread on the resident grid, 2 two vectors per thread, 3 the same on 32 "
+        "CTAs per SM, 4 four vectors on 32 CTAs per SM, 0 for the default, by width "
+        "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_norm_fwd_lean", &engine_set_norm_fwd_lean,
         "The norm forward's lean kernel (16-bit x, no residual, non-FP8 output, rows of 8192 or "

@@ -132,10 +132,10 @@ struct LaunchCtx {
   int fwd_lean;           /* forward: 1 keeps the register kernel where the lean kernel applies
                              (engine_set_norm_fwd_lean; 0: the default, the lean kernel) */
   int fwd_blocked_shape;  /* forward, blocked kernel, residual rows of a 16-bit x to a non-FP8
-                             output: 0 the default (4 vectors per thread per chunk, the resident
-                             grid), 2 two vectors per thread, 3 two vectors and 32 CTAs per SM, 4
-                             four vectors and 32 CTAs per SM (engine_set_norm_fwd_blocked_shape;
-                             P162) */
+                             output: 0 the default (by width: fwd_blocked_res_shape), 1 four
+                             vectors per thread per chunk on the resident grid, 2 two vectors per
+                             thread, 3 two vectors and 32 CTAs per SM, 4 four vectors and 32 CTAs
+                             per SM (engine_set_norm_fwd_blocked_shape; P162) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

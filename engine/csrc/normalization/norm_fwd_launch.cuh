@@ -222,6 +222,20 @@ engine_status launch_fwd_blocked(const FwdArgs& a, const LaunchCtx& ctx, int blo
   return ENGINE_SUCCESS;
 }
 
+/* The blocked kernel's default shape on the rows with a fused residual add of a 16-bit x to a
+ * non-FP8 output (its default rows at 2K-16K; engine_set_norm_fwd_blocked_shape's codes): 2 two
+ * vectors per thread on the resident grid to 2K, 3 two vectors on 32 CTAs per SM to 4K (and at
+ * RMSNorm 8K), 4 four vectors on 32 CTAs per SM at LayerNorm 8K and at 16K, 1 (four vectors on
+ * the resident grid) past 16K. Kernel time on the H200, % of copy, two alternations, 1 -> this
+ * shape (NOTES P162, h200_knob_s51_p162.log): RMSNorm 2K / 4K / 8K / 16K 92.6-92.8 / 90.9-91.2 /
+ * 90.5-91.1 / 90.4-91.6 -> 94.6-94.7 / 92.8-92.9 / 94.9-95.1 / 95.0-95.3, LayerNorm 90.6-91.0 /
+ * 89.4-89.9 / 89.4-89.7 / 88.9-89.5 -> 91.8-92.0 / 92.4-92.8 / 92.7-92.9 / 94.3. (Likely why the
+ * grid past residency helps, not measured: a new CTA's loads start as another finishes, where a
+ * resident CTA's next row waits on its last row's reductions.) The H100 is not measured. */
+constexpr int fwd_blocked_res_shape(int cols, bool rms) {
+  return cols <= 2048 ? 2 : cols <= 4096 ? 3 : cols <= 8192 ? (rms ? 3 : 4) : cols <= 16384 ? 4 : 1;
+}
+
 /* The vector blocked kernel: 4 vectors of 16 bytes per thread and chunk; CTAs sized to the row
  * (whole warps, one chunk per row) up to 512 threads, so that a row narrower than 512 x 4 vectors
  * (16K of a 16-bit x) leaves no thread idle and more CTAs share an SM (NOTES P91: the knob's rows
@@ -231,13 +245,15 @@ template <typename X, typename R, typename O, typename W, int kNorm>
 engine_status launch_fwd_blocked_vec(const FwdArgs& a, const LaunchCtx& ctx) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int NVB = 4;
-  /* P162 (engine_set_norm_fwd_blocked_shape, for A/B runs): the residual rows of a 16-bit x to a
-   * non-FP8 output at 2 vectors per thread (rows of one chunk of up to 512 threads) and / or on
-   * a grid of 32 CTAs per SM */
+  /* P162: the residual rows of a 16-bit x to a non-FP8 output in the shape fwd_blocked_res_shape
+   * picks by width (engine_set_norm_fwd_blocked_shape sets one for A/B runs): 2 vectors per
+   * thread (rows of one chunk of up to 512 threads) and / or a grid of 32 CTAs per SM */
   int per_sm_set = 0;
   if constexpr (sizeof(X) == 2 && std::is_same<X, R>::value && !is_fp8_v<O> && kNorm != kBlkRuntime) {
-    const int shape = a.residual != nullptr ? ctx.fwd_blocked_shape : 0;
-    per_sm_set = shape == 3 || shape == 4 ? 32 : 0;
+    int shape = a.residual != nullptr ? ctx.fwd_blocked_shape : 1;
+    if (shape == 0) shape = fwd_blocked_res_shape(a.cols, (kNorm & 1) != 0);
+    /* not past residency under an sm_margin: CTAs queued on every SM would leave none free */
+    per_sm_set = (shape == 3 || shape == 4) && ctx.sm_margin <= 0 ? 32 : 0;
     if ((shape == 2 || shape == 3) && a.cols <= kMaxRowThreads * VEC * 2) {
       const int block = (int)round_up(ceil_div(a.cols, VEC * 2), 32);
       return launch_fwd_blocked<X, R, O, VEC, 2, W, kNorm>(a, ctx, block, per_sm_set);

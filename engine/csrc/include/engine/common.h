@@ -156,11 +156,13 @@ int engine_set_norm_fwd_band(int n);
 int engine_set_norm_fwd_lean(int n);
 
 /* The norm forward's blocked kernel on the rows with a fused residual add of a 16-bit x to a
- * non-FP8 output (its default rows at 2K-16K; benchmarks/NOTES.md P162): n = 2 two 16-byte vectors
- * per thread per chunk (CTAs of twice the threads, up to 512: rows of up to 8192 columns), 3 the
- * same on a grid of 32 CTAs per SM, 4 the default's four vectors per thread on a grid of 32 CTAs
- * per SM; 0 (the default) four vectors per thread on the resident grid. For tests and A/B runs.
- * Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
+ * non-FP8 output (its default rows at 2K-16K; benchmarks/NOTES.md P162): n = 1 four 16-byte
+ * vectors per thread per chunk on the resident grid (the shape before P162), 2 two vectors per
+ * thread (CTAs of twice the threads, up to 512: rows of up to 8192 columns), 3 the same on a grid
+ * of 32 CTAs per SM, 4 four vectors per thread on a grid of 32 CTAs per SM; 0 (the default) the
+ * shape by width (norm_fwd_launch.cuh, fwd_blocked_res_shape: 2 to 2K, 3 to 4K and at RMSNorm 8K,
+ * 4 at LayerNorm 8K and at 16K). For tests and A/B runs. Process-wide; returns the previous
+ * value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_blocked_shape(int n);
 
 /* The order in which engine_fp8_transpose (the tiled transpose after a norm's rowwise FP8 output,
