@@ -140,9 +140,13 @@ def run(external: str) -> int:
     # vectors; fwd_take_stream, NOTES P89); by default (32K-64K, fwd_take_stream, NOTES P96)
     # and with the stream off the blocked kernel (two 512-thread CTAs per SM, z packed, the chunk's
     # residual loaded before its stores; fwd_take_blocked), its chunk of 16K partly past the row at
-    # 40008; at 2K-8K the blocked kernel by default, in CTAs sized to the row, one chunk held in
-    # registers (NOTES P91, P95: 288 threads at 8200, the last warp partly past the row)
-    for (m, n), knob in itertools.product(((3, 32768), (3, 40008), (300, 32776), (300, 8200), (5, 2048)),
+    # 40008; at 2K-16K the blocked kernel by default, in CTAs sized to the row, one chunk held in
+    # registers (NOTES P91, P95: 288 threads at 8200, the last warp partly past the row), in the
+    # shape fwd_blocked_res_shape picks (NOTES P162): two vectors per thread at 2048 and 3000
+    # (192 threads, the last warp partly past the row) and at RMSNorm 4104, 32 CTAs per SM from
+    # 3000, where 4300 / 5000 rows make a CTA's row loop stride past the grid (32 x 132 on an H200)
+    for (m, n), knob in itertools.product(((3, 32768), (3, 40008), (300, 32776), (300, 8200), (5, 2048),
+                                           (4300, 3000), (5000, 4104)),
                                           (0, 16384, 1 << 30)):
         with cuda_backend.norm_fwd_stream_from(knob):
             for is_rms in (True, False):
