@@ -629,7 +629,8 @@ def test_fwd_blocked_shape(is_rms, n):
     vectors per thread, CTAs of twice the threads: another order of a row's sums); the two pairs
     differ up to 8192 columns, and at 16384 (one chunk of 512 threads at four vectors, which shape
     2 keeps) agree. The default (0) gives the bits of the shape fwd_blocked_res_shape picks: two
-    vectors to 4K and at RMSNorm 8K, four at LayerNorm 8K and at 16K."""
+    vectors to 4K and at RMSNorm 8K, four at LayerNorm 8K and at 16K; and it is checked over more
+    rows than its grid of 32 CTAs per SM."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -648,6 +649,8 @@ def test_fwd_blocked_shape(is_rms, n):
         assert torch.equal(stats[2], stats[1]) == (n > 8192)
         two_vectors = n <= 4096 or (n <= 8192 and is_rms)
         assert torch.equal(stats[0], stats[2 if two_vectors else 1])
+        # the default over more rows than its grid of 32 CTAs per SM (a CTA's row loop strides)
+        check_fwd(is_rms, 32 * gpu_sms() + 37, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
     finally:
         engine.backend.reset_for_tests()
 
