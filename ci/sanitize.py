@@ -142,11 +142,8 @@ def run(external: str) -> int:
     # residual loaded before its stores; fwd_take_blocked), its chunk of 16K partly past the row at
     # 40008; at 2K-16K the blocked kernel by default, in CTAs sized to the row, one chunk held in
     # registers (NOTES P91, P95: 288 threads at 8200, the last warp partly past the row), in the
-    # shape fwd_blocked_res_shape picks (NOTES P162): two vectors per thread at 2048 and 3000
-    # (192 threads, the last warp partly past the row) and at RMSNorm 4104, 32 CTAs per SM from
-    # 3000 (rows past that grid: test_fwd_blocked_shape; memcheck ran them once, NOTES Q61)
-    for (m, n), knob in itertools.product(((3, 32768), (3, 40008), (300, 32776), (300, 8200), (5, 2048),
-                                           (300, 3000), (300, 4104)),
+    # shape fwd_blocked_res_shape picks (NOTES P162; more of its shapes: run_blocked_shape)
+    for (m, n), knob in itertools.product(((3, 32768), (3, 40008), (300, 32776), (300, 8200), (5, 2048)),
                                           (0, 16384, 1 << 30)):
         with cuda_backend.norm_fwd_stream_from(knob):
             for is_rms in (True, False):
@@ -175,24 +172,6 @@ def run(external: str) -> int:
                         torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())):
                     print(f"residual e4m3 mismatch {m}x{n} rms={is_rms} stream knob={knob}")
                     bad += 1
-    # P162's two vectors per thread on the resident grid (norm_fwd_blocked_shape(2)), 1200 rows:
-    # more than the CTAs that fit (4-6 per SM at 192-288 threads), so a CTA's row loop reuses its
-    # shared memory across rows
-    with cuda_backend.norm_fwd_blocked_shape(2):
-        for n, is_rms in itertools.product((3000, 4104), (True, False)):
-            x, r = (torch.randn(1200, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            b = None if is_rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
-            with torch.no_grad():
-                y, res_out = (engine.rmsnorm(x, w, 1e-5, residual=r) if is_rms
-                              else engine.layernorm(x, w, b, 1e-5, residual=r))
-            z = (x.float() + r.float()).to(torch.bfloat16)
-            ref = (engine.rmsnorm(z.cpu(), w.cpu(), 1e-5) if is_rms
-                   else engine.layernorm(z.cpu(), w.cpu(), b.cpu(), 1e-5))
-            if not (torch.equal(res_out, z) and
-                    torch.allclose(y.float().cpu(), ref.float(), rtol=2e-2, atol=2e-2)):
-                print(f"residual mismatch 1200x{n} rms={is_rms} blocked shape 2")
-                bad += 1
     # the streamed forward over many rows per cluster, so that its ring of shared-memory stages
     # and its exchange slots wrap many times (a row's sums are awaited one iteration after they
     # are sent: four slots), bf16 and e4m3 outputs
@@ -273,6 +252,33 @@ def run_lean() -> int:
     return bad
 
 
+def run_blocked_shape() -> int:
+    """The blocked forward's residual rows in P162's shapes (norm_fwd_blocked_shape, NOTES P162),
+    bf16, both norms, 1200 rows of 3000 columns (192 threads at two vectors per thread, the last
+    warp partly past the row) and of 4104 (288 threads): the default (two vectors per thread on 32
+    CTAs per SM at 3000 and at RMSNorm 4104, four at LayerNorm 4104) and shape 2 (two vectors on
+    the resident grid: 1200 rows are more than the CTAs that fit, 4-6 per SM, so a CTA's row loop
+    reuses its shared memory across rows). residual_out bit for bit, the output against the CPU
+    reference."""
+    bad = 0
+    for shape, n, is_rms in itertools.product((0, 2), (3000, 4104), (True, False)):
+        x, r = (torch.randn(1200, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        b = None if is_rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        with torch.no_grad(), cuda_backend.norm_fwd_blocked_shape(shape):
+            y, res_out = (engine.rmsnorm(x, w, 1e-5, residual=r) if is_rms
+                          else engine.layernorm(x, w, b, 1e-5, residual=r))
+        z = (x.float() + r.float()).to(torch.bfloat16)
+        ref = (engine.rmsnorm(z.cpu(), w.cpu(), 1e-5) if is_rms
+               else engine.layernorm(z.cpu(), w.cpu(), b.cpu(), 1e-5))
+        if not (torch.equal(res_out, z) and
+                torch.allclose(y.float().cpu(), ref.float(), rtol=2e-2, atol=2e-2)):
+            print(f"residual mismatch 1200x{n} rms={is_rms} blocked shape {shape}")
+            bad += 1
+    torch.cuda.synchronize()
+    return bad
+
+
 def run_narrow() -> int:
     """The tiled transposes' narrow form (store_tile_pieces, NOTES P134-P136): copies whose rows of
     M bytes are 2-, 4- or 8-byte aligned runs, over one, two and several row tiles (M = 18, 20,
@@ -300,17 +306,19 @@ def run_narrow() -> int:
 
 if __name__ == "__main__":
     # --band: the card's default band configuration; --band-wide: S = 1024 (knob 4); --narrow:
-    # run_narrow alone; --lean: run_lean alone
+    # run_narrow alone; --lean: run_lean alone; --blocked-shape: run_blocked_shape alone
     args = sys.argv[1:]
     if args == ["--narrow"]:
         failures = run_narrow()
     elif args == ["--lean"]:
         failures = run_lean()
+    elif args == ["--blocked-shape"]:
+        failures = run_blocked_shape()
     elif args == ["--band"]:
         failures = run_band(0, BAND_SHAPES)
     elif args == ["--band-wide"]:
         failures = run_band(4, BAND_WIDE_SHAPES)
     else:
-        failures = run("1") + run("0") + run_narrow() + run_lean()
+        failures = run("1") + run("0") + run_narrow() + run_lean() + run_blocked_shape()
     print("sanitize driver:", "OK" if failures == 0 else f"{failures} mismatches")
     sys.exit(1 if failures else 0)
