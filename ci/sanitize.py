@@ -70,6 +70,23 @@ def run_band(knob: int, shapes) -> int:
     return bad
 
 
+def _residual_case(m: int, n: int, is_rms: bool):
+    """m random bf16 rows of n with a bf16 residual through the norm on the GPU (LayerNorm with a
+    bias): (x, r, w, b, z, ok), z = round(x + r) and ok whether residual_out equals z bit for bit
+    and the output matches the CPU reference of the norm of z."""
+    x, r = (torch.randn(m, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = None if is_rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        y, res_out = (engine.rmsnorm(x, w, 1e-5, residual=r) if is_rms
+                      else engine.layernorm(x, w, b, 1e-5, residual=r))
+    z = (x.float() + r.float()).to(torch.bfloat16)
+    ref = (engine.rmsnorm(z.cpu(), w.cpu(), 1e-5) if is_rms
+           else engine.layernorm(z.cpu(), w.cpu(), b.cpu(), 1e-5))
+    ok = torch.equal(res_out, z) and torch.allclose(y.float().cpu(), ref.float(), rtol=2e-2, atol=2e-2)
+    return x, r, w, b, z, ok
+
+
 def run(external: str) -> int:
     engine.backend.reset_for_tests({"ENGINE_NORM_EXTERNAL_TRANSPOSE": external})
     bad = 0
@@ -147,18 +164,8 @@ def run(external: str) -> int:
                                           (0, 16384, 1 << 30)):
         with cuda_backend.norm_fwd_stream_from(knob):
             for is_rms in (True, False):
-                x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-                r = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-                w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-                b = None if is_rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
-                with torch.no_grad():
-                    y, res_out = (engine.rmsnorm(x, w, 1e-5, residual=r) if is_rms
-                                  else engine.layernorm(x, w, b, 1e-5, residual=r))
-                z = (x.float() + r.float()).to(torch.bfloat16)
-                ref = (engine.rmsnorm(z.cpu(), w.cpu(), 1e-5) if is_rms
-                       else engine.layernorm(z.cpu(), w.cpu(), b.cpu(), 1e-5))
-                if not (torch.equal(res_out, z) and
-                        torch.allclose(y.float().cpu(), ref.float(), rtol=2e-2, atol=2e-2)):
+                x, r, w, b, z, ok = _residual_case(m, n, is_rms)
+                if not ok:
                     print(f"residual mismatch {m}x{n} rms={is_rms} stream knob={knob}")
                     bad += 1
                 # the same rows to e4m3 with the transposed copy: by default the register kernel
@@ -262,17 +269,9 @@ def run_blocked_shape() -> int:
     reference."""
     bad = 0
     for shape, n, is_rms in itertools.product((0, 2), (3000, 4104), (True, False)):
-        x, r = (torch.randn(1200, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-        w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        b = None if is_rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
-        with torch.no_grad(), cuda_backend.norm_fwd_blocked_shape(shape):
-            y, res_out = (engine.rmsnorm(x, w, 1e-5, residual=r) if is_rms
-                          else engine.layernorm(x, w, b, 1e-5, residual=r))
-        z = (x.float() + r.float()).to(torch.bfloat16)
-        ref = (engine.rmsnorm(z.cpu(), w.cpu(), 1e-5) if is_rms
-               else engine.layernorm(z.cpu(), w.cpu(), b.cpu(), 1e-5))
-        if not (torch.equal(res_out, z) and
-                torch.allclose(y.float().cpu(), ref.float(), rtol=2e-2, atol=2e-2)):
+        with cuda_backend.norm_fwd_blocked_shape(shape):
+            ok = _residual_case(1200, n, is_rms)[-1]
+        if not ok:
             print(f"residual mismatch 1200x{n} rms={is_rms} blocked shape {shape}")
             bad += 1
     torch.cuda.synchronize()
