@@ -50,6 +50,28 @@ def cuda_kernel_names(fn):
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+def cuda_kernel_launches(fn):
+    """(name, grid, block) of each CUDA kernel one call of ``fn`` launches, from the torch
+    profiler's trace (Kineto's kernel events carry ``grid`` and ``block`` among their args)."""
+    import json
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f).get("traceEvents", [])
+    return [(e["name"], tuple(e["args"]["grid"]), tuple(e["args"]["block"])) for e in events
+            if str(e.get("cat", "")).lower() == "kernel"]
+
+
 _FLAGS = [
     "ENGINE_USE_RMSNORM_TRITON",
     "ENGINE_USE_LAYERNORM_TRITON",

@@ -15,7 +15,7 @@ import torch
 import engine
 from engine.backend import OpFamily
 
-from conftest import DEVICE, ON_GPU, cuda_kernel_names, gpu_sms, many_rows, use_backend
+from conftest import DEVICE, ON_GPU, cuda_kernel_launches, cuda_kernel_names, gpu_sms, many_rows, use_backend
 from reference import norm_bwd as ref_bwd
 from reference import norm_fwd as ref_fwd
 from reference import residual_sum
@@ -651,6 +651,39 @@ def test_fwd_blocked_shape(is_rms, n):
         assert torch.equal(stats[0], stats[2 if two_vectors else 1])
         # the default over more rows than its grid of 32 CTAs per SM (a CTA's row loop strides)
         check_fwd(is_rms, 32 * gpu_sms() + 37, n, BF16, BF16, BF16, bias=not is_rms, res_dtype=BF16)
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the CUDA forward's grid")
+@pytest.mark.parametrize("is_rms", NORMS)
+def test_fwd_blocked_shape_grid(is_rms):
+    """P162's grid past residency and sm_margin: residual rows of 4096 (the blocked kernel, two
+    vectors per thread on 32 CTAs per SM by default) launch 32 x SMs CTAs at sm_margin 0; under
+    sm_margin=4 only as many as fit on SMs - 4 (at most 2048 threads per SM), CTAs of the same
+    size, and the same bits."""
+    use_backend("cuda")
+    try:
+        sms, n = gpu_sms(), 4096
+        x, r, w, b = bf16_rows(32 * sms + 37, n, is_rms, residual=True)
+
+        def launch(margin):
+            out = {}
+
+            def call():
+                with torch.no_grad():
+                    out["y"] = (engine.rmsnorm(x, w, 1e-5, residual=r, sm_margin=margin) if is_rms
+                                else engine.layernorm(x, w, b, 1e-5, residual=r, sm_margin=margin))
+
+            found = [(g, bl) for name, g, bl in cuda_kernel_launches(call) if "norm_fwd_blocked_kernel" in name]
+            assert len(found) == 1, found
+            return found[0][0][0], found[0][1][0], out["y"]
+
+        grid0, block0, y0 = launch(0)
+        grid4, block4, y4 = launch(4)
+        assert grid0 == 32 * sms and block0 == n // 16
+        assert block4 == block0 and grid4 <= (sms - 4) * (2048 // block4)
+        assert all(torch.equal(a, c) for a, c in zip(y0, y4))
     finally:
         engine.backend.reset_for_tests()
 
