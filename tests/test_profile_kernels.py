@@ -190,3 +190,14 @@ def test_short_kernel_name(name, short):
     from benchmarks.profile_kernels import short_kernel_name
 
     assert short_kernel_name(name) == short
+
+
+def test_help_prints(capsys):
+    """--help formats every option's help (argparse %-formats them: a bare "%" in one, as
+    --m-adjust's "M % 16" had, raised ValueError instead of printing)."""
+    from benchmarks.profile_kernels import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    assert "M % 16 = 4" in capsys.readouterr().out
