@@ -39,15 +39,20 @@ def gpu_sms() -> int:
     return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
 
 
-def cuda_kernel_names(fn):
-    """Names of the CUDA kernels one call of ``fn`` launches (torch profiler)."""
+def _cuda_profile(fn):
+    """The torch profiler's record of one call of ``fn`` (CUDA activity, synchronized)."""
     from torch.profiler import ProfilerActivity, profile
 
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return prof
+
+
+def cuda_kernel_names(fn):
+    """Names of the CUDA kernels one call of ``fn`` launches (torch profiler)."""
+    return [e.name for e in _cuda_profile(fn).events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def cuda_kernel_launches(fn):
@@ -57,12 +62,7 @@ def cuda_kernel_launches(fn):
     import os
     import tempfile
 
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
+    prof = _cuda_profile(fn)
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "trace.json")
         prof.export_chrome_trace(path)
