@@ -655,33 +655,43 @@ def test_fwd_blocked_shape(is_rms, n):
         engine.backend.reset_for_tests()
 
 
+# The CUDA forward's grids past residency by default: (kernel, width, rows, residual, CTAs per SM).
+GRID_CASES = [("norm_fwd_blocked_kernel", 4096, None, True, 32),  # P162's shape 3
+              ("norm_fwd_reg_kernel", 1024, 1 << 18, False, 16),  # P46 / P82
+              ("norm_fwd_lean_kernel", 8192, 1 << 14, False, 16)]  # the lean kernel, fwd_grid_per_sm
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the CUDA forward's grid")
 @pytest.mark.parametrize("is_rms", NORMS)
-def test_fwd_blocked_shape_grid(is_rms):
-    """P162's grid past residency and sm_margin: residual rows of 4096 (the blocked kernel, two
-    vectors per thread on 32 CTAs per SM by default) launch 32 x SMs CTAs at sm_margin 0; under
-    sm_margin=4 only as many as fit on SMs - 4 (at most 2048 threads per SM), CTAs of the same
-    size, and the same bits."""
+@pytest.mark.parametrize("kernel,n,rows,res,per_sm", GRID_CASES, ids=[c[0] for c in GRID_CASES])
+def test_fwd_grid_sm_margin(is_rms, kernel, n, rows, res, per_sm):
+    """The CUDA forward's grids past residency (more CTAs per SM than fit, the row loop striding
+    by the grid) and sm_margin (NOTES P162, P164): bf16 rows, enough of them that the row work
+    exceeds the grid, launch per_sm x SMs CTAs at sm_margin 0; under sm_margin=4 no more than fit
+    on SMs - 4 (at most 2048 threads per SM), CTAs of the same size, and the same bits. The grid
+    is read from the profiler trace's kernel args."""
     use_backend("cuda")
     try:
-        sms, n = gpu_sms(), 4096
-        x, r, w, b = bf16_rows(32 * sms + 37, n, is_rms, residual=True)
+        sms = gpu_sms()
+        x, r, w, b = bf16_rows(rows or 32 * sms + 37, n, is_rms, residual=res)
 
         def launch(margin):
             out = {}
 
             def call():
+                kw = dict(residual=r, sm_margin=margin) if res else dict(sm_margin=margin)
                 with torch.no_grad():
-                    out["y"] = (engine.rmsnorm(x, w, 1e-5, residual=r, sm_margin=margin) if is_rms
-                                else engine.layernorm(x, w, b, 1e-5, residual=r, sm_margin=margin))
+                    out["y"] = (engine.rmsnorm(x, w, 1e-5, **kw) if is_rms
+                                else engine.layernorm(x, w, b, 1e-5, **kw))
 
-            found = [(g, bl) for name, g, bl in cuda_kernel_launches(call) if "norm_fwd_blocked_kernel" in name]
+            found = [(g, bl) for name, g, bl in cuda_kernel_launches(call) if kernel in name]
             assert len(found) == 1, found
-            return found[0][0][0], found[0][1][0], out["y"]
+            y = out["y"] if res else (out["y"],)
+            return found[0][0][0], found[0][1][0], y
 
         grid0, block0, y0 = launch(0)
         grid4, block4, y4 = launch(4)
-        assert grid0 == 32 * sms and block0 == n // 16
+        assert grid0 == per_sm * sms and per_sm > 2048 // block0
         assert block4 == block0 and grid4 <= (sms - 4) * (2048 // block4)
         assert all(torch.equal(a, c) for a, c in zip(y0, y4))
     finally:

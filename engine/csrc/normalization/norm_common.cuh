@@ -270,8 +270,18 @@ __device__ __forceinline__ void row_slots(int glane, int gstride, int nvec, int 
  * blocks, with at most per_sm_cap CTAs per SM (0: occupancy alone) and max_units grid units in all
  * (CTAs, or clusters when a.cluster > 1); *units receives it, and so does the kernel's
  * a.grid_clusters (the row loop's stride). per_sm_set > 0 (without a cluster) sets the CTAs per SM
- * instead of the occupancy: more than fit at once queue for the block scheduler.
+ * instead of the occupancy: more than fit at once queue for the block scheduler (not under an
+ * sm_margin: grid_per_sm).
  */
+/* CTAs per SM of a grid without a cluster: per_sm_set (> 0) where a launcher sets it, else the
+ * resident count; but under an sm_margin never more than are resident. A grid past residency
+ * queues CTAs on every SM, so that no SM is free for the kernels sm_margin makes room for until
+ * its tail (NOTES P164: the register and lean kernels' 16 CTAs per SM, the blocked kernel's 32). */
+inline int grid_per_sm(int resident, int per_sm_set, int sm_margin) {
+  if (per_sm_set <= 0) return resident;
+  return sm_margin > 0 && per_sm_set > resident ? resident : per_sm_set;
+}
+
 template <typename Args>
 engine_status launch_row_kernel(void (*narrow)(Args), void (*wide)(Args), Args a, int block,
                                 size_t smem, int64_t work, const LaunchCtx& ctx, int per_sm_cap,
@@ -291,7 +301,7 @@ engine_status launch_row_kernel(void (*narrow)(Args), void (*wide)(Args), Args a
     int per_sm = 1;
     ENGINE_TRY(blocks_per_sm(fn, block, smem, &per_sm));
     if (per_sm_cap > 0 && per_sm > per_sm_cap) per_sm = per_sm_cap;
-    if (per_sm_set > 0) per_sm = per_sm_set;
+    per_sm = grid_per_sm(per_sm, per_sm_set, ctx.sm_margin);
     grid = persistent_grid(work, ctx.sm_count, ctx.sm_margin, per_sm);
   }
   if (grid > max_units) grid = max_units;

@@ -16,7 +16,8 @@
 namespace engine {
 namespace norm {
 
-/* CTAs per SM of the register path's grid without a cluster: engine_set_norm_fwd_grid_per_sm's
+/* CTAs per SM of the register path's grid without a cluster (under an sm_margin at most the
+ * resident ones: grid_per_sm): engine_set_norm_fwd_grid_per_sm's
  * value where it is set; else 16 for a 16-bit or fp32 output without a residual (both norms), and
  * 0 (the resident CTAs, 3-4 per SM: a persistent grid) for the rest. 16 CTAs per SM queue for the
  * block scheduler, which starts each as another ends. Measured on the H200 with bf16 in and out
@@ -215,7 +216,7 @@ engine_status launch_fwd_blocked(const FwdArgs& a, const LaunchCtx& ctx, int blo
   auto* kernel = &norm_fwd_blocked_kernel<X, R, O, VEC, NVB, W, kNorm>;
   int per_sm = 1;
   ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), block, 0, &per_sm));
-  if (per_sm_set > 0) per_sm = per_sm_set; /* more CTAs than resident: the row loop strides by the grid */
+  per_sm = grid_per_sm(per_sm, per_sm_set, ctx.sm_margin); /* past residency: the row loop strides by the grid */
   const int64_t grid = persistent_grid(a.rows, ctx.sm_count, ctx.sm_margin, per_sm);
   kernel<<<(unsigned)grid, block, 0, ctx.stream>>>(a);
   ENGINE_CHECK_LAUNCH(VEC > 1 ? "norm_fwd_blocked_kernel" : "norm_fwd_blocked_kernel(scalar)");
@@ -252,8 +253,7 @@ engine_status launch_fwd_blocked_vec(const FwdArgs& a, const LaunchCtx& ctx) {
   if constexpr (sizeof(X) == 2 && std::is_same<X, R>::value && !is_fp8_v<O> && kNorm != kBlkRuntime) {
     int shape = a.residual != nullptr ? ctx.fwd_blocked_shape : 1;
     if (shape == 0) shape = fwd_blocked_res_shape(a.cols, (kNorm & 1) != 0);
-    /* not past residency under an sm_margin: CTAs queued on every SM would leave none free */
-    per_sm_set = (shape == 3 || shape == 4) && ctx.sm_margin <= 0 ? 32 : 0;
+    per_sm_set = shape == 3 || shape == 4 ? 32 : 0; /* resident under an sm_margin: grid_per_sm */
     if ((shape == 2 || shape == 3) && a.cols <= kMaxRowThreads * VEC * 2) {
       const int block = (int)round_up(ceil_div(a.cols, VEC * 2), 32);
       return launch_fwd_blocked<X, R, O, VEC, 2, W, kNorm>(a, ctx, block, per_sm_set);
