@@ -13,8 +13,10 @@
   whose module owns the backward; asking for a gradient through one raises.
 * ``out_dtype``: high-precision output dtype (default: x's), e.g. bf16 in, fp32 out.
 * ``zero_centered_gamma``: ``y = xhat * (1 + weight)``, the weight initialised to zeros.
-* ``sm_margin``: leave this many SMs free (for concurrent communication kernels): the CUDA
-  backend's grids then hold no more CTAs per SM than are resident at once, on SMs - sm_margin.
+* ``sm_margin``: leave this many SMs free (for concurrent communication kernels): both backends'
+  grids, and the tiled transpose after an FP8 norm, then hold no more CTAs (programs) per SM
+  than are resident at once, on SMs - sm_margin (Triton: the compiled kernel's occupancy from
+  the CUDA driver, ``engine.triton_kernels.utils.margin_grid``).
 
 The backend (CUDA C++ or Triton) is chosen per norm by ``ENGINE_USE_RMSNORM_TRITON`` /
 ``ENGINE_USE_LAYERNORM_TRITON`` (see :mod:`engine.backend`).

@@ -56,8 +56,9 @@ def cuda_kernel_names(fn):
 
 
 def cuda_kernel_launches(fn):
-    """(name, grid, block) of each CUDA kernel one call of ``fn`` launches, from the torch
-    profiler's trace (Kineto's kernel events carry ``grid`` and ``block`` among their args)."""
+    """(name, grid, block, args) of each CUDA kernel one call of ``fn`` launches, from the torch
+    profiler's trace (Kineto's kernel events carry ``grid`` and ``block`` among their ``args``,
+    with ``registers per thread`` and ``shared memory``)."""
     import json
     import os
     import tempfile
@@ -68,8 +69,22 @@ def cuda_kernel_launches(fn):
         prof.export_chrome_trace(path)
         with open(path) as f:
             events = json.load(f).get("traceEvents", [])
-    return [(e["name"], tuple(e["args"]["grid"]), tuple(e["args"]["block"])) for e in events
+    return [(e["name"], tuple(e["args"]["grid"]), tuple(e["args"]["block"]), e["args"]) for e in events
             if str(e.get("cat", "")).lower() == "kernel"]
+
+
+def resident_bound(args) -> int:
+    """CTAs of one profiled kernel launch (:func:`cuda_kernel_launches`' args) that a Hopper SM
+    holds at once, at most: 2048 threads, 64K registers in 256-register units per warp, 228 KB of
+    shared memory with 1 KB reserved per CTA, 32 CTAs. Computed from the trace apart from the
+    CUDA driver's occupancy calculator that engine's launchers ask."""
+    threads = 1
+    for d in args["block"]:
+        threads *= d
+    warps = -(-threads // 32)
+    by_regs = (65536 // (-(-args["registers per thread"] * 32 // 256) * 256)) // warps
+    by_smem = 233472 // (args["shared memory"] + 1024)  # Kineto: static + dynamic
+    return min(2048 // threads, by_regs, by_smem, 32)
 
 
 _FLAGS = [

@@ -23,7 +23,8 @@ import torch
 import engine
 from engine.fp8 import DelayedScaling, Float8CurrentScalingQuantizer, Float8Quantizer, Float8Tensor
 
-from conftest import DEVICE, ON_GPU, cuda_kernel_names, many_rows, use_backend
+from conftest import (DEVICE, ON_GPU, cuda_kernel_launches, cuda_kernel_names, gpu_sms, many_rows, resident_bound,
+                      use_backend)
 from reference import fp8_quantize
 from reference import norm_fwd as ref_fwd
 
@@ -527,6 +528,39 @@ def test_transposed_bitwise(backend, is_rms, external, m, n, current):
     else:
         steps = fp8_steps(t.data, t2.data)
         assert steps.max().item() <= 1 and (steps > 0).sum().item() <= 2 + 1e-3 * steps.numel()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the transpose's grid")
+@pytest.mark.parametrize("name,kernel", [("cuda", "byte_transpose_kernel"), ("triton", "_cast_transpose_kernel")])
+def test_transpose_after_norm_sm_margin(name, kernel):
+    """The tiled transpose after a norm (ENGINE_NORM_EXTERNAL_TRANSPOSE=1) takes the norm's
+    sm_margin (NOTES P165): at sm_margin 0 its grid is more than SMs - 4 hold (so the margin must
+    cut it), under sm_margin=4 no more than fit there (conftest.resident_bound, from the profiler
+    trace); the bytes and scale_inv the same."""
+    use_backend(name, ENGINE_NORM_EXTERNAL_TRANSPOSE="1")
+    try:
+        sms = gpu_sms()
+        x, w, _ = inputs(4096, 16384, True)
+
+        def launch(margin):
+            out = {}
+
+            def fn():
+                out["t"] = call(True, x, w, quantizer=delayed(E4M3, columnwise=True), sm_margin=margin)
+
+            found = [(g, a) for k, g, _, a in cuda_kernel_launches(fn) if kernel in k]
+            assert len(found) == 1, found
+            return found[0][0][0], found[0][1], out["t"]
+
+        grid0, args0, t0 = launch(0)
+        grid4, args4, t4 = launch(4)
+        assert grid0 > (sms - 4) * resident_bound(args0)
+        assert grid4 <= (sms - 4) * resident_bound(args4)
+        for a, b in ((t0.data, t4.data), (t0.transpose_data, t4.transpose_data)):
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+        assert torch.equal(t0.scale_inv, t4.scale_inv)
+    finally:
+        engine.backend.reset_for_tests()
 
 
 @pytest.mark.skipif(not ON_GPU, reason="a layout knob of the CUDA forward")

@@ -399,3 +399,32 @@ def test_triton_fwd_refuses_residual_without_residual_out():
         assert torch.equal(x, x0)
     finally:
         engine.backend.reset_for_tests()
+
+
+def test_margin_grid_caps_at_resident(monkeypatch):
+    """utils.margin_grid: under an sm_margin on a GPU, the grid is cut to (SMs - sm_margin) x the
+    fewest resident programs among the launches' kernels; sm_margin 0 and CPU tensors (the
+    interpreter) keep it. A stand-in launcher answers resident_per_sm by the constexprs."""
+    class Stub:
+        def resident_per_sm(self, tensors, scalars, num_warps, num_stages, constexprs):
+            return {"a": 3, "b": 2}[constexprs]
+
+    from engine.triton_kernels import utils
+
+    monkeypatch.setattr(utils, "sm_count", lambda device: 10)
+    gpu = torch.device("cuda", 0)  # a device object only: no CUDA call is made
+    both = [((), (), 8, 3, "a"), ((), (), 8, 3, "b")]
+    assert utils.margin_grid(1000, 0, gpu, Stub(), both) == 1000
+    assert utils.margin_grid(1000, 4, gpu, Stub(), both) == 12  # (10 - 4) x min(3, 2)
+    assert utils.margin_grid(1000, 4, gpu, Stub(), both[:1]) == 18
+    assert utils.margin_grid(7, 4, gpu, Stub(), both) == 7  # a grid under the cap stays
+    assert utils.margin_grid(1000, 12, gpu, Stub(), both) == 2  # at least one SM's worth
+    assert utils.margin_grid(1000, 4, torch.device("cpu"), Stub(), both) == 1000
+
+
+@pytest.mark.skipif(ON_GPU, reason="the interpreter's launcher")
+def test_resident_per_sm_interpreter():
+    """Under TRITON_INTERPRET=1 a Launcher has no multiprocessors to fill: resident_per_sm is 0
+    (margin_grid does not ask it for CPU tensors)."""
+    x = torch.zeros(4, 8)
+    assert nm._FWD.resident_per_sm((x,), (1,), 4, 3, ()) == 0

@@ -15,7 +15,8 @@ import torch
 import engine
 from engine.backend import OpFamily
 
-from conftest import DEVICE, ON_GPU, cuda_kernel_launches, cuda_kernel_names, gpu_sms, many_rows, use_backend
+from conftest import (DEVICE, ON_GPU, cuda_kernel_launches, cuda_kernel_names, gpu_sms, many_rows,
+                      resident_bound, use_backend)
 from reference import norm_bwd as ref_bwd
 from reference import norm_fwd as ref_fwd
 from reference import residual_sum
@@ -684,7 +685,7 @@ def test_fwd_grid_sm_margin(is_rms, kernel, n, rows, res, per_sm):
                     out["y"] = (engine.rmsnorm(x, w, 1e-5, **kw) if is_rms
                                 else engine.layernorm(x, w, b, 1e-5, **kw))
 
-            found = [(g, bl) for name, g, bl in cuda_kernel_launches(call) if kernel in name]
+            found = [(g, bl) for name, g, bl, _ in cuda_kernel_launches(call) if kernel in name]
             assert len(found) == 1, found
             y = out["y"] if res else (out["y"],)
             return found[0][0][0], found[0][1][0], y
@@ -694,6 +695,58 @@ def test_fwd_grid_sm_margin(is_rms, kernel, n, rows, res, per_sm):
         assert grid0 == per_sm * sms and per_sm > 2048 // block0
         assert block4 == block0 and grid4 <= (sms - 4) * (2048 // block4)
         assert all(torch.equal(a, c) for a, c in zip(y0, y4))
+    finally:
+        engine.backend.reset_for_tests()
+
+
+# Triton forward entries past residency on the H200's table: (norm, width, residual).
+TRITON_GRID_CASES = [(True, 1024, False), (False, 8192, True), (True, 65536, False)]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the Triton kernels' grids")
+@pytest.mark.parametrize("is_rms,n,res", TRITON_GRID_CASES)
+def test_triton_grid_sm_margin(is_rms, n, res):
+    """Triton's grids past residency and sm_margin (NOTES P165): a forward entry of more programs
+    per SM than fit (the plan's programs_per_sm against the bound from the profiler trace's block,
+    registers and shared memory: conftest.resident_bound) launches programs_per_sm x SMs at
+    sm_margin 0 and no more than fit on SMs - 4 under sm_margin=4, with the same bits; and the
+    backward under sm_margin=4 on no more than fit either."""
+    from engine.triton_kernels import norms as tn
+
+    use_backend("triton")
+    try:
+        sms = gpu_sms()
+        cfg = tn._fwd_plan(n, BF16, BF16, not is_rms, res, False, False, torch.device(DEVICE), 0, is_rms,
+                           False, None)[0]
+        x, r, w, b = bf16_rows(cfg.block_m * cfg.programs_per_sm * sms + 37, n, is_rms, residual=res)
+
+        def launch(margin, kernel, grad):
+            out = {}
+
+            def call():
+                kw = dict(residual=r, sm_margin=margin) if res else dict(sm_margin=margin)
+                xi = x.detach().requires_grad_(grad)
+                with torch.set_grad_enabled(grad):
+                    y = engine.rmsnorm(xi, w, 1e-5, **kw) if is_rms else engine.layernorm(xi, w, b, 1e-5, **kw)
+                    y = y if res else (y,)
+                    if grad:
+                        torch.autograd.grad(y[0].float().sum(), xi)
+                out["y"] = y
+
+            found = [(g, a) for name, g, _, a in cuda_kernel_launches(call) if kernel in name]
+            assert len(found) == 1, found
+            return found[0][0][0], found[0][1], out["y"]
+
+        grid0, args0, y0 = launch(0, "_norm_fwd_kernel", False)
+        grid4, args4, y4 = launch(4, "_norm_fwd_kernel", False)
+        bound = resident_bound(args0)
+        assert cfg.programs_per_sm > bound, "not past residency: the case tests nothing"
+        assert grid0 == cfg.programs_per_sm * sms
+        assert args4["block"] == args0["block"] and sms - 4 <= grid4 <= (sms - 4) * resident_bound(args4)
+        assert all(torch.equal(a, c) for a, c in zip(y0, y4))
+        split = tn.nc.bwd_config(n, BF16, is_rms).split  # one program per SM, a row over G of them
+        gridb, argsb, _ = launch(4, "_norm_bwd_split_kernel" if split else "_norm_bwd_kernel", True)
+        assert gridb <= (sms - 4) * (1 if split else resident_bound(argsb))
     finally:
         engine.backend.reset_for_tests()
 

@@ -39,6 +39,7 @@ the key against Triton's own specialisation.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import inspect
 import operator
@@ -122,6 +123,29 @@ def arg_key(a):
     return tensors_key((a,), (a.data_ptr(),))[0]
 
 
+@functools.lru_cache(maxsize=1)
+def _libcuda():
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def resident_programs(kernel) -> int:
+    """Programs of a compiled Triton kernel (``CompiledKernel``) that one multiprocessor holds at
+    once: the CUDA driver's occupancy calculator (``cuOccupancyMaxActiveBlocksPerMultiprocessor``)
+    on the kernel's registers, warps and shared memory. At least 1. Raises RuntimeError when the
+    driver refuses."""
+    init = getattr(kernel, "_init_handles", None)
+    if init is not None:  # the module is loaded on first use (triton >= 3.2)
+        init()
+    md = kernel.metadata
+    n = ctypes.c_int(0)
+    rc = _libcuda().cuOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctypes.byref(n), ctypes.c_void_p(kernel.function), ctypes.c_int(md.num_warps * 32),
+        ctypes.c_size_t(md.shared))
+    if rc != 0:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor failed ({rc}) for {kernel.name}")
+    return max(1, n.value)
+
+
 class Launcher:
     """Launch one ``@triton.jit`` kernel through a cache of compiled kernels (see the module).
 
@@ -155,6 +179,8 @@ class Launcher:
         # parameter refuses a float). Cleared when it reaches MEMO_SIZE entries (a process of
         # ever-new row counts); _cache keeps the kernels.
         self._memo: Dict[tuple, object] = {}
+        # resident_per_sm's answers by _cache's key
+        self._resident: Dict[tuple, int] = {}
         self._driver = None
 
     def constexprs(self, **constexprs) -> tuple:
@@ -200,6 +226,32 @@ class Launcher:
         gx, gy = (grid, 1) if type(grid) is int else grid
         k.run(gx, gy, 1, drv.get_current_stream(device), k.function, k.packed_metadata, None, None, None,
               *ptrs, *scalars, *constexprs)
+
+    def resident_per_sm(self, tensors: Sequence, scalars: Sequence, num_warps: int, num_stages: int,
+                        constexprs: tuple) -> int:
+        """Programs of the kernel that a :meth:`launch` with these arguments runs which one
+        multiprocessor holds at once (:func:`resident_programs`), compiling the kernel without
+        launching it where no launch has yet; cached by the kernel's key. 0 in the interpreter
+        (no multiprocessors to fill). Callers cap a persistent grid with it where CTAs queued past
+        residency would break a promise (``sm_margin``: SMs left free for other kernels)."""
+        if self._interpreted:
+            return 0
+        drv = self._driver
+        if drv is None:
+            drv = self._driver = triton.runtime.driver.active
+        ptrs = list(map(_DATA_PTR, tensors))
+        key = (drv.get_current_device(), constexprs, num_warps, num_stages, tensors_key(tensors, ptrs),
+               scalars_key(scalars))
+        r = self._resident.get(key)
+        if r is None:
+            k = self._cache.get(key)
+            if k is None:
+                kw = dict(zip(self._constexpr_names, constexprs))
+                k = self._cache[key] = self.kernel.run(
+                    *tensors, *scalars, **kw, grid=(1,), warmup=True, num_warps=num_warps,
+                    num_stages=num_stages, **COMPILE_OPTIONS)
+            r = self._resident[key] = resident_programs(k)
+        return r
 
     def _slow(self, grid, tensors, scalars, constexprs, num_warps, num_stages):
         if not all(isinstance(t, torch.Tensor) for t in tensors):

@@ -1,7 +1,8 @@
 """RMSNorm and LayerNorm in Triton: one forward and one backward kernel, ``IS_RMS_NORM`` picks the norm.
 
 Both kernels are persistent: a grid of about ``programs_per_sm * (SMs - sm_margin)`` programs, each
-looping over tiles of ``BLOCK_M`` rows. On the register path (``BLOCKED`` false) a row tile stays in
+looping over tiles of ``BLOCK_M`` rows (under an sm_margin no more than fit those SMs at once:
+:func:`engine.triton_kernels.utils.margin_grid`). On the register path (``BLOCKED`` false) a row tile stays in
 registers from its load to its output, and gamma, beta and the FP8 scale are loaded once, before the
 row loop. The blocked path makes two passes over column chunks per row tile (statistics, then
 output), the second re-reading x from L2; the configs (norms_common) take it for every row too wide
@@ -39,6 +40,7 @@ from engine.triton_kernels.utils import (
     fp8_consts,
     is_fp8,
     lean_dram,
+    margin_grid,
     persistent_grid,
     interpreter_rounding,
 )
@@ -1052,13 +1054,17 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
     # Without a residual its slots take x (never read: HAS_RES is off) and stride 0; with one, the
     # norm's input z is residual_out (the kernel stores x + residual there).
     r, z = (x, x) if residual is None else (residual, residual_out)
-    launcher.launch(grid, (x, r) + rest + (z,) + stats_q,
-                    (x.stride(0), 0 if residual is None else r.stride(0), out.stride(0),
-                     0 if residual is None else z.stride(0)) + tail,
-                    cfg.num_warps, cfg.num_stages, passes[0])
+    launches = [((x, r) + rest + (z,) + stats_q,
+                 (x.stride(0), 0 if residual is None else r.stride(0), out.stride(0),
+                  0 if residual is None else z.stride(0)) + tail,
+                 cfg.num_warps, cfg.num_stages, passes[0])]
     if len(passes) == 2:
-        launcher.launch(grid, (z, z) + rest + (z,) + stats_q, (z.stride(0), 0, out.stride(0), 0) + tail,
-                        cfg.num_warps, cfg.num_stages, passes[1])
+        launches.append(((z, z) + rest + (z,) + stats_q, (z.stride(0), 0, out.stride(0), 0) + tail,
+                         cfg.num_warps, cfg.num_stages, passes[1]))
+    if sm_margin:
+        grid = margin_grid(grid, sm_margin, x.device, launcher, launches)
+    for args in launches:
+        launcher.launch(grid, *args)
 
 
 def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,
@@ -1080,7 +1086,7 @@ def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scal
     if external:
         from engine.triton_kernels.transpose import fp8_transpose
 
-        fp8_transpose(out, out_t)
+        fp8_transpose(out, out_t, sm_margin)
 
 
 def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_rms_norm,
@@ -1201,18 +1207,24 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
                           dbias)
         return
     p = min(-(-m // cfg.block_m), cap)
-    # dW and, with a bias, dB partials in one allocation, reduced in one launch (reduce_partials)
-    parts = torch.empty(2 if dbias is not None else 1, p, n, dtype=torch.float32, device=x.device)
-    dw_part = parts[0]
-    db_part = parts[1] if dbias is not None else dw_part
-    _BWD.launch(p, (
-        dy, x, mu if mu is not None else rsigma, rsigma, weight,
-        dresidual if dresidual is not None else dy, dx, dres if dres is not None else dx,
-        dw_part, db_part,
-    ), (
-        dy.stride(0), x.stride(0), dresidual.stride(0) if dresidual is not None else 0, dx.stride(0),
-        dres.stride(0) if dres is not None else 0, m, n,
-    ), cfg.num_warps, cfg.num_stages, constexprs)
+    scalars = (dy.stride(0), x.stride(0), dresidual.stride(0) if dresidual is not None else 0, dx.stride(0),
+               dres.stride(0) if dres is not None else 0, m, n)
+    while True:
+        # dW and, with a bias, dB partials in one allocation, reduced in one launch (reduce_partials)
+        parts = torch.empty(2 if dbias is not None else 1, p, n, dtype=torch.float32, device=x.device)
+        dw_part = parts[0]
+        db_part = parts[1] if dbias is not None else dw_part
+        tensors = (dy, x, mu if mu is not None else rsigma, rsigma, weight,
+                   dresidual if dresidual is not None else dy, dx, dres if dres is not None else dx,
+                   dw_part, db_part)
+        # under an sm_margin, the partials again for a grid cut to the resident programs (the cut
+        # grid's allocation may place db_part at another alignment: a kernel of its own, checked)
+        capped = margin_grid(p, sm_margin, x.device, _BWD,
+                             [(tensors, scalars, cfg.num_warps, cfg.num_stages, constexprs)]) if sm_margin else p
+        if capped == p:
+            break
+        p = capped
+    _BWD.launch(p, tensors, scalars, cfg.num_warps, cfg.num_stages, constexprs)
     nc.reduce_partials(parts, dweight, dbias)
 
 

@@ -25,6 +25,7 @@ from engine.triton_kernels.utils import (
     _scale_from_amax,
     check_fp8_output,
     fp8_consts,
+    margin_grid,
     persistent_grid,
     interpreter_rounding,
 )
@@ -129,9 +130,9 @@ def _constexprs(cast, store_row, store_t, pass_, interpreter, mant, min_exp, blo
                               BLOCK_N=block_n, REV=rev, T_ALIGN=align)
 
 
-def _grid(m: int, n: int, device: torch.device, cfg: tuple) -> int:
+def _grid(m: int, n: int, device: torch.device, cfg: tuple, sm_margin: int = 0) -> int:
     tiles = -(-m // cfg[0]) * -(-n // cfg[1])
-    return persistent_grid(tiles, device, 0, cfg[3])
+    return persistent_grid(tiles, device, sm_margin, cfg[3])
 
 
 def cast_transpose(x, scale, amax, scale_inv, out, out_t, *, current_scaling, amax_epsilon):
@@ -166,15 +167,19 @@ def cast_transpose(x, scale, amax, scale_inv, out, out_t, *, current_scaling, am
         launch(0)
 
 
-def fp8_transpose(data, out_t):
-    """Bitwise ``out_t = data.T``; the contract of :func:`engine.reference.fp8_transpose`."""
+def fp8_transpose(data, out_t, sm_margin=0):
+    """Bitwise ``out_t = data.T``; the contract of :func:`engine.reference.fp8_transpose`.
+    ``sm_margin``: the norm's, where the copy is the tiled transpose after a norm (SMs left free,
+    the grid no more than resident on the others: :func:`~engine.triton_kernels.utils.margin_grid`)."""
     m, n = data.shape
     if m == 0 or n == 0:
         return
     src = data.view(torch.uint8)
     dst = out_t.view(torch.uint8)
     bm, bn, warps, _ = cfg = COPY_CONFIG
-    _LAUNCH.launch(_grid(m, n, data.device, cfg), (src, dst, dst, src, src, src),
-                   (src.stride(0), 0, m, n, 0.0, 0.0), warps, 3,
-                   _constexprs(False, False, True, 0, False, 0, 0, bm, bn, FP8_TRANSPOSE_ORDER != 1,
-                               t_align(m)))
+    args = ((src, dst, dst, src, src, src), (src.stride(0), 0, m, n, 0.0, 0.0), warps, 3,
+            _constexprs(False, False, True, 0, False, 0, 0, bm, bn, FP8_TRANSPOSE_ORDER != 1, t_align(m)))
+    grid = _grid(m, n, data.device, cfg, sm_margin)
+    if sm_margin:
+        grid = margin_grid(grid, sm_margin, data.device, _LAUNCH, [args])
+    _LAUNCH.launch(grid, *args)

@@ -229,7 +229,8 @@ extern "C" engine_status engine_norm_fwd(const engine_norm_fwd_params* p, int sm
     ENGINE_TRY(fwd_dispatch(p->out_dtype, rt, rt, a, ctx, &transposed));
   }
   if (p->out_t != nullptr && !transposed && rows > 0) {
-    ENGINE_TRY(engine_fp8_transpose(p->out, rows, cols, p->out_row_stride, p->out_t, stream));
+    ENGINE_TRY(engine_fp8_transpose_margin(p->out, rows, cols, p->out_row_stride, p->out_t,
+                                           sm_margin, stream));
   }
   return ENGINE_SUCCESS;
 }

@@ -336,6 +336,12 @@ extern "C" engine_status engine_cast_transpose(const engine_cast_transpose_param
 extern "C" engine_status engine_fp8_transpose(const void* in, int64_t rows, int64_t cols,
                                               int64_t in_row_stride, void* out_t,
                                               cudaStream_t stream) {
+  return engine_fp8_transpose_margin(in, rows, cols, in_row_stride, out_t, 0, stream);
+}
+
+extern "C" engine_status engine_fp8_transpose_margin(const void* in, int64_t rows, int64_t cols,
+                                                     int64_t in_row_stride, void* out_t,
+                                                     int sm_margin, cudaStream_t stream) {
   clear_error();
   static const char* fn = "engine_fp8_transpose";
   ENGINE_CHECK_ARG(rows >= 0 && cols >= 0, "%s: rows and cols must be >= 0, got %lld x %lld", fn,
@@ -360,7 +366,7 @@ extern "C" engine_status engine_fp8_transpose(const void* in, int64_t rows, int6
   const Kernel kernel = kernels[vec][rev][narrow];
   int per_sm = 1;
   ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), kThreads, 0, &per_sm));
-  const unsigned grid = (unsigned)persistent_grid(ntiles, info.sm_count, 0, per_sm);
+  const unsigned grid = (unsigned)persistent_grid(ntiles, info.sm_count, sm_margin, per_sm);
   const uint8_t* src = static_cast<const uint8_t*>(in);
   uint8_t* dst = static_cast<uint8_t*>(out_t);
   kernel<<<grid, kThreads, 0, stream>>>(src, rows, cols, in_row_stride, dst, t_vec16);

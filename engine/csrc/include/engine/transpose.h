@@ -43,6 +43,12 @@ engine_status engine_cast_transpose(const engine_cast_transpose_params* params, 
 engine_status engine_fp8_transpose(const void* in, int64_t rows, int64_t cols,
                                    int64_t in_row_stride, void* out_t, cudaStream_t stream);
 
+/* engine_fp8_transpose on the resident CTAs of all SMs but sm_margin (>= 0): the tiled transpose
+ * after a norm takes the norm's sm_margin, so that the SMs it leaves free stay free. */
+engine_status engine_fp8_transpose_margin(const void* in, int64_t rows, int64_t cols,
+                                          int64_t in_row_stride, void* out_t, int sm_margin,
+                                          cudaStream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
