@@ -1033,7 +1033,7 @@ def test_triton_small_copies_after_the_norm(m, n, after, monkeypatch):
 
     calls = []
     real = transpose.fp8_transpose
-    monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t: (calls.append(d.shape), real(d, t)))
+    monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t, *a: (calls.append(d.shape), real(d, t, *a)))
     try:
         x, w, _ = inputs(m, n, True)
         with torch.no_grad():
@@ -1055,7 +1055,7 @@ def test_triton_in_kernel_narrow_rows(m, monkeypatch):
 
     calls = []
     real = transpose.fp8_transpose
-    monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t: (calls.append(d.shape), real(d, t)))
+    monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t, *a: (calls.append(d.shape), real(d, t, *a)))
     try:
         n = 256
         x, w, _ = inputs(m, n, True)
@@ -1136,7 +1136,7 @@ def test_triton_out_t_auto_path(is_rms, residual, current, dram_class, monkeypat
 
     calls = []
     real = transpose.fp8_transpose
-    monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t: (calls.append(d.shape), real(d, t)))
+    monkeypatch.setattr(transpose, "fp8_transpose", lambda d, t, *a: (calls.append(d.shape), real(d, t, *a)))
     monkeypatch.setattr(utils, "DRAM_CLASS", dram_class)
     widest = 4096 if dram_class == 1 else 2048
     try:

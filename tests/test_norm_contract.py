@@ -656,10 +656,11 @@ def test_fwd_blocked_shape(is_rms, n):
         engine.backend.reset_for_tests()
 
 
-# The CUDA forward's grids past residency by default: (kernel, width, rows, residual, CTAs per SM).
-GRID_CASES = [("norm_fwd_blocked_kernel", 4096, None, True, 32),  # P162's shape 3
-              ("norm_fwd_reg_kernel", 1024, 1 << 18, False, 16),  # P46 / P82
-              ("norm_fwd_lean_kernel", 8192, 1 << 14, False, 16)]  # the lean kernel, fwd_grid_per_sm
+# The CUDA forward's grids past residency by default: (kernel, width, rows, residual, CTAs per SM
+# for RMSNorm and LayerNorm).
+GRID_CASES = [("norm_fwd_blocked_kernel", 4096, None, True, (32, 32)),  # P162's shape 3
+              ("norm_fwd_reg_kernel", 1024, 1 << 18, False, (16, 32)),  # P46 / P82; P166
+              ("norm_fwd_lean_kernel", 8192, 1 << 14, False, (16, 16))]  # the lean kernel, fwd_grid_per_sm
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the CUDA forward's grid")
@@ -692,6 +693,7 @@ def test_fwd_grid_sm_margin(is_rms, kernel, n, rows, res, per_sm):
 
         grid0, block0, y0 = launch(0)
         grid4, block4, y4 = launch(4)
+        per_sm = per_sm[0 if is_rms else 1]
         assert grid0 == per_sm * sms and per_sm > 2048 // block0
         assert block4 == block0 and grid4 <= (sms - 4) * (2048 // block4)
         assert all(torch.equal(a, c) for a, c in zip(y0, y4))
