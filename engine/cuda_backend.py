@@ -508,9 +508,9 @@ def norm_fwd_grid_per_sm(n: int):
     row blocks); where more are launched than fit an SM at once, the block scheduler starts each
     as another ends, and each loops over its share of the rows. ``n = 0``, the default, is the
     launcher's choice (``fwd_grid_per_sm`` in engine/csrc/normalization/norm_fwd_launch.cuh): 16
-    for a non-FP8 output without a residual (both norms; 32 for LayerNorm rows of up to 1K), the
-    resident CTAs (a persistent grid) for the rest, as measured on the H200 (benchmarks/NOTES.md,
-    P46, P82, P166). Under an ``sm_margin``
+    for a non-FP8 output without a residual (both norms; 32 for rows of up to 1K), the resident
+    CTAs (a persistent grid) for the rest, as measured on the H200 (benchmarks/NOTES.md, P46, P82,
+    P166, P167). Under an ``sm_margin``
     no more than the resident CTAs per SM (NOTES P164: a grid past residency leaves no SM free).
     The grid changes no row's arithmetic: every output bit is the same. For tests and A/B
     benchmarks on one GPU. Process-wide, not thread-safe; restores the previous value on exit. A

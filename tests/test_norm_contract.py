@@ -659,7 +659,7 @@ def test_fwd_blocked_shape(is_rms, n):
 # The CUDA forward's grids past residency by default: (kernel, width, rows, residual, CTAs per SM
 # for RMSNorm and LayerNorm).
 GRID_CASES = [("norm_fwd_blocked_kernel", 4096, None, True, (32, 32)),  # P162's shape 3
-              ("norm_fwd_reg_kernel", 1024, 1 << 18, False, (16, 32)),  # P46 / P82; P166
+              ("norm_fwd_reg_kernel", 1024, 1 << 18, False, (32, 32)),  # P46 / P82; P166, P167
               ("norm_fwd_lean_kernel", 8192, 1 << 14, False, (16, 16))]  # the lean kernel, fwd_grid_per_sm
 
 

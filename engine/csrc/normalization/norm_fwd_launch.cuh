@@ -31,14 +31,14 @@ namespace norm {
  * LayerNorm's one-pass statistics (P80) its 16-bit forward gained at every register width too
  * (P82, two alternations: 1K-8K 89.2 / 84.9 / 84.4 / 81.7 -> 90.0 / 90.3 / 85.4 / 83.7), its FP8
  * outputs and residual rows still lost (e4m3 2K 84.8 -> 75.6, + residual 4K 86.2 -> 82.3).
- * LayerNorm rows of up to 1K take 32 per SM (P166, H200, two alternations, kernel time: 1K 16 ->
- * 24 -> 32 per SM 89.2-89.4 -> 89.7-89.9 -> 90.4-90.8; 2K lost with either, 90.3 -> 87.2-88.5;
- * rows under 1K, not in the table, taken alike). */
+ * Rows of up to 1K take 32 per SM (H200, two alternations, kernel time; P166: LayerNorm 1K 16 ->
+ * 24 -> 32 per SM 89.2-89.4 -> 89.7-89.9 -> 90.4-90.8, 2K lost with either, 90.3 -> 87.2-88.5;
+ * P167: RMSNorm 1K 91.5-91.7 -> 93.7-93.8 at 32; rows under 1K, not in the table, taken alike). */
 template <typename O>
 int fwd_grid_per_sm(const FwdArgs& a, const LaunchCtx& ctx) {
   if (ctx.fwd_grid_per_sm != 0) return ctx.fwd_grid_per_sm;
   if (is_fp8_v<O> || a.residual != nullptr) return 0;
-  return !a.is_rms && a.cols <= 1024 ? 32 : 16;
+  return a.cols <= 1024 ? 32 : 16;
 }
 
 /* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields):

@@ -91,7 +91,7 @@ int engine_set_norm_fwd_blocked_from(int n);
  * per SM (capped at the row blocks; more than fit an SM at once queue for the block scheduler,
  * each still looping over its share of row blocks), 0 (the default) the launcher's choice
  * (norm_fwd_launch.cuh: fwd_grid_per_sm: 16 for a non-FP8 output without a residual, both
- * norms, 32 for LayerNorm rows of up to 1K; the resident CTAs otherwise); under an sm_margin at
+ * norms, 32 for rows of up to 1K; the resident CTAs otherwise); under an sm_margin at
  * most the resident CTAs. The grid
  * changes no row's arithmetic: every output bit is the same. For A/B runs on one device.
  * Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
