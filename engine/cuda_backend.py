@@ -510,8 +510,8 @@ def norm_fwd_grid_per_sm(n: int):
     launcher's choice (``fwd_grid_per_sm`` in engine/csrc/normalization/norm_fwd_launch.cuh): 16
     for a non-FP8 output without a residual (both norms; 32 for rows of up to 1K), the resident
     CTAs (a persistent grid) for the rest, as measured on the H200 (benchmarks/NOTES.md, P46, P82,
-    P166, P167). Under an ``sm_margin``
-    no more than the resident CTAs per SM (NOTES P164: a grid past residency leaves no SM free).
+    P166, P167). Under an ``sm_margin`` no more than the resident CTAs per SM (NOTES P164: a grid
+    past residency leaves no SM free).
     The grid changes no row's arithmetic: every output bit is the same. For tests and A/B
     benchmarks on one GPU. Process-wide, not thread-safe; restores the previous value on exit. A
     bad ``n`` (not an int in 0..64) raises ValueError at the call."""

@@ -2,9 +2,9 @@
 
 Both kernels are persistent: a grid of about ``programs_per_sm * (SMs - sm_margin)`` programs, each
 looping over tiles of ``BLOCK_M`` rows (under an sm_margin no more than fit those SMs at once:
-:func:`engine.triton_kernels.utils.margin_grid`). On the register path (``BLOCKED`` false) a row tile stays in
-registers from its load to its output, and gamma, beta and the FP8 scale are loaded once, before the
-row loop. The blocked path makes two passes over column chunks per row tile (statistics, then
+:func:`engine.triton_kernels.utils.margin_grid`). On the register path (``BLOCKED`` false) a row
+tile stays in registers from its load to its output, and gamma, beta and the FP8 scale are loaded
+once, before the row loop. The blocked path makes two passes over column chunks per row tile (statistics, then
 output), the second re-reading x from L2; the configs (norms_common) take it for every row too wide
 for registers and, where it measured faster, for rows that would fit (one chunk of 16K at 16K:
 no row held in registers across its reduction, so more rows in flight per SM). The LayerNorm
@@ -1219,8 +1219,8 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
                    dw_part, db_part)
         # under an sm_margin, the partials again for a grid cut to the resident programs (the cut
         # grid's allocation may place db_part at another alignment: a kernel of its own, checked)
-        capped = margin_grid(p, sm_margin, x.device, _BWD,
-                             [(tensors, scalars, cfg.num_warps, cfg.num_stages, constexprs)]) if sm_margin else p
+        capped = p if not sm_margin else margin_grid(
+            p, sm_margin, x.device, _BWD, [(tensors, scalars, cfg.num_warps, cfg.num_stages, constexprs)])
         if capped == p:
             break
         p = capped

@@ -78,12 +78,11 @@ def margin_grid(grid: int, sm_margin: int, device: torch.device, launcher, launc
     once: ``launches`` are ``(tensors, scalars, num_warps, num_stages, constexprs)`` of the launches
     that take this grid, and the fewest resident programs among their kernels count
     (``Launcher.resident_per_sm``). Several of the norms' table entries launch more programs per SM
-    than fit
-(e.g. 32 of 8 warps: 256 warps for an SM's 64), which queues programs on every SM, the
-    margin's too, until the grid's tail: the SMs sm_margin promises free for other kernels (communication)
-    would not be free. The grid changes no output bit of the forward (every row's arithmetic is its
-    own); the backward's dW / dB partials follow the grid as at any sm_margin. sm_margin 0, and the
-    interpreter: ``grid``."""
+    than fit (e.g. 32 of 8 warps: 256 warps for an SM's 64), which queues programs on every SM, the
+    margin's too, until the grid's tail: the SMs sm_margin promises free for other kernels
+    (communication) would not be free. The grid changes no output bit of the forward (every row's
+    arithmetic is its own); the backward's dW / dB partials follow the grid as at any sm_margin.
+    sm_margin 0, and the interpreter: ``grid``."""
     if sm_margin <= 0 or device.type != "cuda":
         return grid
     per_sm = min(launcher.resident_per_sm(*a) for a in launches)

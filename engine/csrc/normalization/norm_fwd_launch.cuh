@@ -220,7 +220,8 @@ engine_status launch_fwd_blocked(const FwdArgs& a, const LaunchCtx& ctx, int blo
   auto* kernel = &norm_fwd_blocked_kernel<X, R, O, VEC, NVB, W, kNorm>;
   int per_sm = 1;
   ENGINE_TRY(blocks_per_sm(reinterpret_cast<const void*>(kernel), block, 0, &per_sm));
-  per_sm = grid_per_sm(per_sm, per_sm_set, ctx.sm_margin); /* past residency: the row loop strides by the grid */
+  /* past residency (not under an sm_margin): the row loop strides by the grid */
+  per_sm = grid_per_sm(per_sm, per_sm_set, ctx.sm_margin);
   const int64_t grid = persistent_grid(a.rows, ctx.sm_count, ctx.sm_margin, per_sm);
   kernel<<<(unsigned)grid, block, 0, ctx.stream>>>(a);
   ENGINE_CHECK_LAUNCH(VEC > 1 ? "norm_fwd_blocked_kernel" : "norm_fwd_blocked_kernel(scalar)");
