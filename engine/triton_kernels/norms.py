@@ -1054,17 +1054,20 @@ def launch_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, sc
     # Without a residual its slots take x (never read: HAS_RES is off) and stride 0; with one, the
     # norm's input z is residual_out (the kernel stores x + residual there).
     r, z = (x, x) if residual is None else (residual, residual_out)
-    launches = [((x, r) + rest + (z,) + stats_q,
-                 (x.stride(0), 0 if residual is None else r.stride(0), out.stride(0),
-                  0 if residual is None else z.stride(0)) + tail,
-                 cfg.num_warps, cfg.num_stages, passes[0])]
-    if len(passes) == 2:
-        launches.append(((z, z) + rest + (z,) + stats_q, (z.stride(0), 0, out.stride(0), 0) + tail,
-                         cfg.num_warps, cfg.num_stages, passes[1]))
-    if sm_margin:
+    tensors = (x, r) + rest + (z,) + stats_q
+    scalars = (x.stride(0), 0 if residual is None else r.stride(0), out.stride(0),
+               0 if residual is None else z.stride(0)) + tail
+    two = len(passes) == 2
+    if two:  # PASS_APPLY reads z (x + residual where there is one) as its x
+        tensors2, scalars2 = (z, z) + rest + (z,) + stats_q, (z.stride(0), 0, out.stride(0), 0) + tail
+    if sm_margin:  # the launches' lists only here: the common call pays nothing for them
+        launches = [(tensors, scalars, cfg.num_warps, cfg.num_stages, passes[0])]
+        if two:
+            launches.append((tensors2, scalars2, cfg.num_warps, cfg.num_stages, passes[1]))
         grid = margin_grid(grid, sm_margin, x.device, launcher, launches)
-    for args in launches:
-        launcher.launch(grid, *args)
+    launcher.launch(grid, tensors, scalars, cfg.num_warps, cfg.num_stages, passes[0])
+    if two:
+        launcher.launch(grid, tensors2, scalars2, cfg.num_warps, cfg.num_stages, passes[1])
 
 
 def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scale, amax, scale_inv,

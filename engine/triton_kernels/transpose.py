@@ -177,9 +177,9 @@ def fp8_transpose(data, out_t, sm_margin=0):
     src = data.view(torch.uint8)
     dst = out_t.view(torch.uint8)
     bm, bn, warps, _ = cfg = COPY_CONFIG
-    args = ((src, dst, dst, src, src, src), (src.stride(0), 0, m, n, 0.0, 0.0), warps, 3,
-            _constexprs(False, False, True, 0, False, 0, 0, bm, bn, FP8_TRANSPOSE_ORDER != 1, t_align(m)))
+    tensors, scalars = (src, dst, dst, src, src, src), (src.stride(0), 0, m, n, 0.0, 0.0)
+    constexprs = _constexprs(False, False, True, 0, False, 0, 0, bm, bn, FP8_TRANSPOSE_ORDER != 1, t_align(m))
     grid = _grid(m, n, data.device, cfg, sm_margin)
     if sm_margin:
-        grid = margin_grid(grid, sm_margin, data.device, _LAUNCH, [args])
-    _LAUNCH.launch(grid, *args)
+        grid = margin_grid(grid, sm_margin, data.device, _LAUNCH, [(tensors, scalars, warps, 3, constexprs)])
+    _LAUNCH.launch(grid, tensors, scalars, warps, 3, constexprs)
