@@ -663,6 +663,27 @@ GRID_CASES = [("norm_fwd_blocked_kernel", 4096, None, True, (32, 32)),  # P162's
               ("norm_fwd_lean_kernel", 8192, 1 << 14, False, (16, 16))]  # the lean kernel, fwd_grid_per_sm
 
 
+def profiled_norm(is_rms, x, r, w, b, margin, kernel, grad=False):
+    """One norm call (with the residual r where given, its backward too with ``grad``) under
+    sm_margin=margin, profiled: (grid x, the trace's args of the one launch of ``kernel``, the
+    forward's outputs as a tuple). For the grid tests of both backends."""
+    out = {}
+
+    def call():
+        kw = dict(residual=r, sm_margin=margin) if r is not None else dict(sm_margin=margin)
+        xi = x.detach().requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            y = engine.rmsnorm(xi, w, 1e-5, **kw) if is_rms else engine.layernorm(xi, w, b, 1e-5, **kw)
+            y = y if r is not None else (y,)
+            if grad:
+                torch.autograd.grad(y[0].float().sum(), xi)
+        out["y"] = y
+
+    found = [(g, a) for name, g, _, a in cuda_kernel_launches(call) if kernel in name]
+    assert len(found) == 1, found
+    return found[0][0][0], found[0][1], out["y"]
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the CUDA forward's grid")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("kernel,n,rows,res,per_sm", GRID_CASES, ids=[c[0] for c in GRID_CASES])
@@ -676,23 +697,9 @@ def test_fwd_grid_sm_margin(is_rms, kernel, n, rows, res, per_sm):
     try:
         sms = gpu_sms()
         x, r, w, b = bf16_rows(rows or 32 * sms + 37, n, is_rms, residual=res)
-
-        def launch(margin):
-            out = {}
-
-            def call():
-                kw = dict(residual=r, sm_margin=margin) if res else dict(sm_margin=margin)
-                with torch.no_grad():
-                    out["y"] = (engine.rmsnorm(x, w, 1e-5, **kw) if is_rms
-                                else engine.layernorm(x, w, b, 1e-5, **kw))
-
-            found = [(g, bl) for name, g, bl, _ in cuda_kernel_launches(call) if kernel in name]
-            assert len(found) == 1, found
-            y = out["y"] if res else (out["y"],)
-            return found[0][0][0], found[0][1][0], y
-
-        grid0, block0, y0 = launch(0)
-        grid4, block4, y4 = launch(4)
+        grid0, args0, y0 = profiled_norm(is_rms, x, r, w, b, 0, kernel)  # r: None without a residual
+        grid4, args4, y4 = profiled_norm(is_rms, x, r, w, b, 4, kernel)
+        block0, block4 = args0["block"][0], args4["block"][0]
         per_sm = per_sm[0 if is_rms else 1]
         assert grid0 == per_sm * sms and per_sm > 2048 // block0
         assert block4 == block0 and grid4 <= (sms - 4) * (2048 // block4)
@@ -721,33 +728,16 @@ def test_triton_grid_sm_margin(is_rms, n, res):
         cfg = tn._fwd_plan(n, BF16, BF16, not is_rms, res, False, False, torch.device(DEVICE), 0, is_rms,
                            False, None)[0]
         x, r, w, b = bf16_rows(cfg.block_m * cfg.programs_per_sm * sms + 37, n, is_rms, residual=res)
-
-        def launch(margin, kernel, grad):
-            out = {}
-
-            def call():
-                kw = dict(residual=r, sm_margin=margin) if res else dict(sm_margin=margin)
-                xi = x.detach().requires_grad_(grad)
-                with torch.set_grad_enabled(grad):
-                    y = engine.rmsnorm(xi, w, 1e-5, **kw) if is_rms else engine.layernorm(xi, w, b, 1e-5, **kw)
-                    y = y if res else (y,)
-                    if grad:
-                        torch.autograd.grad(y[0].float().sum(), xi)
-                out["y"] = y
-
-            found = [(g, a) for name, g, _, a in cuda_kernel_launches(call) if kernel in name]
-            assert len(found) == 1, found
-            return found[0][0][0], found[0][1], out["y"]
-
-        grid0, args0, y0 = launch(0, "_norm_fwd_kernel", False)
-        grid4, args4, y4 = launch(4, "_norm_fwd_kernel", False)
+        grid0, args0, y0 = profiled_norm(is_rms, x, r, w, b, 0, "_norm_fwd_kernel")
+        grid4, args4, y4 = profiled_norm(is_rms, x, r, w, b, 4, "_norm_fwd_kernel")
         bound = resident_bound(args0)
         assert cfg.programs_per_sm > bound, "not past residency: the case tests nothing"
         assert grid0 == cfg.programs_per_sm * sms
         assert args4["block"] == args0["block"] and sms - 4 <= grid4 <= (sms - 4) * resident_bound(args4)
         assert all(torch.equal(a, c) for a, c in zip(y0, y4))
         split = tn.nc.bwd_config(n, BF16, is_rms).split  # one program per SM, a row over G of them
-        gridb, argsb, _ = launch(4, "_norm_bwd_split_kernel" if split else "_norm_bwd_kernel", True)
+        gridb, argsb, _ = profiled_norm(is_rms, x, r, w, b, 4,
+                                        "_norm_bwd_split_kernel" if split else "_norm_bwd_kernel", grad=True)
         assert gridb <= (sms - 4) * (1 if split else resident_bound(argsb))
     finally:
         engine.backend.reset_for_tests()

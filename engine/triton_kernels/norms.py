@@ -4,10 +4,10 @@ Both kernels are persistent: a grid of about ``programs_per_sm * (SMs - sm_margi
 looping over tiles of ``BLOCK_M`` rows (under an sm_margin no more than fit those SMs at once:
 :func:`engine.triton_kernels.utils.margin_grid`). On the register path (``BLOCKED`` false) a row
 tile stays in registers from its load to its output, and gamma, beta and the FP8 scale are loaded
-once, before the row loop. The blocked path makes two passes over column chunks per row tile (statistics, then
-output), the second re-reading x from L2; the configs (norms_common) take it for every row too wide
-for registers and, where it measured faster, for rows that would fit (one chunk of 16K at 16K:
-no row held in registers across its reduction, so more rows in flight per SM). The LayerNorm
+once, before the row loop. The blocked path makes two passes over column chunks per row tile
+(statistics, then output), the second re-reading x from L2; the configs (norms_common) take it for
+every row too wide for registers and, where it measured faster, for rows that would fit (one chunk
+of 16K at 16K: no row held in registers across its reduction, so more rows in flight per SM). The LayerNorm
 forward runs without masks where every tile lies inside the tensor and converts bf16 by bit
 shifts (``_lean``: it is issue-bound; RMSNorm's is not, and keeps both). The FP8 transposed copy
 written in the norm kernel goes by bands (``BAND > 0``): a program owns bands of ``BAND_ROWS``
