@@ -89,7 +89,8 @@ def drive(rec: Recorder) -> None:
     column block, the split backward's programs per row) are pinned to their GPU values."""
     from engine.triton_kernels import norms, norms_common, transpose, utils
 
-    norms_common._reduce_block_n = lambda part: norms_common.REDUCE_BLOCK_N["cuda"]
+    # the reduction's tile for 132 SMs (its partials here have few rows; the GPU's sets below)
+    norms_common._reduce_tile = lambda part: norms_common.reduce_tile(*part.shape, 132)
     norms.split_groups_run = lambda device: True  # the split backward's GPU variants (G > 1)
     utils.INTERPRETER_SM_COUNT = 132  # an H100 / H200's SMs: G up to 132 (no compile key holds a grid)
 
@@ -149,6 +150,13 @@ def drive(rec: Recorder) -> None:
             transpose.FP8_TRANSPOSE_ORDER = order
             transpose.fp8_transpose(t((m, n), e4m3), t((n, m), e4m3))
         transpose.FP8_TRANSPOSE_ORDER = 0
+    # the partial-sum reduction's tiles at the backward's partial rows on 132 SMs (1-8 programs
+    # per SM, or the split backward's row groups), both set counts, every width (NOTES P168)
+    for n in widths:
+        for k in (1, 2):
+            for p in (33, 66, 132, 264, 528, 1056):
+                norms_common.reduce_partials(t((k, p, n), f32), t((n,), bf16),
+                                             t((n,), bf16) if k == 2 else None)
     for mn in (18, 20, 24, 32):  # copies of rows of M % 16 = 2, 4, 8, 0 bytes (T_ALIGN; NOTES P134)
         transpose.cast_transpose(t((mn, 4096), bf16), t((1,), f32), t((1,), f32), t((1,), f32),
                                  t((mn, 4096), e4m3), t((4096, mn), e4m3), current_scaling=False,

@@ -266,6 +266,42 @@ def test_reduce_partials_two_sets_in_one_launch():
         engine.backend.reset_for_tests()
 
 
+def test_reduce_tile_spreads_over_the_sms():
+    """norms_common.reduce_tile (NOTES P168): the column block narrows (128 -> 16) until the grid of
+    ceil(N / BLOCK_N) x K programs covers the SMs, and BLOCK_P grows so that a step loads 4096
+    values, within [32, next power of two of P]; without the spread the fixed 128 x 32 tile."""
+    from engine.triton_kernels import norms_common as nc
+
+    assert nc.reduce_tile(2, 528, 1024, 132) == (16, 256)  # LayerNorm bwd 1K: 128 programs
+    assert nc.reduce_tile(1, 528, 1024, 132) == (16, 256)  # RMSNorm: 64, the narrowest block
+    assert nc.reduce_tile(2, 264, 4096, 132) == (32, 128)  # 256 programs
+    assert nc.reduce_tile(2, 37, 300, 132) == (16, 64)  # P's power of two caps the rows per step
+    assert nc.reduce_tile(2, 5, 300, 132) == (16, 32)  # never under 32 rows
+    assert nc.reduce_tile(2, 132, 8192, 132) == (64, 64)  # 128 programs < 132 SMs: 256
+    assert nc.reduce_tile(2, 66, 16384, 132) == (128, 32)  # 256 programs already: as before
+    assert nc.reduce_tile(2, 528, 1024, 132, spread=False) == (128, 32)
+
+
+@pytest.mark.parametrize("k,p,n", [(2, 528, 1024), (1, 528, 1024), (2, 264, 4096), (2, 131, 1000),
+                                   (1, 7, 17)])
+@pytest.mark.parametrize("spread", [True, False])
+def test_reduce_partials_against_float64(monkeypatch, k, p, n, spread):
+    """Every reduction tile (the spread one of P168 and the fixed one) sums the partials to the
+    float64 sum within fp32 rounding, into poisoned outputs; masked columns and rows past P add
+    nothing."""
+    from engine.triton_kernels import norms_common as nc
+
+    monkeypatch.setattr(nc, "REDUCE_SPREAD", spread)
+    gen = torch.Generator().manual_seed(p * n + k)
+    part = torch.randn(k, p, n, generator=gen).to(DEVICE)
+    outs = [torch.full((n,), float("nan"), device=DEVICE) for _ in range(k)]
+    nc.reduce_partials(part, *outs)
+    want = part.double().sum(1)
+    for i in range(k):
+        # fp32 sums of p values of magnitude ~1: a few ulps of sqrt(p) at most
+        torch.testing.assert_close(outs[i].double(), want[i], rtol=0, atol=p * 2.0 ** -22)
+
+
 def _plan_cases(n: int):
     """Norm calls of one width that differ in one option each (the keys of the launch plans)."""
     from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer

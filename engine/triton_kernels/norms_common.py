@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from engine.triton_kernels.launch import Launcher
-from engine.triton_kernels.utils import _cast, interpreter_rounding
+from engine.triton_kernels.utils import _cast, interpreter_rounding, sm_count
 
 #: Widest row (in elements) the forward may hold in registers (a register-path tile's cap).
 MAX_FUSED_N = 32768
@@ -340,12 +340,42 @@ def _partials_reduce_kernel(
 
 
 #: Columns per program of the partial-sum reduction: the GPU wants many programs, the interpreter
-#: pays per program (wide column blocks on CPU tensors).
+#: pays per program (wide column blocks on CPU tensors). On the GPU this is the widest block;
+#: :func:`_reduce_tile` narrows it (REDUCE_SPREAD) where the grid would leave SMs idle.
 REDUCE_BLOCK_N = {"cuda": 128, "interpreter": 4096}
+#: The narrowest column block of the spread reduction: 16 fp32 columns, two 32-byte sectors per
+#: partial row.
+REDUCE_MIN_BLOCK_N = 16
+#: Values per program and step of the reduction (BLOCK_P * BLOCK_N): 4096, 32 per thread at 4 warps.
+REDUCE_TILE = 4096
+#: Whether the reduction narrows its column blocks until its grid covers the SMs (benchmarks/
+#: NOTES.md P168). At N = 1K the backward's 528 partial rows per set were summed by 16 programs
+#: (8 column blocks x dW and dB), each walking 17 dependent steps of 32 rows; blocks of 16 columns
+#: and 256 rows per step give 128 programs of 3 steps. False: the fixed 128 x 32 tile (A/B runs).
+REDUCE_SPREAD = True
 
 
-def _reduce_block_n(part: torch.Tensor) -> int:
-    return REDUCE_BLOCK_N["cuda" if part.is_cuda else "interpreter"]
+def reduce_tile(k: int, p: int, n: int, sms: int, spread: bool = True) -> tuple:
+    """(BLOCK_N, BLOCK_P) of the GPU reduction of K sets of P partial rows of N columns on ``sms``
+    SMs: with ``spread`` (REDUCE_SPREAD) the widest column block (down to REDUCE_MIN_BLOCK_N) whose
+    grid of ceil(N / BLOCK_N) * K programs still covers the SMs, and BLOCK_P rows per step so that
+    a step loads REDUCE_TILE values (no more rows than the next power of two of P, no fewer than
+    32); without, 128 x 32. Each tile sums the partials in its own fixed order: the result is
+    deterministic for a given (K, P, N) and SM count."""
+    block_n = REDUCE_BLOCK_N["cuda"]
+    if not spread:
+        return block_n, 32
+    while block_n > REDUCE_MIN_BLOCK_N and -(-n // block_n) * k < sms:
+        block_n //= 2
+    return block_n, max(32, min(REDUCE_TILE // block_n, triton.next_power_of_2(p)))
+
+
+def _reduce_tile(part: torch.Tensor) -> tuple:
+    """(BLOCK_N, BLOCK_P) for ``part`` ([K, P, N]): :func:`reduce_tile` on the GPU, one wide
+    column block per set under the interpreter."""
+    if not part.is_cuda:
+        return REDUCE_BLOCK_N["interpreter"], 32
+    return reduce_tile(*part.shape, sm_count(part.device), REDUCE_SPREAD)
 
 
 def reduce_partials(part: torch.Tensor, out: torch.Tensor, out2=None) -> None:
@@ -355,15 +385,15 @@ def reduce_partials(part: torch.Tensor, out: torch.Tensor, out2=None) -> None:
     k, p, n = part.shape
     if k != (2 if out2 is not None else 1):
         raise ValueError(f"reduce_partials: {k} partial sets for {1 if out2 is None else 2} outputs")
-    block_n = _reduce_block_n(part)
+    block_n, block_p = _reduce_tile(part)
     _REDUCE.launch((-(-n // block_n), k), (part, out, out2 if out2 is not None else out), (p, n), 4, 3,
-                   _reduce_constexprs(block_n, interpreter_rounding()))
+                   _reduce_constexprs(block_n, block_p, interpreter_rounding()))
 
 
 @functools.lru_cache(maxsize=None)
-def _reduce_constexprs(block_n: int, interpreter: bool) -> tuple:
+def _reduce_constexprs(block_n: int, block_p: int, interpreter: bool) -> tuple:
     """The reduction's constexpr tuple (Launcher.launch), built once per combination."""
-    return _REDUCE.constexprs(BLOCK_P=32, BLOCK_N=block_n, INTERPRETER=interpreter)
+    return _REDUCE.constexprs(BLOCK_P=block_p, BLOCK_N=block_n, INTERPRETER=interpreter)
 
 
 _REDUCE = Launcher(_partials_reduce_kernel)
