@@ -181,10 +181,10 @@ def main(argv=None) -> int:
     ap.add_argument("--triton-pass2-reverse", type=int, choices=[0, 1],
                     help="Triton: the blocked forward's pass 2 from the last chunk to the first (1) or "
                          "in column order (0) (engine.triton_kernels.norms.PASS2_REVERSE), for A/B runs")
-    ap.add_argument("--triton-reduce-spread", type=int, choices=[0, 1],
-                    help="Triton: the dW / dB partials' reduction on column blocks narrowed until its "
-                         "grid covers the SMs (1) or on 128 x 32 tiles (0) (engine.triton_kernels."
-                         "norms_common.REDUCE_SPREAD), for A/B runs of the fwd+bwd rows")
+    ap.add_argument("--triton-reduce-spread", type=int, choices=[0, 1, 2],
+                    help="Triton: the dW / dB partials' reduction tile rule (engine.triton_kernels."
+                         "norms_common.REDUCE_SPREAD: 0 the fixed 128 x 32 tile, 1 P168's, 2 P170's), "
+                         "for A/B runs of the fwd+bwd rows")
     ap.add_argument("--fp8-transpose-order", type=int, choices=[0, 1, 2],
                     help="Both backends: the tiled FP8 transpose's tile order (1 first rows first, 2 "
                          "last rows first with streaming stores, 0 the default; engine.cuda_backend."
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
     if args.triton_reduce_spread is not None:
         from engine.triton_kernels import norms_common as triton_norms_common
 
-        triton_norms_common.REDUCE_SPREAD = bool(args.triton_reduce_spread)
+        triton_norms_common.REDUCE_SPREAD = args.triton_reduce_spread
     if args.triton_pass2_reverse is not None:
         triton_norms.PASS2_REVERSE = bool(args.triton_pass2_reverse)
     if args.fp8_transpose_order is not None:

@@ -1,7 +1,7 @@
 """Kernel-level profile of fwd+bwd through autograd, per backend and norm (where does the time go?).
 
     python3 ci/profile_fwd_bwd.py [--n 1024 8192] [--norms rms ln] [--backends triton cuda]
-        [--reduce-spread 0|1]
+        [--reduce-spread 0|1|2]
 
 Rows of N bf16 elements, M * N = 64M (the benchmarks' shape), LayerNorm with a bf16 bias; each
 kernel's mean device time per fwd+bwd, most expensive first.
@@ -18,14 +18,14 @@ ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--n", type=int, nargs="*", default=[1024, 8192])
 ap.add_argument("--norms", nargs="*", default=["rms"], choices=["rms", "ln"])
 ap.add_argument("--backends", nargs="*", default=["triton", "cuda"], choices=["triton", "cuda"])
-ap.add_argument("--reduce-spread", type=int, choices=[0, 1],
-                help="Triton's partials reduction spread over the SMs (1) or on 128 x 32 tiles (0): "
-                     "engine.triton_kernels.norms_common.REDUCE_SPREAD, NOTES P168")
+ap.add_argument("--reduce-spread", type=int, choices=[0, 1, 2],
+                help="Triton's partials reduction tile rule (engine.triton_kernels.norms_common."
+                     "REDUCE_SPREAD: 0 the fixed 128 x 32 tile, 1 P168's, 2 P170's)")
 args = ap.parse_args()
 if args.reduce_spread is not None:
     from engine.triton_kernels import norms_common
 
-    norms_common.REDUCE_SPREAD = bool(args.reduce_spread)
+    norms_common.REDUCE_SPREAD = args.reduce_spread
 
 for backend in args.backends:
     flag = "1" if backend == "triton" else "0"

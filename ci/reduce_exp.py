@@ -1,4 +1,4 @@
-"""Triton's dW / dB partials reduction alone, over its tile rules (NOTES P168 / P169): each variant
+"""Triton's dW / dB partials reduction alone, over its tile rules (NOTES P168 / P169 / P170): each variant
 checked against a float64 sum and timed (kernel time under torch.profiler, the mean of 20 launches;
 the partials hot in L2, as after the backward that wrote them), at the partial shapes the backward leaves on an H200 at M * N = 64M.
 
@@ -25,19 +25,23 @@ SHAPES = [("rms 1K", 1, 4 * SMS, 1024), ("ln 1K", 2, 4 * SMS, 1024), ("rms 2K", 
           ("ln 128K", 2, SMS // 16, 131072)]
 
 
-def tile(k, p, n, values, min_bn, cover):
-    """P168's rule with its constants as arguments: the widest column block down to min_bn whose
-    grid covers cover x SMs, BLOCK_P = values / BLOCK_N within [32, next power of two of P]."""
-    bn = 128
+def tile(k, p, n, values, min_bn, cover, max_bn=128, min_bp=32):
+    """P168's rule with its constants as arguments: the widest column block from max_bn down to
+    min_bn whose grid covers cover x SMs, BLOCK_P = values / BLOCK_N within [min_bp, next power of
+    two of P] (P170's "wide" forms: max_bn 1024, min_bp 1)."""
+    bn = max_bn
     while bn > min_bn and -(-n // bn) * k < cover * SMS:
         bn //= 2
-    return bn, max(32, min(values // bn, triton.next_power_of_2(p)))
+    return bn, max(min_bp, min(values // bn, triton.next_power_of_2(p)))
 
 
-# (name, values per step, narrowest block, grid cover in SMs, warps); "fixed" is the tile before P168
-VARIANTS = [("fixed", None, None, None, 4), ("P168", 4096, 16, 1, 4), ("v8192", 8192, 16, 1, 4),
-            ("w8", 8192, 16, 1, 8), ("cover2", 4096, 16, 2, 4), ("min8", 4096, 8, 1, 4),
-            ("cover2-min8", 4096, 8, 2, 4), ("v2048", 2048, 16, 1, 4)]
+# (name, values per step, narrowest block, grid cover in SMs, warps[, widest block, fewest rows per
+# step]); "fixed" is the tile before P168
+VARIANTS = [("fixed", None, None, None, 4), ("P168", 4096, 16, 1, 4), ("cover2", 4096, 16, 2, 4),
+            ("min8", 4096, 8, 1, 4), ("wide", 4096, 16, 1, 4, 1024, 1),
+            ("wide-c2", 4096, 16, 2, 4, 1024, 1), ("wide-c4", 4096, 16, 4, 4, 1024, 1),
+            ("wide-c2-2048", 2048, 16, 2, 4, 1024, 1), ("wide-c2-8192", 8192, 16, 2, 4, 1024, 1),
+            ("wide-c2-w8", 8192, 16, 2, 8, 1024, 1), ("c2-bp8", 4096, 16, 2, 4, 128, 8)]
 
 for label, k, p, n in SHAPES:
     torch.manual_seed(0)
@@ -45,8 +49,8 @@ for label, k, p, n in SHAPES:
     want = part.double().sum(1)
     outs = [torch.empty(n, device="cuda", dtype=torch.bfloat16) for _ in range(k)]
     line = []
-    for name, values, min_bn, cover, warps in VARIANTS:
-        bn, bp = (128, 32) if values is None else tile(k, p, n, values, min_bn, cover)
+    for name, values, min_bn, cover, warps, *wide in VARIANTS:
+        bn, bp = (128, 32) if values is None else tile(k, p, n, values, min_bn, cover, *wide)
         const = nc._REDUCE.constexprs(BLOCK_P=bp, BLOCK_N=bn, INTERPRETER=False)
         for o in outs:
             o.fill_(float("nan"))

@@ -269,7 +269,8 @@ def test_reduce_partials_two_sets_in_one_launch():
 def test_reduce_tile_spreads_over_the_sms():
     """norms_common.reduce_tile (NOTES P168): the column block narrows (128 -> 16) until the grid of
     ceil(N / BLOCK_N) x K programs covers the SMs, and BLOCK_P grows so that a step loads 4096
-    values, within [32, next power of two of P]; without the spread the fixed 128 x 32 tile."""
+    values, within [32, next power of two of P]; rule 0 the fixed 128 x 32 tile; rule 2 (P170)
+    from 1024 columns to a grid of twice the SMs, with steps of fewer than 32 rows."""
     from engine.triton_kernels import norms_common as nc
 
     assert nc.reduce_tile(2, 528, 1024, 132) == (16, 256)  # LayerNorm bwd 1K: 128 programs
@@ -279,16 +280,21 @@ def test_reduce_tile_spreads_over_the_sms():
     assert nc.reduce_tile(2, 5, 300, 132) == (16, 32)  # never under 32 rows
     assert nc.reduce_tile(2, 132, 8192, 132) == (64, 64)  # 128 programs < 132 SMs: 256
     assert nc.reduce_tile(2, 66, 16384, 132) == (128, 32)  # 256 programs already: as before
-    assert nc.reduce_tile(2, 528, 1024, 132, spread=False) == (128, 32)
+    assert nc.reduce_tile(2, 528, 1024, 132, spread=0) == (128, 32)
+    # rule 2 (P170): blocks from 1024 until the grid covers 2 x the SMs, any rows per step
+    assert nc.reduce_tile(2, 8, 131072, 132, spread=2) == (512, 8)
+    assert nc.reduce_tile(2, 66, 16384, 132, spread=2) == (64, 64)
+    assert nc.reduce_tile(2, 528, 1024, 132, spread=2) == (16, 256)
+    assert nc.reduce_tile(1, 3, 300, 132, spread=2) == (16, 4)
 
 
 @pytest.mark.parametrize("k,p,n", [(2, 528, 1024), (1, 528, 1024), (2, 264, 4096), (2, 131, 1000),
-                                   (1, 7, 17)])
-@pytest.mark.parametrize("spread", [True, False])
+                                   (1, 7, 17), (2, 8, 131072), (2, 3, 5000)])
+@pytest.mark.parametrize("spread", [0, 1, 2])
 def test_reduce_partials_against_float64(monkeypatch, k, p, n, spread):
-    """Every reduction tile (the spread one of P168 and the fixed one) sums the partials to the
+    """Every reduction tile rule (0 the fixed tile, 1 P168's, 2 P170's) sums the partials to the
     float64 sum within fp32 rounding, into poisoned outputs; masked columns and rows past P add
-    nothing."""
+    nothing. On CPU every rule takes the interpreter's one wide block."""
     from engine.triton_kernels import norms_common as nc
 
     monkeypatch.setattr(nc, "REDUCE_SPREAD", spread)

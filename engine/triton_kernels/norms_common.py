@@ -341,33 +341,40 @@ def _partials_reduce_kernel(
 
 #: Columns per program of the partial-sum reduction: the GPU wants many programs, the interpreter
 #: pays per program (wide column blocks on CPU tensors). On the GPU this is the widest block;
-#: :func:`_reduce_tile` narrows it (REDUCE_SPREAD) where the grid would leave SMs idle.
+#: :func:`_reduce_tile` sizes it (REDUCE_SPREAD) so that the grid leaves no SM idle.
 REDUCE_BLOCK_N = {"cuda": 128, "interpreter": 4096}
 #: The narrowest column block of the spread reduction: 16 fp32 columns, two 32-byte sectors per
 #: partial row.
 REDUCE_MIN_BLOCK_N = 16
 #: Values per program and step of the reduction (BLOCK_P * BLOCK_N): 4096, 32 per thread at 4 warps.
 REDUCE_TILE = 4096
-#: Whether the reduction narrows its column blocks until its grid covers the SMs (benchmarks/
-#: NOTES.md P168). At N = 1K the backward's 528 partial rows per set were summed by 16 programs
-#: (8 column blocks x dW and dB), each walking 17 dependent steps of 32 rows; blocks of 16 columns
-#: and 256 rows per step give 128 programs of 3 steps. False: the fixed 128 x 32 tile (A/B runs).
-REDUCE_SPREAD = True
+#: The reduction's tile rule (benchmarks/NOTES.md P168, P170): 0 the fixed 128 x 32 tile (before
+#: P168); 1 (P168) column blocks narrowed from 128 (down to REDUCE_MIN_BLOCK_N) until the grid
+#: covers the SMs, at least 32 rows per step. At N = 1K the backward's 528 partial rows per set
+#: were summed by 16 programs (8 column blocks x dW and dB), each walking 17 dependent steps of 32
+#: rows; blocks of 16 columns and 256 rows per step give 128 programs of 3 steps. 2 (P170, under
+#: measurement): column blocks from 1024 down until the grid covers twice the SMs, and any number
+#: of rows per step (the split backward leaves 8-66 partial rows, which 32-row steps mostly mask).
+REDUCE_SPREAD = 1
 
 
-def reduce_tile(k: int, p: int, n: int, sms: int, spread: bool = True) -> tuple:
+def reduce_tile(k: int, p: int, n: int, sms: int, spread: int = 1) -> tuple:
     """(BLOCK_N, BLOCK_P) of the GPU reduction of K sets of P partial rows of N columns on ``sms``
-    SMs: with ``spread`` (REDUCE_SPREAD) the widest column block (down to REDUCE_MIN_BLOCK_N) whose
-    grid of ceil(N / BLOCK_N) * K programs still covers the SMs, and BLOCK_P rows per step so that
-    a step loads REDUCE_TILE values (no more rows than the next power of two of P, no fewer than
-    32); without, 128 x 32. Each tile sums the partials in its own fixed order: the result is
+    SMs under rule ``spread`` (:data:`REDUCE_SPREAD`): the widest column block (from 128, or 1024
+    under rule 2, down to REDUCE_MIN_BLOCK_N) whose grid of ceil(N / BLOCK_N) * K programs still
+    covers the SMs (twice the SMs under rule 2), and BLOCK_P rows per step so that a step loads
+    REDUCE_TILE values, no more rows than the next power of two of P and no fewer than 32 (1 under
+    rule 2); rule 0, 128 x 32. Each tile sums the partials in its own fixed order: the result is
     deterministic for a given (K, P, N) and SM count."""
     block_n = REDUCE_BLOCK_N["cuda"]
     if not spread:
         return block_n, 32
-    while block_n > REDUCE_MIN_BLOCK_N and -(-n // block_n) * k < sms:
+    cover, min_p = (2, 1) if spread == 2 else (1, 32)
+    if spread == 2:
+        block_n = 1024
+    while block_n > REDUCE_MIN_BLOCK_N and -(-n // block_n) * k < cover * sms:
         block_n //= 2
-    return block_n, max(32, min(REDUCE_TILE // block_n, triton.next_power_of_2(p)))
+    return block_n, max(min_p, min(REDUCE_TILE // block_n, triton.next_power_of_2(p)))
 
 
 def _reduce_tile(part: torch.Tensor) -> tuple:
