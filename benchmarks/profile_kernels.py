@@ -109,6 +109,9 @@ def main(argv=None) -> int:
     ap.add_argument("--bwd-elems", type=int, choices=[0, 16, 32],
                     help="CUDA: values per thread of the backward's register path (0: the default; "
                          "engine.cuda_backend.norm_bwd_elems), for A/B runs of the layouts")
+    ap.add_argument("--bwd-reduce-vec", type=int, choices=[0, 1, 4],
+                    help="CUDA: columns per thread of the backward's dweight / dbias reduction (1, 4, "
+                         "0: the default; engine.cuda_backend.norm_bwd_reduce_vec), for A/B runs")
     ap.add_argument("--bwd-cta-threads", type=int, choices=[0, 256, 512, 1024],
                     help="CUDA: the backward's one-CTA layouts of a 16-bit row at 16 values per "
                          "thread (1024: 8K-16K, 512: 4K-8K, 256: none, 0: the default; "
@@ -214,6 +217,7 @@ def main(argv=None) -> int:
     # (argument, engine.cuda_backend knob): each set for the whole run when given
     knobs = (("max_cluster", "max_cluster_size"), ("fwd_vectors", "norm_fwd_vectors"),
              ("bwd_elems", "norm_bwd_elems"), ("bwd_cta_threads", "norm_bwd_cta_threads"),
+             ("bwd_reduce_vec", "norm_bwd_reduce_vec"),
              ("fwd_general", "norm_fwd_general_loop"), ("fwd_blocked_from", "norm_fwd_blocked_from"),
              ("fwd_grid_per_sm", "norm_fwd_grid_per_sm"), ("bwd_stream_from", "norm_bwd_stream_from"),
              ("bwd_stream_threads", "norm_bwd_stream_threads"), ("fwd_stream_from", "norm_fwd_stream_from"),

@@ -31,7 +31,8 @@ Tensor = torch.Tensor
 
 __all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_bwd_alloc",
            "norm_fwd_fp8_alloc", "cast_transpose", "cast_transpose_alloc", "fp8_transpose",
-           "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_cta_threads",
+           "max_cluster_size", "norm_fwd_vectors", "norm_bwd_elems", "norm_bwd_reduce_vec",
+           "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
            "norm_fwd_stream_threads", "norm_fwd_band", "norm_fwd_lean", "norm_fwd_blocked_shape", "fp8_transpose_order", "dram_class", "device_dram_class",
@@ -448,6 +449,20 @@ def norm_bwd_elems(n: int):
     if type(n) is not int or n not in (0, 16, 32):
         raise ValueError(f"norm_bwd_elems: n must be 0, 16 or 32, got {n!r}")
     return _knob("set_norm_bwd_elems", n)
+
+
+def norm_bwd_reduce_vec(n: int):
+    """Context manager: inside the ``with`` block the CUDA norm backward's dweight / dbias
+    reduction (the sum of the backward CTAs' fp32 partial rows) gives each thread ``n`` columns:
+    1 (CTAs of 32 columns), 4 (one 16-byte load per partial row, CTAs of 128 columns striding over
+    the column blocks), or ``n = 0``, the default, 4 where the 128-column blocks of dweight and
+    dbias cover the SMs and 1 otherwise (benchmarks/NOTES.md, P171). Either adds a column's
+    partials in the same order: the bits do not change. For tests and A/B benchmarks on one GPU.
+    Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
+    ValueError at the call."""
+    if type(n) is not int or n not in (0, 1, 4):
+        raise ValueError(f"norm_bwd_reduce_vec: n must be 0, 1 or 4, got {n!r}")
+    return _knob("set_norm_bwd_reduce_vec", n)
 
 
 def norm_bwd_cta_threads(n: int):

@@ -157,6 +157,7 @@ KNOBS = {
                          "0, 1, 2, 4, 8 or 16"),
     "norm_fwd_vectors": ("set_norm_fwd_vectors", 8, 4, 0, 2, [1, 2, 3, 16, 4.0, "4", True], "0, 4 or 8"),
     "norm_bwd_elems": ("set_norm_bwd_elems", 32, 16, 0, 8, [1, 8, 64, 16.0, "16", True], "0, 16 or 32"),
+    "norm_bwd_reduce_vec": ("set_norm_bwd_reduce_vec", 4, 1, 0, 2, [-1, 2, 8, 4.0, "4", True], "0, 1 or 4"),
     "norm_bwd_cta_threads": ("set_norm_bwd_cta_threads", 1024, 512, 0, 128,
                              [1, 128, 2048, 512.0, "1024", True], "0, 256, 512 or 1024"),
     "norm_fwd_general_loop": ("set_norm_fwd_general_loop", 1, 0, 0, 2, [-1, 2, 1.0, "1", True],

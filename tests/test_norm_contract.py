@@ -684,6 +684,66 @@ def profiled_norm(is_rms, x, r, w, b, margin, kernel, grad=False):
     return found[0][0][0], found[0][1], out["y"]
 
 
+#: (rows, cols) of the CUDA backward's reduction test: few rows (partial rows of few CTAs), widths
+#: not a multiple of 4 (the last 16-byte vector of a partial row past cols), the split backward's
+#: 128K rows (clusters: 8 partial rows for many columns, NOTES P171).
+REDUCE_CASES = [(301, 1000), (301, 17389), (64, 131072), (37, 4096), (5, 65536), (1, 4099)]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the CUDA backward's reduction")
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("m,n", REDUCE_CASES)
+def test_bwd_reduce_vec(is_rms, m, n):
+    """The CUDA backward's dweight / dbias reduction (cuda_backend.norm_bwd_reduce_vec, NOTES
+    P171): 1 and 4 columns per thread and the default give the same bits (each column's partials
+    are added in one order), into poisoned outputs, within fp32 summation of the float64 sums;
+    the default launches the 4-column build where the 128-column blocks of the sets cover the SMs
+    and the 1-column one elsewhere (read from the profiler trace), and under sm_margin=4 at most 4
+    CTAs per SM of SMs - 4 per set, with the same bits."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    x = torch.randn(m, n, device=DEVICE, dtype=BF16)
+    w = torch.randn(n, device=DEVICE, dtype=F32)
+    b = None if is_rms else torch.randn(n, device=DEVICE, dtype=F32)
+    dy = torch.randn(m, n, device=DEVICE, dtype=BF16)
+    _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, BF16)
+    sets = 1 if is_rms else 2
+    got = {}
+
+    def bwd(margin):
+        dx, dw = poisoned((m, n), BF16), poisoned((n,), F32)
+        db = poisoned((n,), F32) if b is not None else None
+        impl_for(is_rms).norm_bwd(dy, x, mu, rsigma, w, None, dx, None, dw, db, is_rms_norm=is_rms,
+                                  zero_centered_gamma=False, sm_margin=margin)
+        got["g"] = (dw, db)
+
+    def reduce_launch(margin):
+        found = [(name, g) for name, g, _, _ in cuda_kernel_launches(lambda: bwd(margin))
+                 if "norm_bwd_reduce_kernel" in name]
+        assert len(found) == 1, found
+        return found[0][0], found[0][1], got["g"]
+
+    results = {}
+    for v in (1, 4, 0):
+        with cuda_backend.norm_bwd_reduce_vec(v):
+            name, grid, results[v] = reduce_launch(0)
+        want = v if v else (4 if -(-n // 128) * sets >= gpu_sms() else 1)
+        assert f"norm_bwd_reduce_kernel<{want}>" in name, name
+        assert grid[1] == sets and grid[0] <= gpu_sms() * 4 // sets
+    name, grid, margin_result = reduce_launch(4)
+    assert grid[0] <= (gpu_sms() - 4) * 4 // sets, grid
+    xhat = (x.double() - (0.0 if is_rms else mu.double()[:, None])) * rsigma.double()[:, None]
+    terms = [dy.double() * xhat] + ([dy.double()] if b is not None else [])
+    for i, t in enumerate(terms):
+        for v in (4, 0):
+            assert torch.equal(results[v][i], results[1][i]), v
+        assert torch.equal(margin_result[i], results[1][i])
+        # any order of m fp32 terms, each a few roundings from its float64 value
+        bound = 2 * (m + 4) * 2.0 ** -24 * t.abs().sum(0)
+        assert ((results[1][i].double() - t.sum(0)).abs() <= bound).all()
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the CUDA forward's grid")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("kernel,n,rows,res,per_sm", GRID_CASES, ids=[c[0] for c in GRID_CASES])

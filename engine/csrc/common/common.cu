@@ -44,6 +44,7 @@ std::vector<std::pair<int, const void*>> g_smem_raised;
 std::atomic<int> g_max_cluster{0}; /* 0: the device's largest (max_cluster_size) */
 std::atomic<int> g_norm_fwd_vectors{0};
 std::atomic<int> g_norm_bwd_elems{0};
+std::atomic<int> g_norm_bwd_reduce_vec{0};
 std::atomic<int> g_norm_bwd_cta_threads{0};
 std::atomic<int> g_norm_fwd_general_loop{0};
 std::atomic<int> g_norm_fwd_blocked_from{0};
@@ -175,6 +176,7 @@ bool lean_dram(const DeviceInfo& info) {
 int norm_fwd_vectors() { return g_norm_fwd_vectors.load(std::memory_order_relaxed); }
 
 int norm_bwd_elems() { return g_norm_bwd_elems.load(std::memory_order_relaxed); }
+int norm_bwd_reduce_vec() { return g_norm_bwd_reduce_vec.load(std::memory_order_relaxed); }
 
 int norm_bwd_cta_threads() { return g_norm_bwd_cta_threads.load(std::memory_order_relaxed); }
 
@@ -299,6 +301,11 @@ int engine_set_max_cluster_size(int n) {
 int engine_set_norm_bwd_elems(int n) {
   if (n != 0 && n != 16 && n != 32) return -1;
   return engine::g_norm_bwd_elems.exchange(n);
+}
+
+int engine_set_norm_bwd_reduce_vec(int n) {
+  if (n != 0 && n != 1 && n != 4) return -1;
+  return engine::g_norm_bwd_reduce_vec.exchange(n);
 }
 
 int engine_set_norm_bwd_cta_threads(int n) {

@@ -72,6 +72,8 @@ int norm_fwd_vectors();
 
 /* engine_set_norm_bwd_elems's value now (0: the launcher's choice). */
 int norm_bwd_elems();
+/* engine_set_norm_bwd_reduce_vec's value now (0: the launcher's choice). */
+int norm_bwd_reduce_vec();
 
 /* engine_set_norm_bwd_cta_threads's value now (0: the launcher's choice). */
 int norm_bwd_cta_threads();

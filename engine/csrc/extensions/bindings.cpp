@@ -630,6 +630,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Values per thread of the norm backward's register path, 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
+  m.def("set_norm_bwd_reduce_vec", &engine_set_norm_bwd_reduce_vec,
+        "Columns per thread of the norm backward's dweight / dbias reduction (1 or 4), 0 for the "
+        "default (engine/csrc/include/engine/common.h); returns the previous value, -1 for an "
+        "invalid n",
+        py::arg("n"));
   m.def("set_norm_bwd_cta_threads", &engine_set_norm_bwd_cta_threads,
         "One-CTA layouts of the norm backward's register path for 16-bit rows (1024, 512, 256: "
         "none), 0 for the default (engine/csrc/include/engine/common.h); returns the previous "

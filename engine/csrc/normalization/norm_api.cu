@@ -18,6 +18,9 @@
  * the rows actually written in a fixed order. Nothing allocates, nothing synchronises; every call
  * is capturable in a CUDA graph.
  */
+#include <algorithm>
+#include <type_traits>
+
 #include "common/common.cuh"
 #include "common/dtype.cuh"
 #include "common/tile.cuh"
@@ -68,38 +71,98 @@ engine_status check_stride(const char* fn, const char* name, int64_t stride, int
   return ENGINE_SUCCESS;
 }
 
-/* dweight[c] (blockIdx.y == 0) or dbias[c] (blockIdx.y == 1) = sum over p < P of ws[p][c].
- * Block 32 x 16: 32 columns (coalesced 128-byte rows), 16 row slices (slice k sums rows
- * k, k + 16, ... in order), the slices combined in slice order: a fixed order for given
- * (P, cols), so the result is bitwise reproducible. */
-__global__ void __launch_bounds__(512)
+/* The reduction's CTA: 16 warps, warp ty summing the partial rows ty, ty + 16, ... of its columns
+ * in order (a row slice), the slices then combined in slice order by warp 0. */
+constexpr int kReduceSlices = 16;
+constexpr int kReduceThreads = kReduceSlices * 32;
+/* Resident 512-thread CTAs per SM that the strided grid asks for (2048 threads per SM). */
+constexpr int kReduceCtasPerSm = 4;
+
+__device__ __forceinline__ void store_w(void* out, int64_t c, float t, engine_dtype w_dtype) {
+  if (w_dtype == ENGINE_DTYPE_FLOAT32) {
+    static_cast<float*>(out)[c] = t;
+  } else if (w_dtype == ENGINE_DTYPE_BFLOAT16) {
+    static_cast<__nv_bfloat16*>(out)[c] = from_float<__nv_bfloat16>(t);
+  } else {
+    static_cast<__half*>(out)[c] = from_float<__half>(t);
+  }
+}
+
+/* dweight[c] (blockIdx.y == 0) or dbias[c] (blockIdx.y == 1) = sum over p < P of ws[p][c]. A
+ * column block is 32 * VEC columns: lane tx owns columns tx * VEC .. tx * VEC + VEC - 1 of it, one
+ * VEC-float load per partial row (VEC = 4: 16-byte loads; the workspace is 16-byte aligned and
+ * its pitch a multiple of 4 floats, so the vector of the last columns stays inside the row, and
+ * its lanes past cols are never stored). Every column is summed in the same order for either VEC
+ * (slice k: rows k, k + 16, ... in order; the 16 slices added in slice order), a fixed order for
+ * given (P, cols): bitwise reproducible, and VEC does not change a bit. The CTAs stride over the
+ * column blocks (gridDim.x of them at a time). */
+template <int VEC>
+__global__ void __launch_bounds__(kReduceThreads)
     norm_bwd_reduce_kernel(const float* ws_dw, const float* ws_db, int P, int cols, int pitch,
                            void* dweight, void* dbias, engine_dtype w_dtype) {
-  __shared__ float sm[16][33];
+  using V = typename std::conditional<VEC == 4, float4, float>::type;
+  __shared__ float sm[kReduceSlices][32 * VEC]; /* [slice][j * 32 + lane]: no bank conflicts */
   const int tx = threadIdx.x & 31;
   const int ty = threadIdx.x >> 5;
-  const int64_t c = (int64_t)blockIdx.x * 32 + tx;
   const float* ws = blockIdx.y == 0 ? ws_dw : ws_db;
   void* out = blockIdx.y == 0 ? dweight : dbias;
-  float acc = 0.0f;
-  if (c < cols) {
-#pragma unroll 4
-    for (int p = ty; p < P; p += 16) acc += ws[(int64_t)p * pitch + c];
-  }
-  sm[ty][tx] = acc;
-  __syncthreads();
-  if (ty == 0 && c < cols) {
-    float t = sm[0][tx];
+  const int64_t blocks = ((int64_t)cols + 32 * VEC - 1) / (32 * VEC);
+  for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const int64_t c0 = b * 32 * VEC + (int64_t)tx * VEC;
+    float acc[VEC];
 #pragma unroll
-    for (int k = 1; k < 16; ++k) t += sm[k][tx];
-    if (w_dtype == ENGINE_DTYPE_FLOAT32) {
-      static_cast<float*>(out)[c] = t;
-    } else if (w_dtype == ENGINE_DTYPE_BFLOAT16) {
-      static_cast<__nv_bfloat16*>(out)[c] = from_float<__nv_bfloat16>(t);
-    } else {
-      static_cast<__half*>(out)[c] = from_float<__half>(t);
+    for (int j = 0; j < VEC; ++j) acc[j] = 0.0f;
+    if (c0 < cols) {
+#pragma unroll 4
+      for (int p = ty; p < P; p += kReduceSlices) {
+        const V v = *reinterpret_cast<const V*>(ws + (int64_t)p * pitch + c0);
+        const float* f = reinterpret_cast<const float*>(&v);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[j] += f[j];
+      }
     }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) sm[ty][j * 32 + tx] = acc[j];
+    __syncthreads();
+    if (ty == 0) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const int64_t c = c0 + j;
+        if (c < cols) {
+          float t = sm[0][j * 32 + tx];
+#pragma unroll
+          for (int k = 1; k < kReduceSlices; ++k) t += sm[k][j * 32 + tx];
+          store_w(out, c, t, w_dtype);
+        }
+      }
+    }
+    __syncthreads(); /* sm is rewritten by the next column block */
   }
+}
+
+/* Launch the reduction of `sets` (1: dweight, 2: and dbias) partial sets of P rows. VEC (the
+ * knob, or 4 where the 128-column blocks of all sets cover the SMs left by sm_margin, else 1): at
+ * 128K columns the split backward leaves P = 8 partial rows (its clusters), which 32-column CTAs
+ * (8192 of them for LayerNorm) summed in 14.3 us of a 208 us fwd + bwd on the H200 (NOTES P171).
+ * The grid is at most kReduceCtasPerSm CTAs per SM of SMs - sm_margin per set. */
+engine_status launch_bwd_reduce(const float* ws_dw, const float* ws_db, int P, int64_t cols,
+                                int64_t pitch, void* dweight, void* dbias, engine_dtype w_dtype,
+                                int sets, int sm_count, int sm_margin, cudaStream_t stream) {
+  const int64_t sms = std::max<int64_t>(1, (int64_t)sm_count - std::max(0, sm_margin));
+  const int64_t cap = std::max<int64_t>(1, sms * kReduceCtasPerSm / sets);
+  int vec = norm_bwd_reduce_vec();
+  if (vec == 0) vec = ceil_div(cols, (int64_t)128) * sets >= sms ? 4 : 1;
+  const int64_t blocks = ceil_div(cols, (int64_t)(32 * vec));
+  const dim3 grid((unsigned)std::min(blocks, cap), (unsigned)sets);
+  if (vec == 4) {
+    norm_bwd_reduce_kernel<4><<<grid, kReduceThreads, 0, stream>>>(ws_dw, ws_db, P, (int)cols,
+                                                                   (int)pitch, dweight, dbias, w_dtype);
+  } else {
+    norm_bwd_reduce_kernel<1><<<grid, kReduceThreads, 0, stream>>>(ws_dw, ws_db, P, (int)cols,
+                                                                   (int)pitch, dweight, dbias, w_dtype);
+  }
+  ENGINE_CHECK_LAUNCH("norm_bwd_reduce_kernel");
+  return ENGINE_SUCCESS;
 }
 
 }  // namespace
@@ -326,9 +389,6 @@ extern "C" engine_status engine_norm_bwd(const engine_norm_bwd_params* p, int sm
   int num_ctas = 0;
   if (rows > 0) ENGINE_TRY(bwd_dispatch(p->x_dtype, p->dy_dtype, a, ctx, max_ctas, &num_ctas));
 
-  const dim3 grid((unsigned)ceil_div(cols, 32), has_db ? 2u : 1u);
-  norm_bwd_reduce_kernel<<<grid, 512, 0, stream>>>(a.ws_dw, a.ws_db, num_ctas, (int)cols, (int)pitch,
-                                                   p->dweight, p->dbias, p->weight_dtype);
-  ENGINE_CHECK_LAUNCH("norm_bwd_reduce_kernel");
-  return ENGINE_SUCCESS;
+  return launch_bwd_reduce(a.ws_dw, a.ws_db, num_ctas, cols, pitch, p->dweight, p->dbias,
+                           p->weight_dtype, has_db ? 2 : 1, sm_count, sm_margin, stream);
 }

@@ -57,6 +57,15 @@ int engine_set_norm_fwd_vectors(int n);
  * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_bwd_elems(int n);
 
+/* Columns per thread of the norm backward's dweight / dbias reduction (the sum of the per-CTA
+ * partial rows): 1 (32 columns per CTA, one CTA per column block) or 4 (one 16-byte load per
+ * partial row, 128 columns per CTA, the CTAs striding over the column blocks), or 0 (the default)
+ * for the launcher's choice (4 where the 128-column blocks of dweight and dbias cover the SMs, 1
+ * otherwise: benchmarks/NOTES.md P171). Either sums the partials of a column in the same order
+ * (the same bits). For A/B runs on one device. Process-wide; returns the previous value, or -1
+ * (and changes nothing) for any other n. */
+int engine_set_norm_bwd_reduce_vec(int n);
+
 /* The norm backward's register path over 16-bit z and dy, 16 values per thread in one CTA per row
  * without a thread-block cluster: n = 1024, rows that need 513-1024 threads (bf16 8K-16K) in one
  * CTA of up to 1024 threads (LayerNorm's partials in shared memory there); n = 512, rows of
