@@ -723,7 +723,7 @@ def test_bwd_reduce_vec(is_rms, m, n):
 
     def reduce_launch(margin):
         found = [(name, g) for name, g, _, _ in cuda_kernel_launches(lambda: bwd(margin))
-                 if "norm_bwd_reduce_kernel" in name]
+                 if "norm_bwd_reduce" in name]
         assert len(found) == 1, found
         return found[0][0], found[0][1], got["g"]
 
