@@ -1,6 +1,7 @@
-"""Triton's dW / dB partials reduction alone, over its tile rules (NOTES P168 / P169 / P170): each variant
-checked against a float64 sum and timed (kernel time under torch.profiler, the mean of 20 launches;
-the partials hot in L2, as after the backward that wrote them), at the partial shapes the backward leaves on an H200 at M * N = 64M.
+"""Triton's dW / dB partials reduction alone, over its tile rules (NOTES P168 / P169 / P170): each
+variant checked against a float64 sum and timed (kernel time under torch.profiler, the mean of 20
+launches; the partials hot in L2, as after the backward that wrote them), at the partial shapes
+the backward leaves on an H200 at M * N = 64M.
 
     python3 ci/reduce_exp.py      # on the GPU machine, repository root
 """

@@ -273,13 +273,14 @@ def test_reduce_tile_spreads_over_the_sms():
     from 1024 columns to a grid of twice the SMs, with steps of fewer than 32 rows."""
     from engine.triton_kernels import norms_common as nc
 
-    assert nc.reduce_tile(2, 528, 1024, 132, spread=1) == (16, 256)  # LayerNorm bwd 1K: 128 programs
-    assert nc.reduce_tile(1, 528, 1024, 132, spread=1) == (16, 256)  # RMSNorm: 64, the narrowest block
-    assert nc.reduce_tile(2, 264, 4096, 132, spread=1) == (32, 128)  # 256 programs
-    assert nc.reduce_tile(2, 37, 300, 132, spread=1) == (16, 64)  # P's power of two caps the rows per step
-    assert nc.reduce_tile(2, 5, 300, 132, spread=1) == (16, 32)  # never under 32 rows
-    assert nc.reduce_tile(2, 132, 8192, 132, spread=1) == (64, 64)  # 128 programs < 132 SMs: 256
-    assert nc.reduce_tile(2, 66, 16384, 132, spread=1) == (128, 32)  # 256 programs already: as before
+    tile = nc.reduce_tile
+    assert tile(2, 528, 1024, 132, spread=1) == (16, 256)  # LayerNorm bwd 1K: 128 programs
+    assert tile(1, 528, 1024, 132, spread=1) == (16, 256)  # RMSNorm: 64, the narrowest block
+    assert tile(2, 264, 4096, 132, spread=1) == (32, 128)  # 256 programs
+    assert tile(2, 37, 300, 132, spread=1) == (16, 64)  # P's power of two caps the rows per step
+    assert tile(2, 5, 300, 132, spread=1) == (16, 32)  # never under 32 rows
+    assert tile(2, 132, 8192, 132, spread=1) == (64, 64)  # 128 programs < 132 SMs: 256
+    assert tile(2, 66, 16384, 132, spread=1) == (128, 32)  # 256 programs already: as before
     assert nc.reduce_tile(2, 528, 1024, 132, spread=0) == (128, 32)
     # rule 2 (P170, the default): blocks from 1024 until the grid covers 2 x the SMs, any rows
     # per step

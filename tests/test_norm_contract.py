@@ -685,8 +685,8 @@ def profiled_norm(is_rms, x, r, w, b, margin, kernel, grad=False):
 
 
 #: (rows, cols) of the CUDA backward's reduction test: few rows (partial rows of few CTAs), widths
-#: not a multiple of 4 (the last 16-byte vector of a partial row past cols), the split backward's
-#: 128K rows (clusters: 8 partial rows for many columns, NOTES P171).
+#: not a multiple of 4 (the last 16-byte vector of a partial row past cols), the streamed
+#: backward's wide rows (one partial row per cluster: 8 at 128K for many columns, NOTES P171).
 REDUCE_CASES = [(301, 1000), (301, 17389), (64, 131072), (37, 4096), (5, 65536), (1, 4099)]
 
 

@@ -142,9 +142,10 @@ __global__ void __launch_bounds__(kReduceThreads)
 
 /* Launch the reduction of `sets` (1: dweight, 2: and dbias) partial sets of P rows. VEC (the
  * knob, or 4 where the 128-column blocks of all sets cover the SMs left by sm_margin, else 1): at
- * 128K columns the split backward leaves P = 8 partial rows (its clusters), which 32-column CTAs
- * (8192 of them for LayerNorm) summed in 14.3 us of a 208 us fwd + bwd on the H200 (NOTES P171).
- * The grid is at most kReduceCtasPerSm CTAs per SM of SMs - sm_margin per set. */
+ * 128K columns the streamed backward leaves P = 8 partial rows (one per cluster), which one
+ * 32-column CTA per column block (8192 of them for LayerNorm) summed in 14.3 us of a 208 us
+ * fwd + bwd on the H200; 5.6 us now (NOTES P171). The grid is at most kReduceCtasPerSm CTAs per
+ * SM of SMs - sm_margin per set. */
 engine_status launch_bwd_reduce(const float* ws_dw, const float* ws_db, int P, int64_t cols,
                                 int64_t pitch, void* dweight, void* dbias, engine_dtype w_dtype,
                                 int sets, int sm_count, int sm_margin, cudaStream_t stream) {
