@@ -150,17 +150,14 @@ def drive(rec: Recorder) -> None:
             transpose.FP8_TRANSPOSE_ORDER = order
             transpose.fp8_transpose(t((m, n), e4m3), t((n, m), e4m3))
         transpose.FP8_TRANSPOSE_ORDER = 0
-    # the partial-sum reduction's tiles at the backward's partial rows on 132 SMs (1-8 programs
-    # per SM, or the split backward's row groups), both set counts, every width (NOTES P168)
+    # the partial-sum reduction's tiles (REDUCE_SPREAD's default rule, NOTES P170) at the
+    # backward's partial rows on 132 SMs (1-4 programs per SM, or the split backward's row
+    # groups), both set counts, every width
     for n in widths:
         for k in (1, 2):
-            for p in (8, 16, 33, 66, 132, 264, 528, 1056):
-                for rule in (1, 2):  # REDUCE_SPREAD's rules (P168, P170)
-                    norms_common._reduce_tile = (
-                        lambda part, rule=rule: norms_common.reduce_tile(*part.shape, 132, rule))
-                    norms_common.reduce_partials(t((k, p, n), f32), t((n,), bf16),
-                                                 t((n,), bf16) if k == 2 else None)
-    norms_common._reduce_tile = lambda part: norms_common.reduce_tile(*part.shape, 132)
+            for p in (8, 16, 33, 66, 132, 264, 528):
+                norms_common.reduce_partials(t((k, p, n), f32), t((n,), bf16),
+                                             t((n,), bf16) if k == 2 else None)
     for mn in (18, 20, 24, 32):  # copies of rows of M % 16 = 2, 4, 8, 0 bytes (T_ALIGN; NOTES P134)
         transpose.cast_transpose(t((mn, 4096), bf16), t((1,), f32), t((1,), f32), t((1,), f32),
                                  t((mn, 4096), e4m3), t((4096, mn), e4m3), current_scaling=False,
