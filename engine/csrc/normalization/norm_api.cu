@@ -24,6 +24,7 @@
 #include "common/common.cuh"
 #include "common/dtype.cuh"
 #include "common/tile.cuh"
+#include "common/vec.cuh"
 #include "engine/normalization.h"
 #include "engine/transpose.h"
 #include "normalization/norm_common.cuh"
@@ -78,16 +79,6 @@ constexpr int kReduceThreads = kReduceSlices * 32;
 /* Resident 512-thread CTAs per SM that the strided grid asks for (2048 threads per SM). */
 constexpr int kReduceCtasPerSm = 4;
 
-__device__ __forceinline__ void store_w(void* out, int64_t c, float t, engine_dtype w_dtype) {
-  if (w_dtype == ENGINE_DTYPE_FLOAT32) {
-    static_cast<float*>(out)[c] = t;
-  } else if (w_dtype == ENGINE_DTYPE_BFLOAT16) {
-    static_cast<__nv_bfloat16*>(out)[c] = from_float<__nv_bfloat16>(t);
-  } else {
-    static_cast<__half*>(out)[c] = from_float<__half>(t);
-  }
-}
-
 /* dweight[c] (blockIdx.y == 0) or dbias[c] (blockIdx.y == 1) = sum over p < P of ws[p][c]. A
  * column block is 32 * VEC columns: lane tx owns columns tx * VEC .. tx * VEC + VEC - 1 of it, one
  * VEC-float load per partial row (VEC = 4: 16-byte loads; the workspace is 16-byte aligned and
@@ -129,10 +120,10 @@ __global__ void __launch_bounds__(kReduceThreads)
       for (int j = 0; j < VEC; ++j) {
         const int64_t c = c0 + j;
         if (c < cols) {
-          float t = sm[0][j * 32 + tx];
+          float t[1] = {sm[0][j * 32 + tx]};
 #pragma unroll
-          for (int k = 1; k < kReduceSlices; ++k) t += sm[k][j * 32 + tx];
-          store_w(out, c, t, w_dtype);
+          for (int k = 1; k < kReduceSlices; ++k) t[0] += sm[k][j * 32 + tx];
+          store_vec_dt<1>(out, c, w_dtype, t);
         }
       }
     }
