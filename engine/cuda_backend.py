@@ -453,11 +453,13 @@ def norm_bwd_elems(n: int):
 
 def norm_bwd_reduce_vec(n: int):
     """Context manager: inside the ``with`` block the CUDA norm backward's dweight / dbias
-    reduction (the sum of the backward CTAs' fp32 partial rows) gives each thread ``n`` columns:
-    1 (CTAs of 32 columns), 4 (one 16-byte load per partial row, CTAs of 128 columns striding over
-    the column blocks), or ``n = 0``, the default, 4 where the 128-column blocks of dweight and
-    dbias cover the SMs and 1 otherwise (benchmarks/NOTES.md, P171). Either adds a column's
-    partials in the same order: the bits do not change. For tests and A/B benchmarks on one GPU.
+    reduction (the sum of the backward CTAs' fp32 partial rows) runs its sliced kernel at ``n``
+    columns per thread: 1 (CTAs of 32 columns), 4 (one 16-byte load per partial row, CTAs of 128
+    columns striding over the column blocks); or ``n = 0``, the default: the flat kernel (each
+    thread sums its 4 columns over all partial rows) where there are at most 16 partial rows,
+    else 4 where the 128-column blocks of dweight and dbias cover the SMs and 1 otherwise
+    (benchmarks/NOTES.md, P171, P172). Every form adds a column's partials in the same order: the
+    bits do not change. For tests and A/B benchmarks on one GPU.
     Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
     ValueError at the call."""
     if type(n) is not int or n not in (0, 1, 4):

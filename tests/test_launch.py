@@ -311,6 +311,47 @@ def test_reduce_partials_against_float64(monkeypatch, k, p, n, spread):
         torch.testing.assert_close(outs[i].double(), want[i], rtol=0, atol=p * 2.0 ** -22)
 
 
+def test_reduce_partials_strides_under_a_cut_grid(monkeypatch):
+    """The reduction's programs stride over the column blocks (NOTES P173): a grid cut by an
+    sm_margin (here forced to one program per set through margin_grid) sums every block, to the
+    same bits as the full grid, into poisoned outputs."""
+    from engine.triton_kernels import norms_common as nc
+
+    k, p, n = 2, 37, 9000  # three of the interpreter's 4096-column blocks (more on a GPU)
+    part = torch.randn(k, p, n, generator=torch.Generator().manual_seed(7)).to(DEVICE)
+    full = [torch.full((n,), float("nan"), device=DEVICE) for _ in range(k)]
+    nc.reduce_partials(part, *full)
+    monkeypatch.setattr(nc, "margin_grid", lambda grid, *a: k)
+    cut = [torch.full((n,), float("nan"), device=DEVICE) for _ in range(k)]
+    nc.reduce_partials(part, *cut, sm_margin=1)
+    for f, c in zip(full, cut):
+        assert torch.equal(f, c)
+    torch.testing.assert_close(cut[0].double(), part[0].double().sum(0), rtol=0, atol=p * 2.0 ** -22)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the reduction's grid on a GPU")
+def test_reduce_partials_sm_margin_grid():
+    """Under sm_margin = SMs - 1 the reduction launches no more programs than one SM holds at once
+    (conftest.resident_bound, from the profiler trace), split between dW and dB, with the bits of
+    sm_margin 0 (NOTES P173)."""
+    from conftest import cuda_kernel_launches, gpu_sms, resident_bound
+    from engine.triton_kernels import norms_common as nc
+
+    part = torch.randn(2, 528, 4096, device=DEVICE)
+    outs = {}
+    grids = {}
+    for margin in (0, gpu_sms() - 1):
+        o = [torch.full((4096,), float("nan"), device=DEVICE) for _ in range(2)]
+        found = [(g, a) for name, g, _, a in cuda_kernel_launches(
+            lambda: nc.reduce_partials(part, *o, sm_margin=margin)) if "partials_reduce" in name]
+        assert len(found) == 1, found
+        outs[margin], grids[margin] = o, found[0]
+    (g0, _), (g1, args) = grids[0], grids[gpu_sms() - 1]
+    assert g1[1] == 2 and g1[0] * 2 <= resident_bound(args) < g0[0] * 2
+    for a, b in zip(outs[0], outs[gpu_sms() - 1]):
+        assert torch.equal(a, b)
+
+
 def _plan_cases(n: int):
     """Norm calls of one width that differ in one option each (the keys of the launch plans)."""
     from engine.fp8 import Float8CurrentScalingQuantizer, Float8Quantizer

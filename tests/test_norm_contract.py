@@ -685,22 +685,24 @@ def profiled_norm(is_rms, x, r, w, b, margin, kernel, grad=False):
 
 
 #: (rows, cols) of the CUDA backward's reduction test: few rows (partial rows of few CTAs), widths
-#: not a multiple of 4 (the last 16-byte vector of a partial row past cols), the streamed
-#: backward's wide rows (one partial row per cluster: 8 at 128K for many columns, NOTES P171).
-REDUCE_CASES = [(301, 1000), (301, 17389), (64, 131072), (37, 4096), (5, 65536), (1, 4099)]
+#: not a multiple of 4 (the last 16-byte vector of a partial row past cols), the split backward's
+#: 128K rows (clusters: 8 partial rows for many columns, NOTES P171).
+REDUCE_CASES = [(301, 1000), (301, 17389), (64, 131072), (37, 4096), (5, 65536), (1, 4099),
+                (16, 2050)]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the CUDA backward's reduction")
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("m,n", REDUCE_CASES)
 def test_bwd_reduce_vec(is_rms, m, n):
-    """The CUDA backward's dweight / dbias reduction (cuda_backend.norm_bwd_reduce_vec, NOTES
-    P171): 1 and 4 columns per thread and the default give the same bits (each column's partials
-    are added in one order), into poisoned outputs, within fp32 summation of the float64 sums;
-    the default launches the 4-column build where the 128-column blocks of the sets cover the SMs
-    and the 1-column one elsewhere (read from the profiler trace), and under sm_margin=4 at most 4
-    CTAs per SM of SMs - 4 per set (whose backward may leave other partial rows: other bits, the
-    same bound)."""
+    """The CUDA backward's dweight / dbias reduction (cuda_backend.norm_bwd_reduce_vec, NOTES P171,
+    P172): the sliced kernel at 1 and 4 columns per thread and the default give the same bits
+    (each column's partials are added in one order), into poisoned outputs, within fp32
+    summation of the float64 sums. The default (read from the profiler trace) launches the flat
+    kernel where the backward leaves at most 16 partial rows (always at m <= 16 rows), else the
+    sliced 4-column build where the 128-column blocks of the sets cover the SMs and the 1-column
+    one elsewhere. Grids: at most 4 sliced (16 flat) CTAs per SM and set, of SMs - 4 under
+    sm_margin=4 (whose backward may leave other partial rows: other bits, the same bound)."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -721,19 +723,25 @@ def test_bwd_reduce_vec(is_rms, m, n):
 
     def reduce_launch(margin):
         found = [(name, g) for name, g, _, _ in cuda_kernel_launches(lambda: bwd(margin))
-                 if "norm_bwd_reduce_kernel" in name]
+                 if "norm_bwd_reduce" in name]
         assert len(found) == 1, found
         return found[0][0], found[0][1], got["g"]
+
+    def per_sm(name):  # the CTAs per SM that the launcher's grid may ask of each set
+        return 16 if "flat" in name else 4
 
     results = {}
     for v in (1, 4, 0):
         with cuda_backend.norm_bwd_reduce_vec(v):
             name, grid, results[v] = reduce_launch(0)
-        want = v if v else (4 if -(-n // 128) * sets >= gpu_sms() else 1)
-        assert f"norm_bwd_reduce_kernel<{want}>" in name, name
-        assert grid[1] == sets and grid[0] <= gpu_sms() * 4 // sets
+        sliced = f"norm_bwd_reduce_kernel<{v if v else (4 if -(-n // 128) * sets >= gpu_sms() else 1)}>"
+        if v == 0 and m <= 16:
+            assert "norm_bwd_reduce_flat_kernel" in name, name
+        else:
+            assert sliced in name or (v == 0 and "norm_bwd_reduce_flat_kernel" in name), name
+        assert grid[1] == sets and grid[0] <= gpu_sms() * per_sm(name) // sets
     name, grid, margin_result = reduce_launch(4)
-    assert grid[0] <= (gpu_sms() - 4) * 4 // sets, grid
+    assert grid[0] <= (gpu_sms() - 4) * per_sm(name) // sets, grid
     xhat = (x.double() - (0.0 if is_rms else mu.double()[:, None])) * rsigma.double()[:, None]
     terms = [dy.double() * xhat] + ([dy.double()] if b is not None else [])
     for i, t in enumerate(terms):

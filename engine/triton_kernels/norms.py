@@ -1160,7 +1160,7 @@ def _split_plan(cfg, n, has_dres_in, has_dres, has_db, device, sm_margin, is_rms
 
 
 def _launch_bwd_split(cfg, groups_cap, constexprs, dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight,
-                      dbias) -> None:
+                      dbias, sm_margin) -> None:
     """Launch ``_norm_bwd_split_kernel`` (:func:`_split_plan`), then reduce its partials."""
     m, n = x.shape
     g = -(-n // cfg.block_n)
@@ -1178,7 +1178,7 @@ def _launch_bwd_split(cfg, groups_cap, constexprs, dy, x, mu, rsigma, weight, dr
         dy.stride(0), x.stride(0), dresidual.stride(0) if dresidual is not None else 0, dx.stride(0),
         dres.stride(0) if dres is not None else 0, m, n,
     ), cfg.num_warps, cfg.num_stages, constexprs)
-    nc.reduce_partials(parts, dweight, dbias)
+    nc.reduce_partials(parts, dweight, dbias, sm_margin)
 
 
 #: Backward plans (:func:`_bwd_plan`), as :data:`FWD_PLANS`.
@@ -1207,7 +1207,7 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
     cfg, cap, constexprs = plan
     if cfg.split:
         _launch_bwd_split(cfg, cap, constexprs, dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight,
-                          dbias)
+                          dbias, sm_margin)
         return
     p = min(-(-m // cfg.block_m), cap)
     scalars = (dy.stride(0), x.stride(0), dresidual.stride(0) if dresidual is not None else 0, dx.stride(0),
@@ -1228,7 +1228,7 @@ def launch_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *
             break
         p = capped
     _BWD.launch(p, tensors, scalars, cfg.num_warps, cfg.num_stages, constexprs)
-    nc.reduce_partials(parts, dweight, dbias)
+    nc.reduce_partials(parts, dweight, dbias, sm_margin)
 
 
 def norm_bwd(dy, x, mu, rsigma, weight, dresidual, dx, dres, dweight, dbias, *, is_rms_norm,

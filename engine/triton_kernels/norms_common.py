@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 from engine.triton_kernels.launch import Launcher
-from engine.triton_kernels.utils import _cast, interpreter_rounding, sm_count
+from engine.triton_kernels.utils import _cast, interpreter_rounding, margin_grid, sm_count
 
 #: Widest row (in elements) the forward may hold in registers (a register-path tile's cap).
 MAX_FUSED_N = 32768
@@ -322,21 +322,24 @@ def _partials_reduce_kernel(
     INTERPRETER: tl.constexpr,  # interpreter-only rounding workaround (utils._cast)
 ):
     """OUT[n] = sum_p PART[0, p, n] (and OUT2 from PART[1]; program_id(1) picks the set), in a
-    fixed order: deterministic, no atomics. One launch reduces dW and dB together."""
-    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    fixed order: deterministic, no atomics. One launch reduces dW and dB together. The programs
+    of a set stride over its column blocks (one block each unless an sm_margin cut the grid:
+    reduce_partials); a block's sum does not depend on which program takes it."""
     k = tl.program_id(1)
     base = PART + tl.cast(k, tl.int64) * P * N
-    cmask = cols < N
-    acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
-    for p0 in range(0, P, BLOCK_P):
-        rows = p0 + tl.arange(0, BLOCK_P)
-        m = (rows[:, None] < P) & cmask[None, :]
-        acc += tl.load(base + tl.cast(rows, tl.int64)[:, None] * N + cols[None, :], mask=m, other=0.0)
-    total = tl.sum(acc, axis=0)
-    if k == 0:
-        tl.store(OUT + cols, _cast(total, OUT.dtype.element_ty, INTERPRETER), mask=cmask)
-    else:
-        tl.store(OUT2 + cols, _cast(total, OUT2.dtype.element_ty, INTERPRETER), mask=cmask)
+    for cb in range(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.num_programs(0)):
+        cols = cb * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < N
+        acc = tl.zeros([BLOCK_P, BLOCK_N], dtype=tl.float32)
+        for p0 in range(0, P, BLOCK_P):
+            rows = p0 + tl.arange(0, BLOCK_P)
+            m = (rows[:, None] < P) & cmask[None, :]
+            acc += tl.load(base + tl.cast(rows, tl.int64)[:, None] * N + cols[None, :], mask=m, other=0.0)
+        total = tl.sum(acc, axis=0)
+        if k == 0:
+            tl.store(OUT + cols, _cast(total, OUT.dtype.element_ty, INTERPRETER), mask=cmask)
+        else:
+            tl.store(OUT2 + cols, _cast(total, OUT2.dtype.element_ty, INTERPRETER), mask=cmask)
 
 
 #: Columns per program of the partial-sum reduction: the GPU wants many programs, the interpreter
@@ -389,16 +392,23 @@ def _reduce_tile(part: torch.Tensor) -> tuple:
     return reduce_tile(*part.shape, sm_count(part.device), REDUCE_SPREAD)
 
 
-def reduce_partials(part: torch.Tensor, out: torch.Tensor, out2=None) -> None:
+def reduce_partials(part: torch.Tensor, out: torch.Tensor, out2=None, sm_margin: int = 0) -> None:
     """``out[:] = part[0].sum(0)`` and, when ``out2`` is given, ``out2[:] = part[1].sum(0)``
     (fp32 accumulation, fixed order), cast to the outputs' dtypes, in one launch. ``part`` is
-    ``[K, P, N]`` with K = 2 when ``out2`` is given, else K = 1."""
+    ``[K, P, N]`` with K = 2 when ``out2`` is given, else K = 1. Under an ``sm_margin`` (on the
+    GPU) the grid holds no more programs than SMs - sm_margin hold at once (utils.margin_grid,
+    split between the sets), the programs striding over the column blocks: the same bits."""
     k, p, n = part.shape
     if k != (2 if out2 is not None else 1):
         raise ValueError(f"reduce_partials: {k} partial sets for {1 if out2 is None else 2} outputs")
     block_n, block_p = _reduce_tile(part)
-    _REDUCE.launch((-(-n // block_n), k), (part, out, out2 if out2 is not None else out), (p, n), 4, 3,
-                   _reduce_constexprs(block_n, block_p, interpreter_rounding()))
+    tensors, scalars = (part, out, out2 if out2 is not None else out), (p, n)
+    constexprs = _reduce_constexprs(block_n, block_p, interpreter_rounding())
+    blocks = -(-n // block_n)
+    if sm_margin:
+        blocks = max(1, margin_grid(blocks * k, sm_margin, part.device, _REDUCE,
+                                    [(tensors, scalars, 4, 3, constexprs)]) // k)
+    _REDUCE.launch((blocks, k), tensors, scalars, 4, 3, constexprs)
 
 
 @functools.lru_cache(maxsize=None)

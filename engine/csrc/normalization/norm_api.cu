@@ -131,18 +131,65 @@ __global__ void __launch_bounds__(kReduceThreads)
   }
 }
 
-/* Launch the reduction of `sets` (1: dweight, 2: and dbias) partial sets of P rows. VEC (the
- * knob, or 4 where the 128-column blocks of all sets cover the SMs left by sm_margin, else 1): at
- * 128K columns the streamed backward leaves P = 8 partial rows (one per cluster), which one
- * 32-column CTA per column block (8192 of them for LayerNorm) summed in 14.3 us of a 208 us
- * fwd + bwd on the H200; 5.6 us now (NOTES P171). The grid is at most kReduceCtasPerSm CTAs per
- * SM of SMs - sm_margin per set. */
+/* The reduction of at most kReduceSlices partial rows (NOTES P172): a thread owns 4 columns (one
+ * 16-byte load per partial row, all P loads independent) and adds rows 0 .. P-1 in order from
+ * 0.0f, no shared memory, no barrier; 128-thread CTAs stride over blocks of 512 columns (CTAs of
+ * 256 left one set of 64K columns at 64 CTAs on 132 SMs: RMSNorm 64K's reduction 2.9 -> 4.0 us
+ * in P172's first form). For P <= kReduceSlices this is norm_bwd_reduce_kernel's order (each of
+ * its slices holds one row or none, added in slice order, and an empty slice adds +0.0 to a sum
+ * that cannot be -0.0 after 0.0f + row 0): the same bits. */
+constexpr int kReduceFlatThreads = 128;
+__global__ void __launch_bounds__(kReduceFlatThreads)
+    norm_bwd_reduce_flat_kernel(const float* ws_dw, const float* ws_db, int P, int cols, int pitch,
+                                void* dweight, void* dbias, engine_dtype w_dtype) {
+  const float* ws = blockIdx.y == 0 ? ws_dw : ws_db;
+  void* out = blockIdx.y == 0 ? dweight : dbias;
+  const int64_t blocks = ((int64_t)cols + kReduceFlatThreads * 4 - 1) / (kReduceFlatThreads * 4);
+  for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const int64_t c0 = (b * kReduceFlatThreads + threadIdx.x) * 4;
+    if (c0 >= cols) continue;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 8
+    for (int p = 0; p < P; ++p) {
+      const float4 v = *reinterpret_cast<const float4*>(ws + (int64_t)p * pitch + c0);
+      acc[0] += v.x;
+      acc[1] += v.y;
+      acc[2] += v.z;
+      acc[3] += v.w;
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (c0 + j < cols) {
+        const float t[1] = {acc[j]};
+        store_vec_dt<1>(out, c0 + j, w_dtype, t);
+      }
+    }
+  }
+}
+
+/* Launch the reduction of `sets` (1: dweight, 2: and dbias) partial sets of P rows: by default
+ * the flat kernel where P <= kReduceSlices (the split / streamed backward's few partial rows),
+ * else norm_bwd_reduce_kernel at VEC (the knob, or 4 where the 128-column blocks of all sets
+ * cover the SMs left by sm_margin, else 1): at 128K columns the streamed backward leaves P = 8
+ * partial rows (one per cluster), which one 32-column CTA per column block (8192 of them for
+ * LayerNorm) summed in 14.3 us of a 208 us fwd + bwd on the H200; 5.6 us sliced at VEC 4 (NOTES
+ * P171), 3.3 us flat (P172). The grid is at most kReduceCtasPerSm sliced CTAs (or 2048 threads
+ * of flat ones) per SM of SMs - sm_margin per set. */
 engine_status launch_bwd_reduce(const float* ws_dw, const float* ws_db, int P, int64_t cols,
                                 int64_t pitch, void* dweight, void* dbias, engine_dtype w_dtype,
                                 int sets, int sm_count, int sm_margin, cudaStream_t stream) {
   const int64_t sms = std::max<int64_t>(1, (int64_t)sm_count - std::max(0, sm_margin));
   const int64_t cap = std::max<int64_t>(1, sms * kReduceCtasPerSm / sets);
   int vec = norm_bwd_reduce_vec();
+  if (vec == 0 && P <= kReduceSlices) {
+    const int64_t flat_cap = std::max<int64_t>(1, sms * (2048 / kReduceFlatThreads) / sets);
+    const int64_t flat_blocks = ceil_div(cols, (int64_t)(kReduceFlatThreads * 4));
+    const dim3 grid((unsigned)std::min(flat_blocks, flat_cap), (unsigned)sets);
+    norm_bwd_reduce_flat_kernel<<<grid, kReduceFlatThreads, 0, stream>>>(
+        ws_dw, ws_db, P, (int)cols, (int)pitch, dweight, dbias, w_dtype);
+    ENGINE_CHECK_LAUNCH("norm_bwd_reduce_flat_kernel");
+    return ENGINE_SUCCESS;
+  }
   if (vec == 0) vec = ceil_div(cols, (int64_t)128) * sets >= sms ? 4 : 1;
   const int64_t blocks = ceil_div(cols, (int64_t)(32 * vec));
   const dim3 grid((unsigned)std::min(blocks, cap), (unsigned)sets);

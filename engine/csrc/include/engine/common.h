@@ -57,13 +57,14 @@ int engine_set_norm_fwd_vectors(int n);
  * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_bwd_elems(int n);
 
-/* Columns per thread of the norm backward's dweight / dbias reduction (the sum of the per-CTA
- * partial rows): 1 (32 columns per CTA, one CTA per column block) or 4 (one 16-byte load per
- * partial row, 128 columns per CTA, the CTAs striding over the column blocks), or 0 (the default)
- * for the launcher's choice (4 where the 128-column blocks of dweight and dbias cover the SMs, 1
- * otherwise: benchmarks/NOTES.md P171). Either sums the partials of a column in the same order
- * (the same bits). For A/B runs on one device. Process-wide; returns the previous value, or -1
- * (and changes nothing) for any other n. */
+/* The norm backward's dweight / dbias reduction (the sum of the per-CTA partial rows): the sliced
+ * kernel at 1 column per thread (32 columns per CTA) or 4 (one 16-byte load per partial row, 128
+ * columns per CTA), the CTAs striding over the column blocks; or 0 (the default) for the
+ * launcher's choice: the flat kernel (a thread sums its 4 columns over every partial row) where
+ * there are at most 16 partial rows, else 4 where the 128-column blocks of dweight and dbias cover
+ * the SMs and 1 otherwise (benchmarks/NOTES.md P171, P172). Every form sums a column's partials
+ * in the same order (the same bits). For A/B runs on one device. Process-wide; returns the
+ * previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_bwd_reduce_vec(int n);
 
 /* The norm backward's register path over 16-bit z and dy, 16 values per thread in one CTA per row
