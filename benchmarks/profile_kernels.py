@@ -112,7 +112,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bwd-reduce-vec", type=int, choices=[0, 1, 4],
                     help="CUDA: the backward's dweight / dbias reduction on its sliced kernel at 1 or 4 "
                          "columns per thread, or 0: the default (the flat kernel for at most 16 partial "
-                         "rows; engine.cuda_backend.norm_bwd_reduce_vec), for A/B runs")
+                         "rows where the 128-column blocks outnumber the sliced grid; "
+                         "engine.cuda_backend.norm_bwd_reduce_vec), for A/B runs")
     ap.add_argument("--bwd-cta-threads", type=int, choices=[0, 256, 512, 1024],
                     help="CUDA: the backward's one-CTA layouts of a 16-bit row at 16 values per "
                          "thread (1024: 8K-16K, 512: 4K-8K, 256: none, 0: the default; "

@@ -456,7 +456,8 @@ def norm_bwd_reduce_vec(n: int):
     reduction (the sum of the backward CTAs' fp32 partial rows) runs its sliced kernel at ``n``
     columns per thread: 1 (CTAs of 32 columns), 4 (one 16-byte load per partial row, CTAs of 128
     columns striding over the column blocks); or ``n = 0``, the default: the flat kernel (each
-    thread sums its 4 columns over all partial rows) where there are at most 16 partial rows,
+    thread sums its 4 columns over all partial rows) where there are at most 16 partial rows and
+    the 128-column blocks outnumber the sliced kernel's grid (4 CTAs per SM and set),
     else 4 where the 128-column blocks of dweight and dbias cover the SMs and 1 otherwise
     (benchmarks/NOTES.md, P171, P172). Every form adds a column's partials in the same order: the
     bits do not change. For tests and A/B benchmarks on one GPU.

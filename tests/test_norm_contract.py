@@ -699,9 +699,9 @@ def test_bwd_reduce_vec(is_rms, m, n):
     P172): the sliced kernel at 1 and 4 columns per thread and the default give the same bits
     (each column's partials are added in one order), into poisoned outputs, within fp32
     summation of the float64 sums. The default (read from the profiler trace) launches the flat
-    kernel where the backward leaves at most 16 partial rows (always at m <= 16 rows), else the
-    sliced 4-column build where the 128-column blocks of the sets cover the SMs and the 1-column
-    one elsewhere. Grids: at most 4 sliced (16 flat) CTAs per SM and set, of SMs - 4 under
+    kernel where the backward leaves at most 16 partial rows (always at m <= 16 rows) and the
+    128-column blocks outnumber the sliced grid (4 CTAs per SM and set), else the sliced 4-column
+    build where the 128-column blocks of the sets cover the SMs and the 1-column one elsewhere. Grids: at most 4 sliced (16 flat) CTAs per SM and set, of SMs - 4 under
     sm_margin=4 (whose backward may leave other partial rows: other bits, the same bound)."""
     from engine import cuda_backend
 
@@ -731,14 +731,17 @@ def test_bwd_reduce_vec(is_rms, m, n):
         return 16 if "flat" in name else 4
 
     results = {}
+    flat_fits = -(-n // 128) > gpu_sms() * 4 // sets  # the sliced grid would walk blocks in turn
     for v in (1, 4, 0):
         with cuda_backend.norm_bwd_reduce_vec(v):
             name, grid, results[v] = reduce_launch(0)
         sliced = f"norm_bwd_reduce_kernel<{v if v else (4 if -(-n // 128) * sets >= gpu_sms() else 1)}>"
-        if v == 0 and m <= 16:
+        if v == 0 and m <= 16 and flat_fits:
             assert "norm_bwd_reduce_flat_kernel" in name, name
+        elif v == 0 and "norm_bwd_reduce_flat_kernel" in name:
+            assert flat_fits, name
         else:
-            assert sliced in name or (v == 0 and "norm_bwd_reduce_flat_kernel" in name), name
+            assert sliced in name, name
         assert grid[1] == sets and grid[0] <= gpu_sms() * per_sm(name) // sets
     name, grid, margin_result = reduce_launch(4)
     assert grid[0] <= (gpu_sms() - 4) * per_sm(name) // sets, grid

@@ -168,20 +168,23 @@ __global__ void __launch_bounds__(kReduceFlatThreads)
 }
 
 /* Launch the reduction of `sets` (1: dweight, 2: and dbias) partial sets of P rows: by default
- * the flat kernel where P <= kReduceSlices (the split / streamed backward's few partial rows),
- * else norm_bwd_reduce_kernel at VEC (the knob, or 4 where the 128-column blocks of all sets
- * cover the SMs left by sm_margin, else 1): at 128K columns the streamed backward leaves P = 8
- * partial rows (one per cluster), which one 32-column CTA per column block (8192 of them for
- * LayerNorm) summed in 14.3 us of a 208 us fwd + bwd on the H200; 5.6 us sliced at VEC 4 (NOTES
- * P171), 3.3 us flat (P172). The grid is at most kReduceCtasPerSm sliced CTAs (or 2048 threads
- * of flat ones) per SM of SMs - sm_margin per set. */
+ * the flat kernel where P <= kReduceSlices (the split / streamed backward's few partial rows)
+ * and the sliced kernel's 128-column blocks outnumber its grid (each of its CTAs would walk
+ * several blocks in turn), else norm_bwd_reduce_kernel at VEC (the knob, or 4 where the
+ * 128-column blocks of all sets cover the SMs left by sm_margin, else 1). At 128K columns the
+ * streamed backward leaves P = 8 partial rows (one per cluster), which one 32-column CTA per
+ * column block (8192 of them for LayerNorm) summed in 14.3 us of a 208 us fwd + bwd on the H200;
+ * 5.5 us sliced at VEC 4 (NOTES P171), 3.2-3.4 us flat (P172). Where one round of sliced CTAs
+ * covers the columns, the flat kernel's 128-thread CTAs (one per SM) lose: RMSNorm 64K 2.7-3.0
+ * -> 3.6-4.0 us (NOTES session 54). The grid is at most kReduceCtasPerSm sliced CTAs (or 2048
+ * threads of flat ones) per SM of SMs - sm_margin per set. */
 engine_status launch_bwd_reduce(const float* ws_dw, const float* ws_db, int P, int64_t cols,
                                 int64_t pitch, void* dweight, void* dbias, engine_dtype w_dtype,
                                 int sets, int sm_count, int sm_margin, cudaStream_t stream) {
   const int64_t sms = std::max<int64_t>(1, (int64_t)sm_count - std::max(0, sm_margin));
   const int64_t cap = std::max<int64_t>(1, sms * kReduceCtasPerSm / sets);
   int vec = norm_bwd_reduce_vec();
-  if (vec == 0 && P <= kReduceSlices) {
+  if (vec == 0 && P <= kReduceSlices && ceil_div(cols, (int64_t)128) > cap) {
     const int64_t flat_cap = std::max<int64_t>(1, sms * (2048 / kReduceFlatThreads) / sets);
     const int64_t flat_blocks = ceil_div(cols, (int64_t)(kReduceFlatThreads * 4));
     const dim3 grid((unsigned)std::min(flat_blocks, flat_cap), (unsigned)sets);

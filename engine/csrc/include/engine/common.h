@@ -61,7 +61,8 @@ int engine_set_norm_bwd_elems(int n);
  * kernel at 1 column per thread (32 columns per CTA) or 4 (one 16-byte load per partial row, 128
  * columns per CTA), the CTAs striding over the column blocks; or 0 (the default) for the
  * launcher's choice: the flat kernel (a thread sums its 4 columns over every partial row) where
- * there are at most 16 partial rows, else 4 where the 128-column blocks of dweight and dbias cover
+ * there are at most 16 partial rows and the 128-column blocks outnumber the sliced kernel's grid
+ * (4 CTAs per SM and set), else 4 where the 128-column blocks of dweight and dbias cover
  * the SMs and 1 otherwise (benchmarks/NOTES.md P171, P172). Every form sums a column's partials
  * in the same order (the same bits). For A/B runs on one device. Process-wide; returns the
  * previous value, or -1 (and changes nothing) for any other n. */
