@@ -303,9 +303,45 @@ def run_narrow() -> int:
     return bad
 
 
+# The backward's dweight / dbias reduction (norm_api.cu launch_bwd_reduce, NOTES P171-P172c): the
+# flat kernel (few partial rows, more 128-column blocks than the sliced grid: LayerNorm from ~34K
+# columns, RMSNorm from ~68K, ragged at 40001 / 70001) and the sliced one (many rows; few rows
+# with one round of blocks: RMSNorm 40001), at sm_margin 0 and 4.
+REDUCE_SHAPES = [(3, 40001), (2, 70001), (5, 65536), (17, 131072), (301, 4099)]
+
+
+def run_reduce() -> int:
+    """The backward on REDUCE_SHAPES; dweight (and dbias) against the float64 sums."""
+    bad = 0
+    for (m, n), is_rms, margin in itertools.product(REDUCE_SHAPES, (True, False), (0, 4)):
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, device="cuda")
+        b = None if is_rms else torch.randn(n, device="cuda")
+        mu = None if is_rms else torch.empty(m, device="cuda")
+        rs = torch.empty(m, device="cuda")
+        y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        cuda_backend.norm_fwd(x, w, b, None, 1e-5, y, None, mu, rs, None, None, None, None,
+                              is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
+                              amax_epsilon=0.0, sm_margin=margin)
+        dx = torch.full_like(x, float("nan"))
+        dw = torch.full_like(w, float("nan"))
+        db = None if is_rms else torch.full_like(w, float("nan"))
+        cuda_backend.norm_bwd(dy, x, mu, rs, w, None, dx, None, dw, db, is_rms_norm=is_rms,
+                              zero_centered_gamma=False, sm_margin=margin)
+        xhat = (x.double() - (0.0 if is_rms else mu.double()[:, None])) * rs.double()[:, None]
+        want = [(dy.double() * xhat).sum(0)] + ([] if is_rms else [dy.double().sum(0)])
+        for got, ref in zip([dw] + ([] if is_rms else [db]), want):
+            if not torch.allclose(got.double(), ref, rtol=1e-4, atol=1e-3 * m ** 0.5):
+                print(f"reduce mismatch {m}x{n} rms={is_rms} sm_margin={margin}")
+                bad += 1
+    return bad
+
+
 if __name__ == "__main__":
     # --band: the card's default band configuration; --band-wide: S = 1024 (knob 4); --narrow:
-    # run_narrow alone; --lean: run_lean alone; --blocked-shape: run_blocked_shape alone
+    # run_narrow alone; --lean: run_lean alone; --blocked-shape: run_blocked_shape alone;
+    # --reduce: run_reduce alone
     args = sys.argv[1:]
     if args == ["--narrow"]:
         failures = run_narrow()
@@ -313,11 +349,13 @@ if __name__ == "__main__":
         failures = run_lean()
     elif args == ["--blocked-shape"]:
         failures = run_blocked_shape()
+    elif args == ["--reduce"]:
+        failures = run_reduce()
     elif args == ["--band"]:
         failures = run_band(0, BAND_SHAPES)
     elif args == ["--band-wide"]:
         failures = run_band(4, BAND_WIDE_SHAPES)
     else:
-        failures = run("1") + run("0") + run_narrow() + run_lean() + run_blocked_shape()
+        failures = run("1") + run("0") + run_narrow() + run_lean() + run_blocked_shape() + run_reduce()
     print("sanitize driver:", "OK" if failures == 0 else f"{failures} mismatches")
     sys.exit(1 if failures else 0)

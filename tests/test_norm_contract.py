@@ -686,9 +686,10 @@ def profiled_norm(is_rms, x, r, w, b, margin, kernel, grad=False):
 
 #: (rows, cols) of the CUDA backward's reduction test: few rows (partial rows of few CTAs), widths
 #: not a multiple of 4 (the last 16-byte vector of a partial row past cols), the split backward's
-#: 128K rows (clusters: 8 partial rows for many columns, NOTES P171).
+#: 128K rows (clusters: 8 partial rows for many columns, NOTES P171); 3 x 40001: the flat kernel for
+#: LayerNorm's two sets with a ragged last vector, the sliced one for RMSNorm's one (P172c).
 REDUCE_CASES = [(301, 1000), (301, 17389), (64, 131072), (37, 4096), (5, 65536), (1, 4099),
-                (16, 2050)]
+                (16, 2050), (3, 40001)]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the CUDA backward's reduction")
