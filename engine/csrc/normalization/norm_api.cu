@@ -135,7 +135,8 @@ __global__ void __launch_bounds__(kReduceThreads)
  * 16-byte load per partial row, all P loads independent) and adds rows 0 .. P-1 in order from
  * 0.0f, no shared memory, no barrier; 128-thread CTAs stride over blocks of 512 columns (CTAs of
  * 256 left one set of 64K columns at 64 CTAs on 132 SMs: RMSNorm 64K's reduction 2.9 -> 4.0 us
- * in P172's first form). For P <= kReduceSlices this is norm_bwd_reduce_kernel's order (each of
+ * in P172's first form; since P172c RMSNorm 64K keeps the sliced kernel: launch_bwd_reduce). For
+ * P <= kReduceSlices this is norm_bwd_reduce_kernel's order (each of
  * its slices holds one row or none, added in slice order, and an empty slice adds +0.0 to a sum
  * that cannot be -0.0 after 0.0f + row 0): the same bits. */
 constexpr int kReduceFlatThreads = 128;
@@ -176,7 +177,7 @@ __global__ void __launch_bounds__(kReduceFlatThreads)
  * column block (8192 of them for LayerNorm) summed in 14.3 us of a 208 us fwd + bwd on the H200;
  * 5.5 us sliced at VEC 4 (NOTES P171), 3.2-3.4 us flat (P172). Where one round of sliced CTAs
  * covers the columns, the flat kernel's 128-thread CTAs (one per SM) lose: RMSNorm 64K 2.7-3.0
- * -> 3.6-4.0 us (NOTES session 54). The grid is at most kReduceCtasPerSm sliced CTAs (or 2048
+ * -> 3.6-4.0 us (NOTES P172c). The grid is at most kReduceCtasPerSm sliced CTAs (or 2048
  * threads of flat ones) per SM of SMs - sm_margin per set. */
 engine_status launch_bwd_reduce(const float* ws_dw, const float* ws_db, int P, int64_t cols,
                                 int64_t pitch, void* dweight, void* dbias, engine_dtype w_dtype,
