@@ -1,0 +1,94 @@
+"""Kernel time of explicit Triton launch configs of one op beside the launcher's own (NOTES Q67).
+
+benchmarks/tune.py screens a fixed candidate grid by timed runs; this measures chosen configs the
+way benchmarks/profile_kernels.py measures the table (the summed device time of one call's
+kernels, the median of 15 calls, M * N = 64M, bf16 in), each checked against the fp32 reference
+(tune.py's Problem and tolerances) and, for FP8 outputs, byte for byte against the launcher's
+config (the fraction that differ: other tiles sum a row in another order). Rounds alternate the
+configs; a config string is tune.py's (``1x16384B w8 p32 s3``: rows
+per tile x columns, B = blocked, warps, programs per SM, stages).
+
+    python3 ci/cfg_exp.py --op fwd-fp8 --norm rmsnorm --n 16384 --rounds 2 \\
+        --configs "1x16384B w8 p32 s3" "1x16384B w16 p8 s3"     # on the GPU machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from benchmarks import harness as H  # noqa: E402
+from benchmarks.profile_kernels import device_us_per_call  # noqa: E402
+from benchmarks.tune import TOL, Problem, cfg_str, heuristic  # noqa: E402
+from engine.triton_kernels.norms_common import NormConfig  # noqa: E402
+from engine.triton_kernels.utils import lean_dram  # noqa: E402
+
+_CFG = re.compile(r"^(\d+)x(\d+)(B?) w(\d+) p(\d+) s(\d+)$")
+
+
+def parse_cfg(text: str) -> NormConfig:
+    """A NormConfig from tune.py's string form; ValueError for anything else."""
+    m = _CFG.match(text.strip())
+    if not m:
+        raise ValueError(f"config {text!r}: want e.g. '1x16384B w8 p32 s3'")
+    bm, bn, blocked, w, p, s = m.groups()
+    return NormConfig(int(bm), int(bn), blocked == "B", int(w), int(p), int(s))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--op", required=True, choices=("fwd", "fwd-res", "fwd-fp8", "bwd"))
+    ap.add_argument("--norm", choices=("rmsnorm", "layernorm"), default="rmsnorm")
+    ap.add_argument("--n", type=int, required=True)
+    ap.add_argument("--configs", nargs="+", required=True, help="tune.py config strings")
+    ap.add_argument("--rounds", type=int, default=2, help="alternations of the whole list")
+    args = ap.parse_args(argv)
+    configs = [parse_cfg(c) for c in args.configs]  # bad strings fail before any GPU work
+    if not H.on_gpu():
+        print("cfg_exp: needs a GPU (kernel time)")
+        return 2
+    dev = H.device()
+    rms = args.norm == "rmsnorm"
+    copy = H.copy_bandwidth()["gbps"]
+    prob = Problem(args.op, (1 << 26) // args.n, args.n, rms, dev)
+    heur = heuristic(args.op, args.n, rms, lean_dram(dev))
+    order = [heur] + [c for c in dict.fromkeys(configs) if c != heur]
+    print(f"{args.norm} {args.op} N={args.n} M={prob.m}: copy {copy:.0f} GB/s; launcher's {cfg_str(heur)}")
+    ref_bytes = None
+    ok = {}
+    for cfg in order:  # correctness first: the reference, and the launcher's bytes for FP8
+        prob.poison()
+        try:
+            prob.run(cfg)
+            H.sync()
+        except Exception as e:  # a config Triton cannot build (registers, shared memory)
+            print(f"  {cfg_str(cfg):22s} failed: {H.short_error(e)}")
+            continue
+        errs = prob.errors()
+        good = all(v <= TOL[k] for k, v in errs.items())
+        differ = ""
+        if args.op == "fwd-fp8":  # another tile sums a row in another order: rsigma's last bit
+            got = prob.q.view(torch.uint8).clone()
+            if ref_bytes is None:
+                ref_bytes = got
+            differ = f", bytes unlike the launcher's: {(got != ref_bytes).float().mean().item():.2e}"
+        ok[cfg] = good
+        print(f"  {cfg_str(cfg):22s} {'ok' if good else 'WRONG'}: {errs}{differ}")
+    for r in range(args.rounds):
+        for cfg in (c for c in order if ok.get(c)):
+            us = device_us_per_call(lambda: prob.run(cfg))
+            pct = 100 * H.gbps(prob.nbytes, us * 1e-3) / copy
+            tag = "launcher" if cfg == heur else ""
+            print(f"  round {r + 1} {cfg_str(cfg):22s} {us:8.1f} us = {pct:5.1f} % {tag}")
+    return 0 if all(ok.get(c, False) for c in order) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
