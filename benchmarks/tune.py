@@ -130,8 +130,10 @@ def candidates(op: str, n: int, dry: bool, kinds: str = "all") -> list:
                     out.append(NormConfig(bm, min(bn, p2), n > min(bn, p2), w, 2))
     else:
         # fwd-fp8T by bands (norms.BAND_ROWS): the rowwise FP8 tiles, then each band transposed
+        # values per thread of a tile: fwd-fp8 up to 64 since session 54 (NOTES Q67: RMSNorm 2K's
+        # 2 x 2048 tile at 2 warps, 64 per thread, read 88 % of copy against the entry's 83)
         max_tile, (lo, hi) = {"fwd": (32768, (8, 64)), "fwd-res": (32768, (8, 64)),
-                              "fwd-fp8": (32768, (4, 32)), "fwd-fp8T": (32768, (4, 32))}.get(op, (16384, (4, 32)))
+                              "fwd-fp8": (32768, (4, 64)), "fwd-fp8T": (32768, (4, 32))}.get(op, (16384, (4, 32)))
         if p2 <= max_tile:
             for bm in (1, 2, 4, 8, 16):
                 if bm * p2 <= max_tile and (op != "fwd-fp8T" or norms.BAND_ROWS % bm == 0):

@@ -108,6 +108,11 @@ _SPLIT = NormConfig(1, 8192, False, 8, 1, split=True)
 # FP8 rowwise outputs (their store takes 16 values per thread, 8 for a 16-bit output).
 _FWD_FP8_OVERRIDES = {
     1024: NormConfig(1, 1024, False, 1, 16),  # 1.24x, a warp per row (h200_tune_rmsnorm_small_w*)
+    # session 54 (NOTES Q67, ci/cfg_exp.py, kernel time, two alternations, h200_cfg_exp_s54_q67.log):
+    # two rows per 2-warp program, 32 programs per SM, 83.1 / 83.3 -> 88.0 / 88.8 % of copy, the
+    # same bytes as the base table's one row per program (tune.py's grid had no 2-row tile at 2
+    # warps: 64 values per thread)
+    2048: NormConfig(2, 2048, False, 2, 32),
     # session 10, after the FP8 kernel lost its per-chunk gamma conversion and its per-tile amax
     # reduction (NOTES P21-P22; h200_tune_rmsnorm_fp8_s10.log): 4K one row per 2-warp program in
     # two chunks 1.06x, 128K one row in chunks of 16K 1.21x
