@@ -1,5 +1,6 @@
 """benchmarks/profile_kernels.py's kernel-time measure: the median over calls of each call's summed
-device time (median_per_call), on stand-in profiler events (no GPU needed)."""
+device time (median_per_call), on stand-in profiler events (no GPU needed); ci/cfg_exp.py's config
+strings and tune.py's FP8 grid, which feed the same measure."""
 
 from __future__ import annotations
 
@@ -201,3 +202,33 @@ def test_help_prints(capsys):
         main(["--help"])
     assert e.value.code == 0
     assert "M % 16 = 4" in capsys.readouterr().out
+
+
+def test_cfg_exp_reads_tune_py_config_strings():
+    """ci/cfg_exp.py takes configs in tune.py's string form: every form cfg_str writes (register and
+    blocked tiles, one to 32 warps and programs per SM) reads back as the same NormConfig, and a
+    string of another shape raises before any GPU work."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ci"))
+    try:
+        import cfg_exp
+    finally:
+        sys.path.pop(0)
+    from benchmarks.tune import cfg_str
+    from engine.triton_kernels.norms_common import NormConfig
+
+    for cfg in (NormConfig(2, 2048, False, 2, 32), NormConfig(1, 16384, True, 8, 32, 3),
+                NormConfig(1, 32768, True, 32, 1, 4), NormConfig(16, 128, True, 8, 2, 1)):
+        assert cfg_exp.parse_cfg(cfg_str(cfg)) == cfg
+    for bad in ("2x2048 w2 p32", "2x2048S w8 p1 s3", "x2048 w2 p32 s3", ""):
+        with pytest.raises(ValueError):
+            cfg_exp.parse_cfg(bad)
+
+
+def test_tune_fp8_grid_holds_64_values_per_thread():
+    """tune.py's fwd-fp8 grid reaches 64 values per thread (NOTES Q67): RMSNorm e4m3 2K's entry,
+    two rows of 2048 over 2 warps, was outside it (4-32 per thread) and read 5 points over the
+    grid's best on the H200."""
+    from benchmarks.tune import candidates, cfg_str
+
+    got = {cfg_str(c).split(" s")[0] for c in candidates("fwd-fp8", 2048, False)}
+    assert {"2x2048 w2 p8", "1x2048 w1 p16"} <= got
