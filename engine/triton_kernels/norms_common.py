@@ -110,8 +110,8 @@ _FWD_FP8_OVERRIDES = {
     1024: NormConfig(1, 1024, False, 1, 16),  # 1.24x, a warp per row (h200_tune_rmsnorm_small_w*)
     # session 54 (NOTES Q67, ci/cfg_exp.py, kernel time, two alternations, h200_cfg_exp_s54_q67.log):
     # two rows per 2-warp program, 32 programs per SM, 83.1 / 83.3 -> 88.0 / 88.8 % of copy, the
-    # same bytes as the base table's one row per program (tune.py's grid had no 2-row tile at 2
-    # warps: 64 values per thread)
+    # same bytes at 2048 columns as the base table's one row per program (tune.py's grid had no
+    # 2-row tile at 2 warps: 64 values per thread); profile_kernels A/B 83.4-83.9 -> 88.9-89.4
     2048: NormConfig(2, 2048, False, 2, 32),
     # session 10, after the FP8 kernel lost its per-chunk gamma conversion and its per-tile amax
     # reduction (NOTES P21-P22; h200_tune_rmsnorm_fp8_s10.log): 4K one row per 2-warp program in
