@@ -12,7 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
 from benchmarks.profile_kernels import median_per_call  # noqa: E402
+from conftest import INTERPRET  # noqa: E402
 
 
 def _event(start, us):
@@ -232,3 +234,31 @@ def test_tune_fp8_grid_holds_64_values_per_thread():
 
     got = {cfg_str(c).split(" s")[0] for c in candidates("fwd-fp8", 2048, False)}
     assert {"2x2048 w2 p8", "1x2048 w1 p16"} <= got
+
+
+@pytest.mark.skipif(not INTERPRET, reason="patches a Triton function: the interpreter only")
+def test_cfg_exp_amax_slots_keep_the_amax(monkeypatch):
+    """ci/cfg_exp.py --amax-slots (NOTES Q68) spreads the FP8 forward's per-program amax atomics
+    over AMAX_SLOTS addresses: the slots' max is the one-address amax, more than one slot is
+    written, and the FP8 bytes do not change."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "ci"))
+    try:
+        import cfg_exp
+    finally:
+        sys.path.pop(0)
+    from benchmarks.tune import Problem
+    from engine.triton_kernels import norms
+
+    prob = Problem("fwd-fp8", 300, 256, True, torch.device("cpu"))
+    cfg = cfg_exp.parse_cfg("1x256 w4 p2 s3")
+    prob.run(cfg)
+    one, q = prob.amax.clone(), prob.q.view(torch.uint8).clone()
+    monkeypatch.setattr(norms, "_atomic_amax", cfg_exp._atomic_amax_slots)
+    prob.amax = torch.zeros(cfg_exp.AMAX_SLOTS.value)
+    prob.q.view(torch.uint8).fill_(0x7F)
+    prob.run(cfg)
+    assert (prob.amax > 0).sum() > 1
+    assert prob.amax.max() == one[0] > 0
+    assert torch.equal(prob.q.view(torch.uint8), q)
