@@ -348,8 +348,8 @@ def _partials_reduce_kernel(
 
 
 #: Columns per program of the partial-sum reduction: the GPU wants many programs, the interpreter
-#: pays per program (wide column blocks on CPU tensors). On the GPU this is the widest block;
-#: :func:`_reduce_tile` sizes it (REDUCE_SPREAD) so that the grid leaves no SM idle.
+#: pays per program (wide column blocks on CPU tensors). On the GPU, rule 0's fixed block
+#: (REDUCE_SPREAD); the other rules size their blocks by :data:`REDUCE_RULES`.
 REDUCE_BLOCK_N = {"cuda": 128, "interpreter": 4096}
 #: The narrowest column block of the spread reduction: 16 fp32 columns, two 32-byte sectors per
 #: partial row.
@@ -368,22 +368,21 @@ REDUCE_TILE = 4096
 #: 1K 88.2-88.9 -> 93.6-93.8, 2K-8K +0.5-2.5; rule 1 -> 2, LayerNorm 128K 69.7-69.8 -> 71.2-71.3,
 #: RMSNorm 128K 74.6-74.7 -> 75.3, LayerNorm 8K +0.6, the rest within 0.4.
 REDUCE_SPREAD = 2
+#: The spread rules' constants: (widest column block, SMs the grid must cover x, fewest rows per step).
+REDUCE_RULES = {1: (128, 1, 32), 2: (1024, 2, 1)}
 
 
 def reduce_tile(k: int, p: int, n: int, sms: int, spread: int = 2) -> tuple:
     """(BLOCK_N, BLOCK_P) of the GPU reduction of K sets of P partial rows of N columns on ``sms``
-    SMs under rule ``spread`` (:data:`REDUCE_SPREAD`): the widest column block (from 128, or 1024
-    under rule 2, down to REDUCE_MIN_BLOCK_N) whose grid of ceil(N / BLOCK_N) * K programs still
-    covers the SMs (twice the SMs under rule 2), and BLOCK_P rows per step so that a step loads
-    REDUCE_TILE values, no more rows than the next power of two of P and no fewer than 32 (1 under
-    rule 2); rule 0, 128 x 32. Each tile sums the partials in its own fixed order: the result is
-    deterministic for a given (K, P, N) and SM count."""
-    block_n = REDUCE_BLOCK_N["cuda"]
+    SMs under rule ``spread`` (:data:`REDUCE_SPREAD`, :data:`REDUCE_RULES`): the widest column
+    block (from the rule's widest down to REDUCE_MIN_BLOCK_N) whose grid of ceil(N / BLOCK_N) * K
+    programs still covers the rule's multiple of the SMs, and BLOCK_P rows per step so that a step
+    loads REDUCE_TILE values, no more rows than the next power of two of P and no fewer than the
+    rule's fewest; rule 0, the fixed 128 x 32. Each tile sums the partials in its own fixed order:
+    the result is deterministic for a given (K, P, N) and SM count."""
     if not spread:
-        return block_n, 32
-    cover, min_p = (2, 1) if spread == 2 else (1, 32)
-    if spread == 2:
-        block_n = 1024
+        return REDUCE_BLOCK_N["cuda"], 32
+    block_n, cover, min_p = REDUCE_RULES[spread]
     while block_n > REDUCE_MIN_BLOCK_N and -(-n // block_n) * k < cover * sms:
         block_n //= 2
     return block_n, max(min_p, min(REDUCE_TILE // block_n, triton.next_power_of_2(p)))
