@@ -45,7 +45,7 @@ def _atomic_amax_slots(AMAX, amax):
     """utils._atomic_amax into slot program_id % AMAX_SLOTS of a buffer of AMAX_SLOTS floats (the
     same int32-bits max), so that no more than 1 / AMAX_SLOTS of the programs meet on one address."""
     bits = amax.to(tl.int32, bitcast=True) & 0x7FFFFFFF
-    tl.atomic_max(AMAX.to(tl.pointer_type(tl.int32)) + tl.program_id(0) % AMAX_SLOTS, bits)
+    tl.atomic_max(AMAX.to(tl.pointer_type(tl.int32)) + tl.program_id(0) % AMAX_SLOTS, bits, sem="relaxed")
 
 
 def spread_amax() -> None:

@@ -13,6 +13,11 @@ JIT functions.
     python ci/triton_compile_check.py            # all variants; exit 1 if any fails to compile
     python ci/triton_compile_check.py --list     # the variants, without compiling
 
+Each variant's PTX is also checked for atomics with acquire / release semantics
+(:func:`ptx_problems`): ``tl.atomic_*``'s default ``sem="acq_rel"`` compiles to ``MEMBAR.ALL.GPU``
+(every store of the program drained) and ``CCTL.IVALL`` (L1 invalidated) around the atomic, once
+per program, where engine's amax atomics need none (NOTES Q68).
+
 It checks the triton version it runs under (CI: the newest from the package index); the GPU
 machine's version is checked by L1, which compiles and runs the same launches.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -194,6 +200,17 @@ def compile_variant(key, fn, target):
     return triton.compile(src, target=target, options=options)
 
 
+#: gpu-scope atomics that order memory (NOTES Q68): the amax max-updates are read only after the
+#: kernel, so they are relaxed (``utils._atomic_amax``); an ordering atomic costs each program a
+#: MEMBAR.ALL.GPU, an L1 invalidation and a barrier on its return.
+_ORDERING_ATOMIC = re.compile(r"\b(atom|red)\.global\.(gpu\.)?(acq_rel|acquire|release)\b")
+
+
+def ptx_problems(ptx: str) -> list:
+    """What is wrong with a variant's PTX: each atomic with acquire / release semantics."""
+    return [f"ordering atomic: {line.strip()}" for line in ptx.splitlines() if _ORDERING_ATOMIC.search(line)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--list", action="store_true", help="list the variants, do not compile")
@@ -222,7 +239,9 @@ def main(argv=None) -> int:
     t0 = time.time()
     for key, fn in sorted(rec.variants.items(), key=lambda kv: str(kv[0])):
         try:
-            compile_variant(key, fn, target)
+            problems = ptx_problems(compile_variant(key, fn, target).asm["ptx"])
+            if problems:
+                raise RuntimeError("\n".join(problems[:3]))
         except Exception as e:  # noqa: BLE001 - report every failing variant, then fail
             failed += 1
             msg = str(e).strip().splitlines()
