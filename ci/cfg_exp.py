@@ -11,6 +11,11 @@ against the reference's. Rounds alternate the configs; a config string is tune.p
     python3 ci/cfg_exp.py --op fwd-fp8 --norm rmsnorm --n 16384 --rounds 2 \\
         --configs "1x16384B w8 p32 s3" "1x16384B w16 p8 s3"     # on the GPU machine
 
+Each config's compiled kernel is printed with its registers, spilled bytes and resident programs
+per SM. ``--maxnreg N`` (diagnostic, NOTES Q69) compiles every kernel of the run, the launcher's
+config included, with at most N registers per thread (triton's ``maxnreg``): a register-bound
+config then fits more programs per SM, at the cost of any spills it prints.
+
 ``--amax-slots`` (diagnostic, NOTES Q68): the FP8 forward's per-program amax atomics spread over
 64 addresses instead of one, to measure what many programs ending on one address cost.
 """
@@ -32,6 +37,7 @@ import triton.language as tl  # noqa: E402
 from benchmarks import harness as H  # noqa: E402
 from benchmarks.profile_kernels import device_us_per_call  # noqa: E402
 from benchmarks.tune import TOL, Problem, cfg_str, heuristic  # noqa: E402
+from engine.triton_kernels import launch as launch_mod  # noqa: E402
 from engine.triton_kernels.norms_common import NormConfig  # noqa: E402
 from engine.triton_kernels.utils import lean_dram  # noqa: E402
 
@@ -58,6 +64,27 @@ def spread_amax() -> None:
     norms._atomic_amax = _atomic_amax_slots
 
 
+def compiled_since(before: dict) -> list:
+    """The kernels the norm launchers compiled since ``before`` (:func:`launcher_caches`)."""
+    now = launcher_caches()
+    return [k for key, k in now.items() if key not in before]
+
+
+def launcher_caches() -> dict:
+    """Every compiled kernel held by the norm launchers, by (launcher, cache key)."""
+    from engine.triton_kernels import norms
+
+    return {(name, key): k for name in ("_FWD", "_FWD_T", "_BWD", "_BWD_SPLIT")
+            for key, k in getattr(norms, name)._cache.items()}
+
+
+def resources(kernel) -> str:
+    """Registers per thread, spilled bytes and resident programs per SM of a compiled kernel."""
+    kernel._init_handles()
+    return (f"{kernel.n_regs} regs, {kernel.n_spills} B spilled, "
+            f"{launch_mod.resident_programs(kernel)} per SM")
+
+
 def parse_cfg(text: str) -> NormConfig:
     """A NormConfig from tune.py's string form; ValueError for anything else."""
     m = _CFG.match(text.strip())
@@ -77,6 +104,9 @@ def main(argv=None) -> int:
     ap.add_argument("--amax-slots", action="store_true",
                     help=f"diagnostic (fwd-fp8): the programs' amax atomics over {AMAX_SLOTS.value} "
                          "addresses, not one (spread_amax; the amax checked as their max)")
+    ap.add_argument("--maxnreg", type=int, default=0,
+                    help="diagnostic: compile every kernel of the run with at most this many "
+                         "registers per thread (triton's maxnreg; 0: triton's choice)")
     args = ap.parse_args(argv)
     if args.amax_slots and args.op != "fwd-fp8":
         ap.error("--amax-slots is for --op fwd-fp8")
@@ -88,19 +118,23 @@ def main(argv=None) -> int:
     rms = args.norm == "rmsnorm"
     copy = H.copy_bandwidth()["gbps"]
     prob = Problem(args.op, (1 << 26) // args.n, args.n, rms, dev)
+    if args.maxnreg:
+        launch_mod.COMPILE_OPTIONS["maxnreg"] = args.maxnreg  # before anything compiles
     if args.amax_slots:
         spread_amax()
         prob.amax = torch.zeros(AMAX_SLOTS.value, dtype=torch.float32, device=dev)
     amax_ref = prob.y_ref.abs().max().item()
     heur = heuristic(args.op, args.n, rms, lean_dram(dev))
     order = [heur] + [c for c in dict.fromkeys(configs) if c != heur]
-    print(f"{args.norm} {args.op} N={args.n} M={prob.m}: copy {copy:.0f} GB/s; launcher's {cfg_str(heur)}")
+    print(f"{args.norm} {args.op} N={args.n} M={prob.m}: copy {copy:.0f} GB/s; launcher's {cfg_str(heur)}"
+          + (f"; maxnreg {args.maxnreg}" if args.maxnreg else ""))
     ref_bytes = None
     ok = {}
     for cfg in order:  # correctness first: the reference, and the launcher's bytes for FP8
         prob.poison()
         if args.op == "fwd-fp8":
             prob.amax.zero_()  # each config's own amax (delayed scaling max-updates it)
+        before = launcher_caches()
         try:
             prob.run(cfg)
             H.sync()
@@ -118,7 +152,8 @@ def main(argv=None) -> int:
                 ref_bytes = got
             differ = f", bytes unlike the launcher's: {(got != ref_bytes).float().mean().item():.2e}"
         ok[cfg] = good
-        print(f"  {cfg_str(cfg):22s} {'ok' if good else 'WRONG'}: {errs}{differ}")
+        res = "; ".join(resources(k) for k in compiled_since(before)) or "a kernel compiled before"
+        print(f"  {cfg_str(cfg):22s} {'ok' if good else 'WRONG'}: {errs}{differ} [{res}]")
     for r in range(args.rounds):
         for cfg in (c for c in order if ok.get(c)):
             us = device_us_per_call(lambda: prob.run(cfg))
