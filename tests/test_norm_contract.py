@@ -1572,6 +1572,70 @@ def test_triton_blocked_pass2_order(is_rms, block_m):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.parametrize("is_rms", [True, False])
+def test_triton_fwd_prefetch(is_rms):
+    """With norms.FWD_PREFETCH the register forward loads the next tile's x before this tile's
+    reductions (norms._prefetch, NOTES P175): only on the register path without a residual or
+    bands, and with the same bytes as without it. 11 rows of 300 in tiles of 2 rows (6 tiles:
+    programs walk 2 of them, the prefetch past the last tile masked off) and 8 rows of 256 in
+    tiles of one row (unmasked columns where the plan takes them), fp32 and e4m3 outputs,
+    delayed and current scaling (the apply pass reads its statistics), against float64 into
+    poisoned outputs."""
+    from engine.triton_kernels import norms
+    from engine.triton_kernels import norms_common as nc
+    from reference import fp8_quantize
+    from test_fp8 import fp8_steps
+
+    use_backend("triton")
+    saved = norms.FWD_PREFETCH
+    at = norms._FWD._constexpr_names.index("PREFETCH")
+    try:
+        for m, n, cfg in ((11, 300, nc.NormConfig(2, 512, False, 4, 1)),
+                          (8, 256, nc.NormConfig(1, 256, False, 2, 1))):
+            x = rows_with_stride(m, n, BF16, offset=0.0 if is_rms else 3.0)
+            w = (torch.randn(n, device=DEVICE) * 0.5 + 1.0).to(BF16)
+            b = None if is_rms else torch.randn(n, device=DEVICE).to(BF16)
+            ref = ref_fwd(x, w, b, 1e-5, is_rms)
+            for out_dtype, current in ((F32, False), (torch.float8_e4m3fn, False),
+                                       (torch.float8_e4m3fn, True)):
+                fp8 = out_dtype != F32
+                got = {}
+                for pre in (True, False):
+                    norms.FWD_PREFETCH = pre
+                    plan = norms._fwd_plan(n, BF16, out_dtype, b is not None, False, False, current,
+                                           x.device, 0, is_rms, False, cfg)
+                    assert all(p[at] is pre for p in plan[2])
+                    for other in ((nc.NormConfig(2, 128, True, 4, 1), False),  # blocked
+                                  (cfg, True)):  # a residual
+                        p2 = norms._fwd_plan(n, BF16, out_dtype, b is not None, other[1], False, False,
+                                             x.device, 0, is_rms, False, other[0])
+                        assert p2[2][0][at] is False
+                    out = poisoned((m, n), out_dtype)
+                    mu = poisoned((m,), F32) if not is_rms else None
+                    rsigma = poisoned((m,), F32)
+                    scale = torch.full((1,), 64.0, device=DEVICE) if fp8 else None
+                    amax = torch.zeros(1, device=DEVICE) if fp8 else None
+                    scale_inv = poisoned((1,), F32) if fp8 else None
+                    norms.launch_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv,
+                                     None, is_rms_norm=is_rms, zero_centered_gamma=False,
+                                     current_scaling=current, amax_epsilon=0.0, sm_margin=0, config=cfg)
+                    torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+                    if fp8:
+                        ref_amax = ref["y"].abs().max().item()
+                        assert amax.item() == pytest.approx(ref_amax, rel=1e-4)
+                        s = 448.0 / ref_amax if current else 64.0
+                        assert scale.item() == pytest.approx(s, rel=1e-4)
+                        assert fp8_steps(out, fp8_quantize(ref["y"], scale.item(), out_dtype)).max().item() <= 1
+                    else:
+                        torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
+                    got[pre] = (out.view(torch.uint8) if fp8 else out, rsigma, amax)
+                for a, b_ in zip(got[True], got[False]):
+                    assert a is None or torch.equal(a, b_)
+    finally:
+        norms.FWD_PREFETCH = saved
+        engine.backend.reset_for_tests()
+
+
 def test_unmasked_tiles_only_where_every_tile_is_inside():
     """Triton's forward drops its masks (EVEN) only for one-row tiles over whole column tiles, and
     only for LayerNorm without a residual (norms._lean): a wrong EVEN reads and writes outside

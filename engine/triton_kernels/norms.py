@@ -330,6 +330,20 @@ def _pass2_chunk(c0, X, RES, RES_OUT, W, B, Y, Y_T, stride_x, stride_res, stride
 
 
 @triton.jit
+def _ld_tile(X, rb, M, N, cols, stride_x, BLOCK_M: tl.constexpr, EVEN: tl.constexpr):
+    """x of row tile ``rb`` as stored (no conversion), 0 outside the tensor: the register path's
+    prefetch (PREFETCH), which also reads the tile past the last (every lane masked: no traffic).
+    With EVEN the columns need no mask, the rows do."""
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    ptrs = X + tl.cast(rows, tl.int64)[:, None] * stride_x + cols[None, :]
+    if EVEN:
+        mask = (rows < M)[:, None]
+    else:
+        mask = (rows < M)[:, None] & (cols[None, :] < N)
+    return tl.load(ptrs, mask=mask, other=0.0)
+
+
+@triton.jit
 def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N,
               eps, inv_n, scale, fp8_max, g, b, cols, amax, IS_RMS_NORM: tl.constexpr,
               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ZERO_CENTERED: tl.constexpr,
@@ -337,17 +351,23 @@ def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res,
               LOAD_STATS: tl.constexpr, INTERPRETER: tl.constexpr, MANT: tl.constexpr,
               MIN_EXP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               BLOCKED: tl.constexpr, AMAX_V: tl.constexpr, EVEN: tl.constexpr, BITS: tl.constexpr,
-              RELOAD_RES: tl.constexpr, X_EVICT: tl.constexpr, REV: tl.constexpr):
+              RELOAD_RES: tl.constexpr, X_EVICT: tl.constexpr, REV: tl.constexpr, x_pre,
+              PREFETCH: tl.constexpr):
     """Row tile ``rb`` of _norm_fwd_kernel: its statistics, its output, and ``amax`` max-updated
     with the tile's partial (FP8). ``g`` / ``b``: the hoisted gamma / beta (register path), whose x
-    loads take the eviction policy X_EVICT ("evict_first" under bands: the L2 is kept for them)."""
+    loads take the eviction policy X_EVICT ("evict_first" under bands: the L2 is kept for them).
+    PREFETCH (register path, no residual): ``x_pre`` is the tile's x as loaded (:func:`_ld_tile`),
+    not read here."""
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     rows64 = tl.cast(rows, tl.int64)
     rmask = rows < M
     if not BLOCKED:
         mask = rmask[:, None] & (cols[None, :] < N)
-        z = _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro,
-                    HAS_RES, True, INTERPRETER, X_EVICT, EVEN, BITS)
+        if PREFETCH:
+            z = _to_f32(x_pre, BITS)
+        else:
+            z = _load_z(X, RES, RES_OUT, rows64, cols, mask, stride_x, stride_res, stride_ro,
+                        HAS_RES, True, INTERPRETER, X_EVICT, EVEN, BITS)
         if LOAD_STATS:
             mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
         else:
@@ -484,8 +504,10 @@ def _norm_fwd_kernel(
     BAND: tl.constexpr,  # STORE_T by bands of BAND rows (_transpose_band); 0: from each tile (_emit)
     TBN: tl.constexpr,  # BAND: columns per transposed chunk
     REV: tl.constexpr,  # BLOCKED: pass 2 from the last chunk to the first (PASS2_REVERSE)
+    PREFETCH: tl.constexpr,  # register path, no residual, no bands: the next tile's x loaded first
 ):
     tl.static_assert(not STORE_T or IS_FP8)
+    tl.static_assert(not PREFETCH or (not BLOCKED and not HAS_RES and BAND == 0))
     tl.static_assert(BAND == 0 or (STORE_T and BAND % BLOCK_M == 0))
     tl.static_assert(PASS == 0 or IS_FP8)
     STORE_OUT: tl.constexpr = PASS != 1
@@ -509,13 +531,25 @@ def _norm_fwd_kernel(
     # Running max |y| per AMAX_V neighbouring columns of the tile (utils._abs_max_part:
     # NaN-propagating), reduced across the program once, after the row loop.
     amax = tl.zeros([BLOCK_M, BLOCK_N // AMAX_V], dtype=tl.float32)
-    if BAND == 0:
+    if PREFETCH:
+        # Each iteration loads the next tile's x before this tile's reductions, so that a
+        # program keeps two tiles' loads in flight (NOTES P175); the loop carries the raw tile.
+        x_next = _ld_tile(X, pid, M, N, cols, stride_x, BLOCK_M, EVEN)
+        for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
+            x_cur = x_next
+            x_next = _ld_tile(X, rb + nprog, M, N, cols, stride_x, BLOCK_M, EVEN)
+            amax = _fwd_tile(
+                rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
+                             IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T, STORE_OUT, LOAD_STATS,
+                             INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
+                             "", REV, x_cur, True)
+    elif BAND == 0:
         for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
             amax = _fwd_tile(
                 rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
                              IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T and BAND == 0, STORE_OUT, LOAD_STATS,
                              INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
-                             "evict_first" if BAND else "", REV)
+                             "evict_first" if BAND else "", REV, g, False)
     else:
         # The transposed copy by bands (_transpose_band): this program's BAND rows, written
         # rowwise, then read back from L2 and written transposed.
@@ -526,7 +560,7 @@ def _norm_fwd_kernel(
                 amax = _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
                              IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T and BAND == 0, STORE_OUT, LOAD_STATS,
                              INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
-                             "evict_first" if BAND else "", REV)
+                             "evict_first" if BAND else "", REV, g, False)
             tl.debug_barrier()  # every thread's rowwise stores of the band before any reads them
             _transpose_band(Y, Y_T, band, M, N, stride_y, BAND, TBN)
     if IS_FP8:
@@ -864,6 +898,11 @@ BAND_ROWS = 32
 #: 1024 81.5 / 79.8 / 73.8 / 67.4.
 BAND_COLS = 1024
 
+#: Whether the register forward (tiles of whole rows, no residual, no bands) loads the next
+#: tile's x before this tile's reductions (_prefetch; NOTES P175, an experiment: off). Scripts that
+#: change it empty FWD_PLANS.
+FWD_PREFETCH = False
+
 #: Whether the blocked forward's pass 2 may walk the column chunks from the last to the first
 #: (REV: _pass2_reverse says where), re-reading first what pass 1 read last. Scripts that change
 #: it empty FWD_PLANS.
@@ -958,6 +997,12 @@ def _reload_res(cfg: nc.NormConfig, n: int, has_res: bool) -> bool:
     return has_res and cfg.blocked and n > cfg.block_n
 
 
+def _prefetch(cfg: nc.NormConfig, has_res: bool, band: int) -> bool:
+    """Whether the register forward loads the next tile's x before this tile's reductions
+    (PREFETCH; FWD_PREFETCH on): tiles of whole rows (not blocked), no residual, no bands."""
+    return bool(FWD_PREFETCH) and not cfg.blocked and not has_res and not band
+
+
 def _lean(is_rms_norm: bool, residual: bool) -> bool:
     """The forward's unmasked tiles (_even) and bf16 bit-shift conversions (_to_f32), for the
     LayerNorm forward without a residual only. They cut the instructions per value by 22 % (SASS,
@@ -999,7 +1044,7 @@ def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling
             MIN_EXP=min_exp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
             AMAX_V=_amax_v(cfg, tile_t) if fp8 else 1, EVEN=lean and _even(cfg, n, tile_t), BITS=lean,
             RELOAD_RES=_reload_res(cfg, n, res), BAND=band_, TBN=BAND_COLS,
-            REV=_pass2_reverse(cfg, n, fp8))
+            REV=_pass2_reverse(cfg, n, fp8), PREFETCH=_prefetch(cfg, res, band_))
 
     passes = ((constexprs(PASS_AMAX, has_res), constexprs(PASS_APPLY, False)) if fp8 and current_scaling
               else (constexprs(PASS_FULL, has_res),))
