@@ -7,7 +7,7 @@ kernels, the median of 15 calls, M * N = 64M, bf16 in), each checked against the
 config (the fraction that differ: other tiles sum a row in another order), and the amax of each
 against the reference's. Rounds alternate the configs; a config string is tune.py's
 (``1x16384B w8 p32 s3``: rows per tile x columns, B = blocked, warps, programs per SM, stages;
-a trailing `` P``: the register forward's prefetch of the next tile, norms.FWD_PREFETCH, NOTES P175).
+a trailing `` P``: the register forward's prefetch of the next tile, NormConfig.prefetch, NOTES P175).
 
     python3 ci/cfg_exp.py --op fwd-fp8 --norm rmsnorm --n 16384 --rounds 2 \\
         --configs "1x16384B w8 p32 s3" "1x16384B w16 p8 s3"     # on the GPU machine
@@ -42,9 +42,7 @@ from engine.triton_kernels import launch as launch_mod  # noqa: E402
 from engine.triton_kernels.norms_common import NormConfig  # noqa: E402
 from engine.triton_kernels.utils import lean_dram  # noqa: E402
 
-_CFG = re.compile(r"^(\d+)x(\d+)(B?) w(\d+) p(\d+) s(\d+)$")
-#: A config string's suffix for the register forward's prefetch (norms.FWD_PREFETCH; NOTES P175).
-PREFETCH_SUFFIX = " P"
+_CFG = re.compile(r"^(\d+)x(\d+)(B?) w(\d+) p(\d+) s(\d+)( P)?$")
 #: --amax-slots: the slots the forward's per-program amax atomics spread over (NOTES Q68).
 AMAX_SLOTS = tl.constexpr(64)
 
@@ -88,31 +86,13 @@ def resources(kernel) -> str:
             f"{launch_mod.resident_programs(kernel)} per SM")
 
 
-class Spec(tuple):
-    """(NormConfig, prefetch): one config of a run; ``str`` gives it back as a config string."""
-
-    def __new__(cls, cfg: NormConfig, prefetch: bool = False):
-        return super().__new__(cls, (cfg, prefetch))
-
-    def __str__(self) -> str:
-        return cfg_str(self[0]) + (PREFETCH_SUFFIX if self[1] else "")
-
-
-def parse_spec(text: str) -> Spec:
-    """A :class:`Spec` from a config string with an optional PREFETCH_SUFFIX (the register
-    forward's prefetch, norms.FWD_PREFETCH, for this config only)."""
-    text = text.strip()
-    pre = text.endswith(PREFETCH_SUFFIX)
-    return Spec(parse_cfg(text[:-len(PREFETCH_SUFFIX)] if pre else text), pre)
-
-
 def parse_cfg(text: str) -> NormConfig:
     """A NormConfig from tune.py's string form; ValueError for anything else."""
     m = _CFG.match(text.strip())
     if not m:
         raise ValueError(f"config {text!r}: want e.g. '1x16384B w8 p32 s3'")
-    bm, bn, blocked, w, p, s = m.groups()
-    return NormConfig(int(bm), int(bn), blocked == "B", int(w), int(p), int(s))
+    bm, bn, blocked, w, p, s, pre = m.groups()
+    return NormConfig(int(bm), int(bn), blocked == "B", int(w), int(p), int(s), prefetch=pre is not None)
 
 
 def main(argv=None) -> int:
@@ -131,9 +111,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.amax_slots and args.op != "fwd-fp8":
         ap.error("--amax-slots is for --op fwd-fp8")
-    configs = [parse_spec(c) for c in args.configs]  # bad strings fail before any GPU work
-    if any(c[1] for c in configs) and args.op not in ("fwd", "fwd-fp8"):
-        ap.error(f"'{PREFETCH_SUFFIX.strip()}' (prefetch) is for --op fwd / fwd-fp8")
+    configs = [parse_cfg(c) for c in args.configs]  # bad strings fail before any GPU work
+    if any(c.prefetch for c in configs) and args.op not in ("fwd", "fwd-fp8"):
+        ap.error("' P' (the prefetch) is for --op fwd / fwd-fp8")
     if not H.on_gpu():
         print("cfg_exp: needs a GPU (kernel time)")
         return 2
@@ -147,15 +127,9 @@ def main(argv=None) -> int:
         spread_amax()
         prob.amax = torch.zeros(AMAX_SLOTS.value, dtype=torch.float32, device=dev)
     amax_ref = prob.y_ref.abs().max().item()
-    heur = Spec(heuristic(args.op, args.n, rms, lean_dram(dev)))
+    heur = heuristic(args.op, args.n, rms, lean_dram(dev))
     order = [heur] + [c for c in dict.fromkeys(configs) if c != heur]
-    from engine.triton_kernels import norms
-
-    def run(spec: Spec) -> None:
-        norms.FWD_PREFETCH = spec[1]
-        prob.run(spec[0])
-
-    print(f"{args.norm} {args.op} N={args.n} M={prob.m}: copy {copy:.0f} GB/s; launcher's {heur}"
+    print(f"{args.norm} {args.op} N={args.n} M={prob.m}: copy {copy:.0f} GB/s; launcher's {cfg_str(heur)}"
           + (f"; maxnreg {args.maxnreg}" if args.maxnreg else ""))
     ref_bytes = None
     ok = {}
@@ -165,10 +139,10 @@ def main(argv=None) -> int:
             prob.amax.zero_()  # each config's own amax (delayed scaling max-updates it)
         before = launcher_caches()
         try:
-            run(cfg)
+            prob.run(cfg)
             H.sync()
         except Exception as e:  # a config Triton cannot build (registers, shared memory)
-            print(f"  {str(cfg):24s} failed: {H.short_error(e)}")
+            print(f"  {cfg_str(cfg):24s} failed: {H.short_error(e)}")
             continue
         errs = prob.errors()
         if args.op == "fwd-fp8":
@@ -182,13 +156,13 @@ def main(argv=None) -> int:
             differ = f", bytes unlike the launcher's: {(got != ref_bytes).float().mean().item():.2e}"
         ok[cfg] = good
         res = "; ".join(resources(k) for k in compiled_since(before)) or "a kernel compiled before"
-        print(f"  {str(cfg):24s} {'ok' if good else 'WRONG'}: {errs}{differ} [{res}]")
+        print(f"  {cfg_str(cfg):24s} {'ok' if good else 'WRONG'}: {errs}{differ} [{res}]")
     for r in range(args.rounds):
         for cfg in (c for c in order if ok.get(c)):
-            us = device_us_per_call(lambda: run(cfg))
+            us = device_us_per_call(lambda: prob.run(cfg))
             pct = 100 * H.gbps(prob.nbytes, us * 1e-3) / copy
             tag = "launcher" if cfg == heur else ""
-            print(f"  round {r + 1} {str(cfg):24s} {us:8.1f} us = {pct:5.1f} % {tag}")
+            print(f"  round {r + 1} {cfg_str(cfg):24s} {us:8.1f} us = {pct:5.1f} % {tag}")
     return 0 if all(ok.get(c, False) for c in order) else 1
 
 

@@ -1636,6 +1636,63 @@ def test_triton_fwd_prefetch(is_rms):
         engine.backend.reset_for_tests()
 
 
+@pytest.mark.parametrize("is_rms,fp8,n", [(True, True, 16381), (False, True, 2045), (False, True, 4093),
+                                          (False, True, 8189), (False, True, 16381), (False, False, 16381)])
+def test_triton_fwd_prefetch_entries(is_rms, fp8, n):
+    """The launcher's prefetch entries (norms_common._FWD_PREFETCH_OVERRIDES, NOTES P175) at the
+    widths they serve (ragged: masked columns, and 7 rows over more tiles than the interpreter's
+    programs): the plan takes the entry with PREFETCH on, the residual form keeps its own entry
+    with it off, and the output matches float64 into poisoned outputs."""
+    from engine.triton_kernels import norms
+    from engine.triton_kernels import norms_common as nc
+    from reference import fp8_quantize
+    from test_fp8 import fp8_steps
+
+    use_backend("triton")
+    at = norms._FWD._constexpr_names.index("PREFETCH")
+    out_dtype = torch.float8_e4m3fn if fp8 else BF16
+    try:
+        cfg = nc.fwd_config(n, BF16, False, fp8, is_rms, False, False)
+        assert cfg.prefetch and cfg == nc._FWD_PREFETCH_OVERRIDES[(is_rms, fp8)][triton_p2(n)]
+        res_cfg = nc.fwd_config(n, BF16, False, fp8, is_rms, True, False)
+        assert not res_cfg.prefetch
+        plan = norms._fwd_plan(n, BF16, out_dtype, not is_rms, False, False, False, torch.device(DEVICE),
+                               0, is_rms, False, None)
+        assert plan[0] == cfg and plan[2][0][at] is True
+        plan_res = norms._fwd_plan(n, BF16, out_dtype, not is_rms, True, False, False,
+                                   torch.device(DEVICE), 0, is_rms, False, None)
+        assert plan_res[2][0][at] is False
+        m = 7
+        x = rows_with_stride(m, n, BF16, offset=0.0 if is_rms else 3.0)
+        w = (torch.randn(n, device=DEVICE) * 0.5 + 1.0).to(BF16)
+        b = None if is_rms else torch.randn(n, device=DEVICE).to(BF16)
+        ref = ref_fwd(x, w, b, 1e-5, is_rms)
+        out = poisoned((m, n), out_dtype)
+        mu = poisoned((m,), F32) if not is_rms else None
+        rsigma = poisoned((m,), F32)
+        scale = torch.full((1,), 64.0, device=DEVICE) if fp8 else None
+        amax = torch.zeros(1, device=DEVICE) if fp8 else None
+        scale_inv = poisoned((1,), F32) if fp8 else None
+        norms.norm_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv, None,
+                       is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
+                       amax_epsilon=0.0, sm_margin=0)
+        torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+        if fp8:
+            assert amax.item() == pytest.approx(ref["y"].abs().max().item(), rel=1e-4)
+            assert scale_inv.item() == 1 / 64.0
+            assert fp8_steps(out, fp8_quantize(ref["y"], 64.0, out_dtype)).max().item() <= 1
+        else:
+            torch.testing.assert_close(out.double(), ref["y"], **FWD[BF16])
+    finally:
+        engine.backend.reset_for_tests()
+
+
+def triton_p2(n):
+    import triton
+
+    return triton.next_power_of_2(n)
+
+
 def test_unmasked_tiles_only_where_every_tile_is_inside():
     """Triton's forward drops its masks (EVEN) only for one-row tiles over whole column tiles, and
     only for LayerNorm without a residual (norms._lean): a wrong EVEN reads and writes outside

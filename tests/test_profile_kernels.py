@@ -224,12 +224,11 @@ def test_cfg_exp_reads_tune_py_config_strings():
     for bad in ("2x2048 w2 p32", "2x2048S w8 p1 s3", "x2048 w2 p32 s3", ""):
         with pytest.raises(ValueError):
             cfg_exp.parse_cfg(bad)
-    # a trailing " P": the register forward's prefetch (norms.FWD_PREFETCH) for that config only
-    spec = cfg_exp.parse_spec("1x16384 w16 p1 s3 P")
-    assert spec == (NormConfig(1, 16384, False, 16, 1, 3), True) and str(spec) == "1x16384 w16 p1 s3 P"
-    assert cfg_exp.parse_spec("1x16384 w16 p1 s3") == (NormConfig(1, 16384, False, 16, 1, 3), False)
+    # a trailing " P": the register forward's prefetch (NormConfig.prefetch, NOTES P175)
+    pre = NormConfig(1, 16384, False, 16, 1, 3, prefetch=True)
+    assert cfg_str(pre) == "1x16384 w16 p1 s3 P" and cfg_exp.parse_cfg(cfg_str(pre)) == pre
     with pytest.raises(ValueError):
-        cfg_exp.parse_spec("1x16384 w16 p1 s3 Q")
+        cfg_exp.parse_cfg("1x16384 w16 p1 s3 Q")
 
 
 def test_tune_fp8_grid_holds_64_values_per_thread():

@@ -899,9 +899,10 @@ BAND_ROWS = 32
 BAND_COLS = 1024
 
 #: Whether the register forward (tiles of whole rows, no residual, no bands) loads the next
-#: tile's x before this tile's reductions (_prefetch; NOTES P175, an experiment: off). Scripts that
-#: change it empty FWD_PLANS.
-FWD_PREFETCH = False
+#: tile's x before this tile's reductions (_prefetch; NOTES P175): None, where the config says so
+#: (NormConfig.prefetch: norms_common's _FWD_PREFETCH_OVERRIDES); True / False for every config
+#: (experiments). Scripts that change it empty FWD_PLANS.
+FWD_PREFETCH = None
 
 #: Whether the blocked forward's pass 2 may walk the column chunks from the last to the first
 #: (REV: _pass2_reverse says where), re-reading first what pass 1 read last. Scripts that change
@@ -999,8 +1000,11 @@ def _reload_res(cfg: nc.NormConfig, n: int, has_res: bool) -> bool:
 
 def _prefetch(cfg: nc.NormConfig, has_res: bool, band: int) -> bool:
     """Whether the register forward loads the next tile's x before this tile's reductions
-    (PREFETCH; FWD_PREFETCH on): tiles of whole rows (not blocked), no residual, no bands."""
-    return bool(FWD_PREFETCH) and not cfg.blocked and not has_res and not band
+    (PREFETCH): where the config says so (``NormConfig.prefetch``; FWD_PREFETCH True / False
+    overrides it for every config), on tiles of whole rows (not blocked), without a residual or
+    bands."""
+    want = cfg.prefetch if FWD_PREFETCH is None else FWD_PREFETCH
+    return bool(want) and not cfg.blocked and not has_res and not band
 
 
 def _lean(is_rms_norm: bool, residual: bool) -> bool:

@@ -40,7 +40,8 @@ class NormConfig:
     programs per multiprocessor; num_stages: software-pipelining depth Triton may apply to the
     persistent row loop. split (backward only): each row split over the programs of a row group,
     ``block_n`` columns each (``_norm_bwd_split_kernel``; ``block_m`` 1, not blocked, one program
-    per SM).
+    per SM). prefetch (forward, register tiles without a residual or bands; norms._prefetch): each
+    iteration of the row loop loads the next tile's x before this tile's reductions.
     """
 
     block_m: int
@@ -50,6 +51,7 @@ class NormConfig:
     programs_per_sm: int
     num_stages: int = 3
     split: bool = False
+    prefetch: bool = False
 
 
 # Measured on an H200 (benchmarks/tune.py, bf16, M*N = 64M; benchmarks/results/ and NOTES.md):
@@ -124,6 +126,28 @@ _FWD_FP8_OVERRIDES = {
     32768: NormConfig(1, 16384, True, 16, 2, 4),
     65536: NormConfig(1, 16384, True, 16, 2, 1),  # 1.12x (h200_tune_rmsnorm_fp8_s9.log)
     131072: NormConfig(1, 32768, True, 32, 1, 2),  # 1.11x, as the bf16 entry (session 11)
+}
+#: Forward entries with the next tile's x prefetched (NormConfig.prefetch, norms._prefetch), by
+#: (RMSNorm, FP8 output), ahead of every table above where there is no residual (the residual
+#: forms keep their entries: the prefetch is not built for them). Session 55 (NOTES P175,
+#: ci/cfg_exp.py, kernel time, % of copy, two alternations, h200_cfg_exp_s55_p175.log): a program
+#: keeps the next tile's loads in flight through this tile's reductions; against the launcher's
+#: entries: RMSNorm e4m3 16K one row over 16 warps, one program per SM, 80.3-80.7 -> 90.5-91.2;
+#: LayerNorm e4m3 2K two rows over 4 warps, 8 per SM, 80.9-81.1 -> 89.7-90.4; 4K two rows over 8
+#: warps, 4 per SM, 82.0-82.8 -> 88.0; LayerNorm bf16 16K one row over 16 warps, 90.2-90.3 ->
+#: 93.8-94.3 (91.4-91.7 in profile_kernels' A/B, h200_ab_s55_p175b.log). Call 4's candidates
+#: (h200_cfg_exp_s55_p175b.log): LayerNorm e4m3 8K two rows over 16 warps, one program per SM,
+#: 81.5-82.3 -> 87.0-88.0; 16K one row over 16 warps at 2 stages 78.7-79.5 -> 83.2-83.4. Where
+#: the prefetched tile does not fit the registers it loses (RMSNorm e4m3 32K at 32 warps 73.7 ->
+#: 59.8; LayerNorm e4m3 32K 37.6 -> 24.4; LayerNorm e4m3 8K 76.3 -> 71.0 on one row over 8 warps).
+_FWD_PREFETCH_OVERRIDES = {
+    (True, True): {16384: NormConfig(1, 16384, False, 16, 1, prefetch=True)},
+    (False, True): {2048: NormConfig(2, 2048, False, 4, 8, prefetch=True),
+                    4096: NormConfig(2, 4096, False, 8, 4, prefetch=True),
+                    8192: NormConfig(2, 8192, False, 16, 1, prefetch=True),
+                    16384: NormConfig(1, 16384, False, 16, 1, 2, prefetch=True)},
+    (False, False): {16384: NormConfig(1, 16384, False, 16, 1, prefetch=True)},
+    (True, False): {},
 }
 # LayerNorm (bias, mean): smaller tiles per warp; from 8K the two-pass blocked path wins.
 _LN_FWD_OVERRIDES = {
@@ -281,6 +305,9 @@ def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
     lean_entry = _FWD_OVERRIDES_LEAN[(rms, fp8)].get(p2) if lean and not residual else None
     if lean_entry is not None:
         return lean_entry
+    prefetch_entry = None if residual else _FWD_PREFETCH_OVERRIDES[(rms, fp8)].get(p2)
+    if prefetch_entry is not None:
+        return prefetch_entry
     if fp8:  # LayerNorm: its own entries first, then the RMSNorm FP8 ones (4K: 2 % off its best)
         override = (None if rms else _LN_FWD_FP8_OVERRIDES.get(p2)) or _FWD_FP8_OVERRIDES.get(p2)
     else:
