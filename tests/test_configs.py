@@ -106,7 +106,9 @@ def test_layernorm_residual_entry():
     plain forward takes two; at 64K a row per program in two chunks of 32K at 32 programs per SM
     (P111 / P113), where the plain forward takes two-row tiles of 16K chunks (one row in two
     chunks on a lean card, at 8 programs per SM); at 8K (session 50, Q58) one row per program in one
-    chunk at 16 warps on a wide card, where the plain forward takes two-row tiles at 8 warps."""
+    chunk at 16 warps on a wide card, where the plain forward takes two-row tiles at 8 warps. The
+    plain forward at 16K now takes its prefetch entry (one row in registers, NOTES P175), at 32K
+    two chunks."""
     plain = nc.fwd_config(4096, torch.bfloat16, False, False, False)
     res = nc.fwd_config(4096, torch.bfloat16, False, False, False, residual=True)
     assert plain.blocked and not res.blocked
@@ -117,7 +119,8 @@ def test_layernorm_residual_entry():
     for n in (16384, 32768):
         res = nc.fwd_config(n, torch.bfloat16, False, False, False, residual=True)
         assert res.blocked and res.block_n == n
-        assert nc.fwd_config(n, torch.bfloat16, False, False, False).block_n < n
+    assert nc.fwd_config(16384, torch.bfloat16, False, False, False).prefetch
+    assert nc.fwd_config(32768, torch.bfloat16, False, False, False).block_n < 32768
     res64 = nc.NormConfig(1, 32768, True, 16, 32, 3)
     for lean in (False, True):
         assert nc.fwd_config(65536, torch.bfloat16, False, False, False, True, lean) == res64
@@ -146,7 +149,13 @@ def test_overrides_differ_from_the_base_table():
     for p2, cfg in nc._LN_FWD_FP8_OVERRIDES.items():
         assert cfg != nc.fwd_config(p2, torch.bfloat16, False, True, True), p2
         assert cfg != nc.fwd_config(p2, torch.bfloat16, False, False, True), p2
-        assert cfg == nc.fwd_config(p2, torch.bfloat16, False, True, False), p2
+        # the residual form's entry; without a residual a prefetch entry may come first
+        assert cfg == nc.fwd_config(p2, torch.bfloat16, False, True, False, residual=True), p2
+    for (rms, fp8), table in nc._FWD_PREFETCH_OVERRIDES.items():
+        for p2, cfg in table.items():  # the forward without a residual only (NOTES P175)
+            assert cfg.prefetch and not cfg.blocked, (rms, fp8, p2)
+            assert cfg == nc.fwd_config(p2, torch.bfloat16, False, fp8, rms), (rms, fp8, p2)
+            assert cfg != nc.fwd_config(p2, torch.bfloat16, False, fp8, rms, residual=True), (rms, fp8, p2)
     for p2, cfg in nc._LN_BWD_OVERRIDES.items():
         assert cfg != nc.bwd_config(p2, torch.bfloat16, True), p2
     for p2, cfg in nc._RMS_BWD_OVERRIDES.items():
