@@ -293,19 +293,14 @@ def _pass2_chunk(c0, X, RES, RES_OUT, W, B, Y, Y_T, stride_x, stride_res, stride
                  ZERO_CENTERED: tl.constexpr, IS_FP8: tl.constexpr, STORE_T: tl.constexpr,
                  STORE_OUT: tl.constexpr, INTERPRETER: tl.constexpr, MANT: tl.constexpr,
                  MIN_EXP: tl.constexpr, BLOCK_M: tl.constexpr, AMAX_V: tl.constexpr,
-                 EVEN: tl.constexpr, BITS: tl.constexpr, RELOAD_RES: tl.constexpr, z_pre,
-                 PREFETCH: tl.constexpr):
+                 EVEN: tl.constexpr, BITS: tl.constexpr, RELOAD_RES: tl.constexpr):
     """One column chunk of the blocked forward's pass 2 (_fwd_tile): columns ``c0 + cols`` of the
     row tile re-read (x, or residual_out: _reload_z), normalised with the row statistics and
-    written; returns ``amax`` max-updated with the chunk's partial (FP8). PREFETCH: ``z_pre`` is
-    the chunk's x as loaded (_ld_chunk), not read here."""
+    written; returns ``amax`` max-updated with the chunk's partial (FP8)."""
     cc = c0 + cols
     mask = rmask[:, None] & (cc[None, :] < N)
-    if PREFETCH:
-        z = _to_f32(z_pre, BITS)
-    else:
-        z = _reload_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
-                      HAS_RES, RELOAD_RES, INTERPRETER, "evict_first", EVEN, BITS)
+    z = _reload_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res, stride_ro,
+                  HAS_RES, RELOAD_RES, INTERPRETER, "evict_first", EVEN, BITS)
     # gamma and beta as [BLOCK_M, BLOCK_N] tiles (each row of the tile the same
     # columns), so that they take the layout of x's tile: loaded as a 1-D chunk, they
     # got a layout of 16-byte vectors of their own dtype, while an FP8 output gives the
@@ -349,16 +344,6 @@ def _ld_tile(X, rb, M, N, cols, stride_x, BLOCK_M: tl.constexpr, EVEN: tl.conste
 
 
 @triton.jit
-def _ld_chunk(X, rows64, rmask, cols, c0, N, stride_x, EVICT: tl.constexpr):
-    """x of columns ``c0 + cols`` of a row tile as stored (no conversion), 0 outside the tensor:
-    the blocked forward's prefetch of its next chunk (PREFETCH); the chunk past the last is
-    masked off (no traffic)."""
-    cc = c0 + cols
-    return tl.load(X + rows64[:, None] * stride_x + cc[None, :], mask=rmask[:, None] & (cc[None, :] < N),
-                   other=0.0, eviction_policy=EVICT)
-
-
-@triton.jit
 def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N,
               eps, inv_n, scale, fp8_max, g, b, cols, amax, IS_RMS_NORM: tl.constexpr,
               HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, ZERO_CENTERED: tl.constexpr,
@@ -371,9 +356,8 @@ def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res,
     """Row tile ``rb`` of _norm_fwd_kernel: its statistics, its output, and ``amax`` max-updated
     with the tile's partial (FP8). ``g`` / ``b``: the hoisted gamma / beta (register path), whose x
     loads take the eviction policy X_EVICT ("evict_first" under bands: the L2 is kept for them).
-    PREFETCH (no residual): ``x_pre`` is the tile's x as loaded (:func:`_ld_tile`; on the blocked
-    path its first chunk), not read here; the blocked path also loads each pass's next chunk
-    before it works on the current one (:func:`_ld_chunk`)."""
+    PREFETCH (register path, no residual): ``x_pre`` is the tile's x as loaded (:func:`_ld_tile`),
+    not read here."""
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     rows64 = tl.cast(rows, tl.int64)
     rmask = rows < M
@@ -421,14 +405,10 @@ def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res,
             # the row again for the centred sum.
             mean = tl.zeros([BLOCK_M], dtype=tl.float32)
             acc = tl.zeros([BLOCK_M], dtype=tl.float32)  # sum z^2 (RMSNorm), E[z^2] (LayerNorm)
-            z_nx = x_pre  # PREFETCH: the chunk this iteration works on, loaded ahead
             for c0 in range(0, N, BLOCK_N):
                 cc = c0 + cols
                 mask = rmask[:, None] & (cc[None, :] < N)
-                if PREFETCH:  # the next chunk's loads first, kept in L2 for pass 2
-                    z = _to_f32(z_nx, BITS)
-                    z_nx = _ld_chunk(X, rows64, rmask, cols, c0 + BLOCK_N, N, stride_x, "evict_last")
-                elif RELOAD_RES:  # x and the residual are read once (pass 2: residual_out)
+                if RELOAD_RES:  # x and the residual are read once (pass 2: residual_out)
                     z = _load_z(X, RES, RES_OUT, rows64, cc, mask, stride_x, stride_res,
                                 stride_ro, HAS_RES, True, INTERPRETER, "evict_first", EVEN, BITS)
                 else:  # read again in pass 2: kept in L2
@@ -466,35 +446,22 @@ def _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res,
         # outputs on rows of more than two chunks). The column order keeps its loop as it was (the
         # induction variable is the column): a loop over a chunk index compiled up to 12 points
         # slower (NOTES P112).
-        # PREFETCH: each chunk's x loaded one chunk ahead (past either end: masked off).
         if REV:
             last = (tl.cdiv(N, BLOCK_N) - 1) * BLOCK_N
-            z_nx = x_pre
-            if PREFETCH:
-                z_nx = _ld_chunk(X, rows64, rmask, cols, last, N, stride_x, "evict_first")
             for back in range(0, N, BLOCK_N):
                 c0 = last - back
-                z_cur = z_nx
-                if PREFETCH:
-                    z_nx = _ld_chunk(X, rows64, rmask, cols, c0 - BLOCK_N, N, stride_x, "evict_first")
                 amax = _pass2_chunk(c0, X, RES, RES_OUT, W, B, Y, Y_T, stride_x, stride_res, stride_y, stride_ro, M,
                                     N, scale, fp8_max, cols, amax, mean, rstd, rows, rows64, rmask,
                                     IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T,
                                     STORE_OUT, INTERPRETER, MANT, MIN_EXP, BLOCK_M, AMAX_V, EVEN, BITS,
-                                    RELOAD_RES, z_cur, PREFETCH)
+                                    RELOAD_RES)
         else:
-            z_nx = x_pre
-            if PREFETCH:
-                z_nx = _ld_chunk(X, rows64, rmask, cols, 0, N, stride_x, "evict_first")
             for c0 in range(0, N, BLOCK_N):
-                z_cur = z_nx
-                if PREFETCH:
-                    z_nx = _ld_chunk(X, rows64, rmask, cols, c0 + BLOCK_N, N, stride_x, "evict_first")
                 amax = _pass2_chunk(c0, X, RES, RES_OUT, W, B, Y, Y_T, stride_x, stride_res, stride_y, stride_ro, M,
                                     N, scale, fp8_max, cols, amax, mean, rstd, rows, rows64, rmask,
                                     IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T,
                                     STORE_OUT, INTERPRETER, MANT, MIN_EXP, BLOCK_M, AMAX_V, EVEN, BITS,
-                                    RELOAD_RES, z_cur, PREFETCH)
+                                    RELOAD_RES)
     return amax
 
 
@@ -537,10 +504,10 @@ def _norm_fwd_kernel(
     BAND: tl.constexpr,  # STORE_T by bands of BAND rows (_transpose_band); 0: from each tile (_emit)
     TBN: tl.constexpr,  # BAND: columns per transposed chunk
     REV: tl.constexpr,  # BLOCKED: pass 2 from the last chunk to the first (PASS2_REVERSE)
-    PREFETCH: tl.constexpr,  # no residual, no bands: the next tile's x (chunk) loaded first (_prefetch)
+    PREFETCH: tl.constexpr,  # register path, no residual, no bands: the next tile's x loaded first
 ):
     tl.static_assert(not STORE_T or IS_FP8)
-    tl.static_assert(not PREFETCH or (not HAS_RES and BAND == 0))
+    tl.static_assert(not PREFETCH or (not BLOCKED and not HAS_RES and BAND == 0))
     tl.static_assert(BAND == 0 or (STORE_T and BAND % BLOCK_M == 0))
     tl.static_assert(PASS == 0 or IS_FP8)
     STORE_OUT: tl.constexpr = PASS != 1
@@ -565,9 +532,8 @@ def _norm_fwd_kernel(
     # NaN-propagating), reduced across the program once, after the row loop.
     amax = tl.zeros([BLOCK_M, BLOCK_N // AMAX_V], dtype=tl.float32)
     if PREFETCH:
-        # Each iteration loads the next tile's x (blocked: its first chunk) before this tile's
-        # reductions, so that a program keeps two tiles' loads in flight (NOTES P175, P176); the
-        # loop carries the raw tile.
+        # Each iteration loads the next tile's x before this tile's reductions, so that a
+        # program keeps two tiles' loads in flight (NOTES P175); the loop carries the raw tile.
         x_next = _ld_tile(X, pid, M, N, cols, stride_x, BLOCK_M, EVEN)
         for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
             x_cur = x_next
@@ -932,9 +898,8 @@ BAND_ROWS = 32
 #: 1024 81.5 / 79.8 / 73.8 / 67.4.
 BAND_COLS = 1024
 
-#: Whether the forward (no residual, no bands) loads the next tile's x before this tile's
-#: reductions (on the blocked path its first chunk, and each pass's next chunk ahead; _prefetch;
-#: NOTES P175, P176): None, where the config says so
+#: Whether the register forward (tiles of whole rows, no residual, no bands) loads the next
+#: tile's x before this tile's reductions (_prefetch; NOTES P175): None, where the config says so
 #: (NormConfig.prefetch: norms_common's _FWD_PREFETCH_OVERRIDES); True / False for every config
 #: (experiments). Scripts that change it empty FWD_PLANS.
 FWD_PREFETCH = None
@@ -1035,12 +1000,11 @@ def _reload_res(cfg: nc.NormConfig, n: int, has_res: bool) -> bool:
 
 def _prefetch(cfg: nc.NormConfig, has_res: bool, band: int) -> bool:
     """Whether the register forward loads the next tile's x before this tile's reductions
-    (PREFETCH; on the blocked path, the first chunk of the next tile, and within each pass the
-    next chunk): where the config says so (``NormConfig.prefetch``; FWD_PREFETCH True / False
-    overrides it for every config), without a residual or bands. The blocked path's apply pass of
-    current scaling (no pass 1) does not take it (_fwd_plan)."""
+    (PREFETCH): where the config says so (``NormConfig.prefetch``; FWD_PREFETCH True / False
+    overrides it for every config), on tiles of whole rows (not blocked), without a residual or
+    bands."""
     want = cfg.prefetch if FWD_PREFETCH is None else FWD_PREFETCH
-    return bool(want) and not has_res and not band
+    return bool(want) and not cfg.blocked and not has_res and not band
 
 
 def _lean(is_rms_norm: bool, residual: bool) -> bool:
@@ -1084,8 +1048,7 @@ def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling
             MIN_EXP=min_exp, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
             AMAX_V=_amax_v(cfg, tile_t) if fp8 else 1, EVEN=lean and _even(cfg, n, tile_t), BITS=lean,
             RELOAD_RES=_reload_res(cfg, n, res), BAND=band_, TBN=BAND_COLS,
-            REV=_pass2_reverse(cfg, n, fp8),
-            PREFETCH=_prefetch(cfg, res, band_) and not (cfg.blocked and pass_ == PASS_APPLY))
+            REV=_pass2_reverse(cfg, n, fp8), PREFETCH=_prefetch(cfg, res, band_))
 
     passes = ((constexprs(PASS_AMAX, has_res), constexprs(PASS_APPLY, False)) if fp8 and current_scaling
               else (constexprs(PASS_FULL, has_res),))

@@ -40,9 +40,8 @@ class NormConfig:
     programs per multiprocessor; num_stages: software-pipelining depth Triton may apply to the
     persistent row loop. split (backward only): each row split over the programs of a row group,
     ``block_n`` columns each (``_norm_bwd_split_kernel``; ``block_m`` 1, not blocked, one program
-    per SM). prefetch (forward without a residual or bands; norms._prefetch): each iteration of
-    the row loop loads the next tile's x (blocked: its first chunk, and each pass its next chunk)
-    before this tile's reductions.
+    per SM). prefetch (forward, register tiles without a residual or bands; norms._prefetch): each
+    iteration of the row loop loads the next tile's x before this tile's reductions.
     """
 
     block_m: int
