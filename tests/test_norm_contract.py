@@ -1511,6 +1511,42 @@ def test_triton_blocked_residual(is_rms, x_dtype, res_dtype, block_m, block_n):
         engine.backend.reset_for_tests()
 
 
+def _triton_fwd_checked(x, w, b, ref, out_dtype, is_rms, cfg=None, current=False):
+    """Triton's forward (``norms.launch_fwd`` with ``cfg``, or ``norm_fwd``'s defaults where None)
+    into poisoned outputs, checked against the float64 ``ref``: rsigma; for an FP8 output (delayed
+    scale 64, or current scaling) the amax, the scale and the bytes within one FP8 step, else y.
+    Returns (the output's bytes or values, rsigma, amax or None)."""
+    from engine.triton_kernels import norms
+    from reference import fp8_quantize
+    from test_fp8 import fp8_steps
+
+    m, n = x.shape
+    fp8 = out_dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    out = poisoned((m, n), out_dtype)
+    mu = poisoned((m,), F32) if not is_rms else None
+    rsigma = poisoned((m,), F32)
+    scale = torch.full((1,), 64.0, device=DEVICE) if fp8 else None
+    amax = torch.zeros(1, device=DEVICE) if fp8 else None
+    scale_inv = poisoned((1,), F32) if fp8 else None
+    kw = dict(is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=current, amax_epsilon=0.0,
+              sm_margin=0)
+    if cfg is None:
+        norms.norm_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv, None, **kw)
+    else:
+        norms.launch_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv, None,
+                         config=cfg, **kw)
+    torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+    if not fp8:
+        torch.testing.assert_close(out.double(), ref["y"], **FWD[out_dtype])
+        return out, rsigma, None
+    ref_amax = ref["y"].abs().max().item()
+    assert amax.item() == pytest.approx(ref_amax, rel=1e-4)
+    assert scale.item() == pytest.approx(448.0 / ref_amax if current else 64.0, rel=1e-4)
+    assert scale_inv.item() == pytest.approx(1 / scale.item(), rel=1e-6)
+    assert fp8_steps(out, fp8_quantize(ref["y"], scale.item(), out_dtype)).max().item() <= 1
+    return out.view(torch.uint8), rsigma, amax
+
+
 @pytest.mark.parametrize("is_rms", [True, False])
 @pytest.mark.parametrize("block_m", [1, 2])
 def test_triton_blocked_pass2_order(is_rms, block_m):
@@ -1523,8 +1559,6 @@ def test_triton_blocked_pass2_order(is_rms, block_m):
     (amax and the bytes within one FP8 step)."""
     from engine.triton_kernels import norms
     from engine.triton_kernels import norms_common as nc
-    from reference import fp8_quantize
-    from test_fp8 import fp8_steps
 
     use_backend("triton")
     saved = norms.PASS2_REVERSE
@@ -1549,23 +1583,7 @@ def test_triton_blocked_pass2_order(is_rms, block_m):
                     plan1 = norms._fwd_plan(n, BF16, out_dtype, b is not None, False, False, False,
                                             x.device, 0, is_rms, False, few)
                     assert plan1[2][0][rev_at] is False
-                out = poisoned((m, n), out_dtype)
-                mu = poisoned((m,), F32) if not is_rms else None
-                rsigma = poisoned((m,), F32)
-                scale = torch.full((1,), 64.0, device=DEVICE) if fp8 else None
-                amax = torch.zeros(1, device=DEVICE) if fp8 else None
-                scale_inv = poisoned((1,), F32) if fp8 else None
-                norms.launch_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv,
-                                 None, is_rms_norm=is_rms, zero_centered_gamma=False,
-                                 current_scaling=False, amax_epsilon=0.0, sm_margin=0, config=cfg)
-                torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
-                if fp8:
-                    ref_amax = ref["y"].abs().max().item()
-                    assert amax.item() == pytest.approx(ref_amax, rel=1e-4)
-                    assert fp8_steps(out, fp8_quantize(ref["y"], 64.0, out_dtype)).max().item() <= 1
-                else:
-                    torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
-                got[rev] = out.view(torch.uint8) if fp8 else out
+                got[rev] = _triton_fwd_checked(x, w, b, ref, out_dtype, is_rms, cfg)[0]
             assert torch.equal(got[True], got[False])
     finally:
         norms.PASS2_REVERSE = saved
@@ -1583,8 +1601,6 @@ def test_triton_fwd_prefetch(is_rms):
     poisoned outputs."""
     from engine.triton_kernels import norms
     from engine.triton_kernels import norms_common as nc
-    from reference import fp8_quantize
-    from test_fp8 import fp8_steps
 
     use_backend("triton")
     saved = norms.FWD_PREFETCH
@@ -1598,7 +1614,6 @@ def test_triton_fwd_prefetch(is_rms):
             ref = ref_fwd(x, w, b, 1e-5, is_rms)
             for out_dtype, current in ((F32, False), (torch.float8_e4m3fn, False),
                                        (torch.float8_e4m3fn, True)):
-                fp8 = out_dtype != F32
                 got = {}
                 for pre in (True, False):
                     norms.FWD_PREFETCH = pre
@@ -1610,25 +1625,7 @@ def test_triton_fwd_prefetch(is_rms):
                         p2 = norms._fwd_plan(n, BF16, out_dtype, b is not None, other[1], False, False,
                                              x.device, 0, is_rms, False, other[0])
                         assert p2[2][0][at] is False
-                    out = poisoned((m, n), out_dtype)
-                    mu = poisoned((m,), F32) if not is_rms else None
-                    rsigma = poisoned((m,), F32)
-                    scale = torch.full((1,), 64.0, device=DEVICE) if fp8 else None
-                    amax = torch.zeros(1, device=DEVICE) if fp8 else None
-                    scale_inv = poisoned((1,), F32) if fp8 else None
-                    norms.launch_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv,
-                                     None, is_rms_norm=is_rms, zero_centered_gamma=False,
-                                     current_scaling=current, amax_epsilon=0.0, sm_margin=0, config=cfg)
-                    torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
-                    if fp8:
-                        ref_amax = ref["y"].abs().max().item()
-                        assert amax.item() == pytest.approx(ref_amax, rel=1e-4)
-                        s = 448.0 / ref_amax if current else 64.0
-                        assert scale.item() == pytest.approx(s, rel=1e-4)
-                        assert fp8_steps(out, fp8_quantize(ref["y"], scale.item(), out_dtype)).max().item() <= 1
-                    else:
-                        torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
-                    got[pre] = (out.view(torch.uint8) if fp8 else out, rsigma, amax)
+                    got[pre] = _triton_fwd_checked(x, w, b, ref, out_dtype, is_rms, cfg, current)
                 for a, b_ in zip(got[True], got[False]):
                     assert a is None or torch.equal(a, b_)
     finally:
@@ -1645,8 +1642,6 @@ def test_triton_fwd_prefetch_entries(is_rms, fp8, n):
     with it off, and the output matches float64 into poisoned outputs."""
     from engine.triton_kernels import norms
     from engine.triton_kernels import norms_common as nc
-    from reference import fp8_quantize
-    from test_fp8 import fp8_steps
 
     use_backend("triton")
     at = norms._FWD._constexpr_names.index("PREFETCH")
@@ -1666,23 +1661,7 @@ def test_triton_fwd_prefetch_entries(is_rms, fp8, n):
         x = rows_with_stride(m, n, BF16, offset=0.0 if is_rms else 3.0)
         w = (torch.randn(n, device=DEVICE) * 0.5 + 1.0).to(BF16)
         b = None if is_rms else torch.randn(n, device=DEVICE).to(BF16)
-        ref = ref_fwd(x, w, b, 1e-5, is_rms)
-        out = poisoned((m, n), out_dtype)
-        mu = poisoned((m,), F32) if not is_rms else None
-        rsigma = poisoned((m,), F32)
-        scale = torch.full((1,), 64.0, device=DEVICE) if fp8 else None
-        amax = torch.zeros(1, device=DEVICE) if fp8 else None
-        scale_inv = poisoned((1,), F32) if fp8 else None
-        norms.norm_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv, None,
-                       is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
-                       amax_epsilon=0.0, sm_margin=0)
-        torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
-        if fp8:
-            assert amax.item() == pytest.approx(ref["y"].abs().max().item(), rel=1e-4)
-            assert scale_inv.item() == 1 / 64.0
-            assert fp8_steps(out, fp8_quantize(ref["y"], 64.0, out_dtype)).max().item() <= 1
-        else:
-            torch.testing.assert_close(out.double(), ref["y"], **FWD[BF16])
+        _triton_fwd_checked(x, w, b, ref_fwd(x, w, b, 1e-5, is_rms), out_dtype, is_rms)
     finally:
         engine.backend.reset_for_tests()
 
