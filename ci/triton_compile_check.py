@@ -16,7 +16,7 @@ JIT functions.
 Each variant's PTX is also checked for atomics with acquire / release semantics
 (:func:`ptx_problems`): ``tl.atomic_*``'s default ``sem="acq_rel"`` compiles to ``MEMBAR.ALL.GPU``
 (every store of the program drained) and ``CCTL.IVALL`` (L1 invalidated) around the atomic, once
-per program, where engine's amax atomics need none (NOTES Q68).
+per program, where engine's amax atomics need none (NOTES P174).
 
 It checks the triton version it runs under (CI: the newest from the package index); the GPU
 machine's version is checked by L1, which compiles and runs the same launches.
@@ -200,7 +200,7 @@ def compile_variant(key, fn, target):
     return triton.compile(src, target=target, options=options)
 
 
-#: gpu-scope atomics that order memory (NOTES Q68): the amax max-updates are read only after the
+#: gpu-scope atomics that order memory (NOTES P174): the amax max-updates are read only after the
 #: kernel, so they are relaxed (``utils._atomic_amax``); an ordering atomic costs each program a
 #: MEMBAR.ALL.GPU, an L1 invalidation and a barrier on its return.
 _ORDERING_ATOMIC = re.compile(r"\b(atom|red)\.global\.(gpu\.)?(acq_rel|acquire|release)\b")

@@ -128,8 +128,9 @@ _FWD_FP8_OVERRIDES = {
     131072: NormConfig(1, 32768, True, 32, 1, 2),  # 1.11x, as the bf16 entry (session 11)
 }
 #: Forward entries with the next tile's x prefetched (NormConfig.prefetch, norms._prefetch), by
-#: (RMSNorm, FP8 output), ahead of every table above where there is no residual (the residual
-#: forms keep their entries: the prefetch is not built for them). Session 55 (NOTES P175,
+#: (RMSNorm, FP8 output), where there is no residual (the residual forms keep their entries: the
+#: prefetch is not built for them): after a lean card's own entries (none at these widths; the
+#: H100 takes these unmeasured there), ahead of every other table. Session 55 (NOTES P175,
 #: ci/cfg_exp.py, kernel time, % of copy, two alternations, h200_cfg_exp_s55_p175.log): a program
 #: keeps the next tile's loads in flight through this tile's reductions; against the launcher's
 #: entries: RMSNorm e4m3 16K one row over 16 warps, one program per SM, 80.3-80.7 -> 90.5-91.2;
