@@ -4,6 +4,8 @@ strings and tune.py's FP8 grid, which feed the same measure."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -239,6 +241,19 @@ def test_tune_fp8_grid_holds_64_values_per_thread():
 
     got = {cfg_str(c).split(" s")[0] for c in candidates("fwd-fp8", 2048, False)}
     assert {"2x2048 w2 p8", "1x2048 w1 p16"} <= got
+
+
+def test_tune_grid_holds_the_prefetch_tiles():
+    """tune.py's forward grids hold each register tile also with the next tile's x prefetched
+    (NOTES P175), not the blocked ones, nor the residual form's (no prefetch there)."""
+    from benchmarks.tune import candidates
+
+    for op in ("fwd", "fwd-fp8"):
+        cands = candidates(op, 16384, False)
+        pre = [c for c in cands if c.prefetch]
+        assert pre and all(not c.blocked for c in pre)
+        assert {dataclasses.replace(c, prefetch=False) for c in pre} <= set(cands)
+    assert not any(c.prefetch for c in candidates("fwd-res", 16384, False))
 
 
 @pytest.mark.skipif(not INTERPRET, reason="patches a Triton function: the interpreter only")
