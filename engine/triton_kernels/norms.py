@@ -531,25 +531,22 @@ def _norm_fwd_kernel(
     # Running max |y| per AMAX_V neighbouring columns of the tile (utils._abs_max_part:
     # NaN-propagating), reduced across the program once, after the row loop.
     amax = tl.zeros([BLOCK_M, BLOCK_N // AMAX_V], dtype=tl.float32)
-    if PREFETCH:
-        # Each iteration loads the next tile's x before this tile's reductions, so that a
-        # program keeps two tiles' loads in flight (NOTES P175); the loop carries the raw tile.
-        x_next = _ld_tile(X, pid, M, N, cols, stride_x, BLOCK_M, EVEN)
+    if BAND == 0:
+        # PREFETCH: each iteration loads the next tile's x before this tile's reductions, so
+        # that a program keeps two tiles' loads in flight (NOTES P175); the loop carries the raw
+        # tile. Otherwise x_cur is a placeholder _fwd_tile does not read.
+        x_next = g
+        if PREFETCH:
+            x_next = _ld_tile(X, pid, M, N, cols, stride_x, BLOCK_M, EVEN)
         for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
             x_cur = x_next
-            x_next = _ld_tile(X, rb + nprog, M, N, cols, stride_x, BLOCK_M, EVEN)
+            if PREFETCH:
+                x_next = _ld_tile(X, rb + nprog, M, N, cols, stride_x, BLOCK_M, EVEN)
             amax = _fwd_tile(
                 rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
                              IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T, STORE_OUT, LOAD_STATS,
                              INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
-                             "", REV, x_cur, True)
-    elif BAND == 0:
-        for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
-            amax = _fwd_tile(
-                rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
-                             IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T and BAND == 0, STORE_OUT, LOAD_STATS,
-                             INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
-                             "evict_first" if BAND else "", REV, g, False)
+                             "", REV, x_cur, PREFETCH)
     else:
         # The transposed copy by bands (_transpose_band): this program's BAND rows, written
         # rowwise, then read back from L2 and written transposed.
