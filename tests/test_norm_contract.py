@@ -1648,7 +1648,7 @@ def test_triton_fwd_prefetch_entries(is_rms, fp8, n):
     out_dtype = torch.float8_e4m3fn if fp8 else BF16
     try:
         cfg = nc.fwd_config(n, BF16, False, fp8, is_rms, False, False)
-        assert cfg.prefetch and cfg == nc._FWD_PREFETCH_OVERRIDES[(is_rms, fp8)][triton_p2(n)]
+        assert cfg.prefetch and cfg == nc._FWD_PREFETCH_OVERRIDES[(is_rms, fp8)][1 << (n - 1).bit_length()]
         res_cfg = nc.fwd_config(n, BF16, False, fp8, is_rms, True, False)
         assert not res_cfg.prefetch
         plan = norms._fwd_plan(n, BF16, out_dtype, not is_rms, False, False, False, torch.device(DEVICE),
@@ -1664,12 +1664,6 @@ def test_triton_fwd_prefetch_entries(is_rms, fp8, n):
         _triton_fwd_checked(x, w, b, ref_fwd(x, w, b, 1e-5, is_rms), out_dtype, is_rms)
     finally:
         engine.backend.reset_for_tests()
-
-
-def triton_p2(n):
-    import triton
-
-    return triton.next_power_of_2(n)
 
 
 def test_unmasked_tiles_only_where_every_tile_is_inside():
