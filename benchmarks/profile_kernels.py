@@ -167,10 +167,6 @@ def main(argv=None) -> int:
                     help="CUDA: 1 keeps the forward's register kernel where its lean kernel runs by "
                          "default, 2 runs it at 32K for both norms, 3 there over 2-CTA clusters "
                          "(0: the default; engine.cuda_backend.norm_fwd_lean), for A/B runs")
-    ap.add_argument("--fwd-next-row", type=int, choices=[0, 1, 2],
-                    help="CUDA: 2 runs the forward register kernel's next-row builds (FP8 fast loop) "
-                         "wherever they apply, 1 never (0: the default; "
-                         "engine.cuda_backend.norm_fwd_next_row), for A/B runs")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="Both backends: the forward calls' sm_margin (SMs left out of the "
                          "persistent grids; benchmarks.cases.Spec.sm_margin), for runs of the grid "
@@ -229,7 +225,6 @@ def main(argv=None) -> int:
              ("bwd_stream_threads", "norm_bwd_stream_threads"), ("fwd_stream_from", "norm_fwd_stream_from"),
              ("fwd_stream_threads", "norm_fwd_stream_threads"), ("fwd_band", "norm_fwd_band"),
              ("fwd_lean", "norm_fwd_lean"), ("fwd_blocked_shape", "norm_fwd_blocked_shape"),
-             ("fwd_next_row", "norm_fwd_next_row"),
              ("dram_class", "dram_class"), ("fp8_transpose_order", "fp8_transpose_order"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:

@@ -35,7 +35,7 @@ __all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_b
            "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
-           "norm_fwd_stream_threads", "norm_fwd_band", "norm_fwd_lean", "norm_fwd_next_row", "norm_fwd_blocked_shape", "fp8_transpose_order", "dram_class", "device_dram_class",
+           "norm_fwd_stream_threads", "norm_fwd_band", "norm_fwd_lean", "norm_fwd_blocked_shape", "fp8_transpose_order", "dram_class", "device_dram_class",
            "IN_KERNEL_TRANSPOSE_MAX_N", "SMALL_COPY_ROWS", "FEW_ROWS_PER_SM",
            "FEW_ROWS_PER_SM_FP16"]
 
@@ -653,20 +653,6 @@ def norm_fwd_band(n: int):
     if type(n) is not int or n not in range(5):
         raise ValueError(f"norm_fwd_band: n must be an int in 0..4, got {n!r}")
     return _knob("set_norm_fwd_band", n)
-
-
-def norm_fwd_next_row(n: int):
-    """Context manager: inside the ``with`` block the CUDA forward register kernel's fast loop for
-    an FP8 output in delayed scaling (a 16-bit x without a residual, a cluster or the transposed
-    tile) runs as ``n`` says: ``2`` its next-row build wherever it applies (each row group loads
-    its next row's x before this row's reductions, at 2 CTAs per SM; benchmarks/NOTES.md P177),
-    ``1`` never, ``0`` (the default) the launcher's choice (never, until measured). The bytes,
-    amax and scale_inv are the same either way. For tests and A/B benchmarks. Process-wide, not
-    thread-safe; restores the previous value on exit. A bad ``n`` raises ValueError at the
-    call."""
-    if type(n) is not int or n not in (0, 1, 2):
-        raise ValueError(f"norm_fwd_next_row: n must be 0, 1 or 2, got {n!r}")
-    return _knob("set_norm_fwd_next_row", n)
 
 
 def fp8_transpose_order(n: int):

@@ -658,48 +658,6 @@ def test_fwd_fast_loop_same_bits(is_rms, m, n):
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the row loops of the CUDA forward")
-@pytest.mark.parametrize("is_rms", NORMS)
-@pytest.mark.parametrize("m,n", [(1, 4096), (33, 1024), (29, 1032), (41, 5120), (301, 8200),
-                                 (17, 16384), (2999, 4096), (1201, 8192)])
-def test_fwd_next_row_same_bits(is_rms, m, n):
-    """The FP8 fast loop's next-row builds (cuda_backend.norm_fwd_next_row(2): each row group
-    loads its next row's x before this row's reductions; NOTES P177) write the fast loop's bits:
-    e4m3 and e5m2 bytes, amax and scale_inv (LayerNorm with a bias, zero-centred gamma for
-    RMSNorm). 1032, 5120 and 8200 leave slots outside the row, 16384 reads gamma from global
-    memory, M = 1 leaves the grid's other row groups nothing to load, and 2999 x 4096 / 1201 x 8192
-    give each row group several rows, the last step of rows partly past M. Also asserts that the
-    knob ran the next-row build (FwdPath 5-8, the kernel's last template argument) and that
-    knob 1 did not."""
-    from engine import cuda_backend
-
-    use_backend("cuda")
-    try:
-        x, w, b = inputs(m, n, is_rms)
-        runs = []
-        for knob in (1, 2):
-            outs = []
-            with cuda_backend.norm_fwd_next_row(knob), register_path():
-                for fmt in (E4M3, E5M2):
-                    q = delayed(fmt, scale=3.0, amax=0.25)
-                    names = cuda_kernel_names(lambda: outs.append(
-                        call(is_rms, x, w, b, quantizer=q, zero_centered_gamma=is_rms)))
-                    paths = {int(nm.split("(")[0].rsplit(",", 1)[1].strip(" >"))
-                             for nm in names if "norm_fwd_reg_kernel" in nm}
-                    # gamma in shared (1 / 2) or global memory (3 / 4), + 4 for the next-row build
-                    want = {1, 3} if fmt == E4M3 else {2, 4}
-                    if knob == 2:
-                        want = {p + 4 for p in want}
-                    assert len(paths) == 1 and paths <= want, (knob, fmt, paths)
-                    outs[-1] = (outs[-1].data.view(torch.uint8), outs[-1].scale_inv, q.amax)
-            runs.append(outs)
-        for a, b_ in zip(*runs):
-            for u, v in zip(a, b_):
-                assert torch.equal(u, v)
-    finally:
-        engine.backend.reset_for_tests()
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the row loops of the CUDA forward")
 @pytest.mark.parametrize("general", [0, 1], ids=["fast", "general"])
 def test_fwd_loop_taken(general):
     """The launcher picks the build (FwdPath, the kernel's last template argument): by default an

@@ -56,7 +56,6 @@ std::atomic<int> g_norm_fwd_stream_threads{0};
 std::atomic<int> g_norm_fwd_band{0};
 std::atomic<int> g_norm_fwd_blocked_shape{0};
 std::atomic<int> g_norm_fwd_lean{0};
-std::atomic<int> g_norm_fwd_next_row{0};
 std::atomic<int> g_fp8_transpose_order{0};
 std::atomic<int> g_dram_class{0}; /* engine_set_dram_class: 0 by the device */
 
@@ -196,7 +195,6 @@ int norm_fwd_stream_threads() { return g_norm_fwd_stream_threads.load(std::memor
 int norm_fwd_band() { return g_norm_fwd_band.load(std::memory_order_relaxed); }
 int norm_fwd_lean() { return g_norm_fwd_lean.load(std::memory_order_relaxed); }
 int norm_fwd_blocked_shape() { return g_norm_fwd_blocked_shape.load(std::memory_order_relaxed); }
-int norm_fwd_next_row() { return g_norm_fwd_next_row.load(std::memory_order_relaxed); }
 int fp8_transpose_order() { return g_fp8_transpose_order.load(std::memory_order_relaxed); }
 
 engine_status active_clusters(const void* func, int block, size_t dyn_smem, int cluster, int* out) {
@@ -363,11 +361,6 @@ int engine_set_norm_fwd_band(int n) {
 int engine_set_norm_fwd_blocked_shape(int n) {
   if (n < 0 || n > 4) return -1;
   return engine::g_norm_fwd_blocked_shape.exchange(n);
-}
-
-int engine_set_norm_fwd_next_row(int n) {
-  if (n < 0 || n > 2) return -1;
-  return engine::g_norm_fwd_next_row.exchange(n);
 }
 
 int engine_set_norm_fwd_lean(int n) {

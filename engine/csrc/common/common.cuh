@@ -98,8 +98,6 @@ int norm_fwd_band();
 int norm_fwd_lean();
 /* engine_set_norm_fwd_blocked_shape's value now (0: the default shape and grid). */
 int norm_fwd_blocked_shape();
-/* engine_set_norm_fwd_next_row's value now (0: the launcher's default). */
-int norm_fwd_next_row();
 /* engine_set_fp8_transpose_order's value now (0: the default order). */
 int fp8_transpose_order();
 

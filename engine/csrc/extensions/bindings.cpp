@@ -673,11 +673,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "/ the tile in the stage; 4: 32 x 1024), 0 for the default "
         "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
-  m.def("set_norm_fwd_next_row", &engine_set_norm_fwd_next_row,
-        "The norm forward register kernel's next-row builds for an FP8 output (the next row's x "
-        "loaded before this row's reductions): 1 never, 2 wherever they apply, 0 for the default "
-        "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
-        py::arg("n"));
   m.def("set_norm_fwd_blocked_shape", &engine_set_norm_fwd_blocked_shape,
         "The norm forward's blocked kernel on residual rows of a 16-bit x to a non-FP8 output: 1 "
         "four vectors per thread on the resident grid, 2 two vectors per thread, 3 the same on 32 "

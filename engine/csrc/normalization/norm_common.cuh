@@ -136,9 +136,6 @@ struct LaunchCtx {
                              vectors per thread per chunk on the resident grid, 2 two vectors per
                              thread, 3 two vectors and 32 CTAs per SM, 4 four vectors and 32 CTAs
                              per SM (engine_set_norm_fwd_blocked_shape; P162) */
-  int fwd_next_row;       /* forward register path, FP8 fast loop: 0 the default, 1 never, 2 the
-                             next-row builds wherever they apply (engine_set_norm_fwd_next_row;
-                             P177) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

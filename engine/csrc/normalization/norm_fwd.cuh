@@ -207,25 +207,12 @@ enum FwdPath : int {
   kPathE5M2Smem = 2,
   kPathE4M3Global = 3, /* fast loop, e4m3, gamma / beta read per row from global memory (L1) */
   kPathE5M2Global = 4,
-  /* kPathNext + one of the four above: the same fast loop, with the next row's x loaded before
-   * this row's reductions (fwd_path_next; NOTES P177), compiled for 2 CTAs per SM */
-  kPathNext = 4,
 };
-__host__ __device__ constexpr bool fwd_path_next(int path) { return path > kPathNext; }
-__host__ __device__ constexpr int fwd_path_base(int path) {
-  return fwd_path_next(path) ? path - kPathNext : path;
-}
 __host__ __device__ constexpr bool fwd_path_e5m2(int path) {
-  return fwd_path_base(path) == kPathE5M2Smem || fwd_path_base(path) == kPathE5M2Global;
+  return path == kPathE5M2Smem || path == kPathE5M2Global;
 }
 __host__ __device__ constexpr bool fwd_path_smem(int path) {
-  return fwd_path_base(path) == kPathE4M3Smem || fwd_path_base(path) == kPathE5M2Smem;
-}
-/* CTAs per SM a build of the register kernel is compiled for: fwd_min_blocks, or 2 (128
- * registers) for the next-row builds, whose second copy of z's words did not fit 80. */
-template <typename R, int NV, int kMaxThreads, int kPath>
-constexpr int fwd_reg_min_blocks() {
-  return fwd_path_next(kPath) ? 2 : fwd_min_blocks<R, NV, kMaxThreads>();
+  return path == kPathE4M3Smem || path == kPathE5M2Smem;
 }
 
 /* kMaxThreads: 256 (blocks of up to 256 threads; at most 85 registers, so that 3 CTAs fit an SM:
@@ -236,7 +223,7 @@ constexpr int fwd_reg_min_blocks() {
  * for RMSNorm and an FMUL-or-FFMA pair per value. */
 template <typename X, typename R, typename O, typename W, bool kRms, bool kBias, int NV,
           int kMaxThreads, int kPath>
-__global__ void __launch_bounds__(kMaxThreads, (fwd_reg_min_blocks<R, NV, kMaxThreads, kPath>()))
+__global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThreads>()))
     norm_fwd_reg_kernel(const FwdArgs a) {
   constexpr int VEC = 16 / sizeof(X);
   constexpr int ZW = PackedWords<R, VEC>::kWords; /* z is kept as R values (exact: R holds x) */
@@ -317,34 +304,6 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_reg_min_blocks<R, NV, kMaxTh
   constexpr bool kFast = kPath != kPathGeneral; /* see FwdPath */
   static_assert(!kFast || (kFp8 && kMaxThreads <= kClusterRowThreads),
                 "the fast loop is built for FP8 outputs in 256-thread blocks");
-  /* The next-row builds (fwd_path_next): launched without a residual, a cluster or the
-   * transposed tile (launch_fwd_reg), so that each row group takes one row per block of rows
-   * (rpb == G) and its next row is this one plus the grid's rows per step. */
-  constexpr bool kNext = fwd_path_next(kPath);
-  static_assert(!kNext || std::is_same<X, R>::value, "the next-row builds keep x's words as z");
-  /* x's words of row `rw` (0 past the rows, and in the slots outside the row) */
-  auto load_x = [&](int64_t rw, uint32_t (&w)[NV][ZW]) {
-    const bool in = rw < a.rows;
-    const X* xr = static_cast<const X*>(a.x) + (in ? rw : 0) * a.x_stride;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      if (in && valid[i]) {
-        if constexpr (std::is_same<X, R>::value) {
-          load_words<VEC * sizeof(X)>(xr + col[i], w[i]);
-        } else {
-          float xv[VEC];
-          load_vec<X, VEC>(xr + col[i], xv);
-          pack_to<R, VEC>(xv, w[i]); /* exact: R holds every X value */
-        }
-      } else {
-#pragma unroll
-        for (int k = 0; k < ZW; ++k) w[i][k] = 0u;
-      }
-    }
-  };
-  [[maybe_unused]] uint32_t zn[kNext ? NV : 1][kNext ? ZW : 1]; /* the next row's words */
-  const int64_t next_step = (int64_t)a.grid_clusters * rpb;
-  if constexpr (kNext) load_x((int64_t)(blockIdx.x / ncl) * rpb + group, zn);
   for (int64_t blk = blockIdx.x / ncl; blk < nblk; blk += a.grid_clusters) {
     const int64_t row0 = blk * rpb;
     for (int sub = group; sub < rpb; sub += G) { /* rpb / G iterations for every group */
@@ -354,17 +313,24 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_reg_min_blocks<R, NV, kMaxTh
       uint32_t zw[NV][ZW]; /* z of this thread's slots, masked slots hold 0 */
       float mean = 0.0f;
       float rs = 0.0f;
-      if constexpr (kNext) { /* this row's words were loaded an iteration ago; load the next's */
+      const X* xrow = static_cast<const X*>(a.x) + r * a.x_stride;
+      if (!has_res) { /* z = x: keep the loaded words (R == X here, see dispatch) */
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
+          if (ok && valid[i]) {
+            if constexpr (std::is_same<X, R>::value) {
+              load_words<VEC * sizeof(X)>(xrow + col[i], zw[i]);
+            } else {
+              float xv[VEC];
+              load_vec<X, VEC>(xrow + col[i], xv);
+              pack_to<R, VEC>(xv, zw[i]); /* exact: R holds every X value */
+            }
+          } else {
 #pragma unroll
-          for (int k = 0; k < ZW; ++k) zw[i][k] = zn[i][k];
+            for (int k = 0; k < ZW; ++k) zw[i][k] = 0u;
+          }
         }
-        load_x(row + next_step, zn);
-      } else if (!has_res) { /* z = x: keep the loaded words (R == X here, see dispatch) */
-        load_x(row, zw);
       } else { /* never in kApply */
-        const X* xrow = static_cast<const X*>(a.x) + r * a.x_stride;
         const R* rrow = static_cast<const R*>(a.residual) + r * a.res_stride;
         R* orow = static_cast<R*>(a.residual_out) + r * a.res_out_stride;
 #pragma unroll

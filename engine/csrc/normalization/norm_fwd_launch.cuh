@@ -41,15 +41,6 @@ int fwd_grid_per_sm(const FwdArgs& a, const LaunchCtx& ctx) {
   return a.cols <= 1024 ? 32 : 16;
 }
 
-/* Whether the FP8 fast loop runs its next-row build (FwdPath's kPathNext: the next row's x loaded
- * before this row's reductions, at 2 CTAs per SM; NOTES P177) for a launch of a 16-bit x that
- * takes the fast loop: engine_set_norm_fwd_next_row's 2, wherever the build applies (no
- * residual, cluster or transposed tile: each row group then owns one row per step of the grid);
- * 1 or the default 0, never (P177 is measured with the knob first). */
-inline bool fwd_next_row_applies(const FwdArgs& a, const LaunchCtx& ctx) {
-  return ctx.fwd_next_row == 2 && a.residual == nullptr && a.cluster <= 1 && a.tile_rows == 0;
-}
-
 /* Launch the register-path kernel for a configured FwdArgs (tpr, rows_per_iter, tile fields):
  * the fast row loop (FwdPath) for FP8 outputs in mode kFull in blocks of up to 256 threads, with
  * gamma / beta in shared memory where they fit (gb_smem_offset) or from global memory, the general
@@ -71,18 +62,6 @@ engine_status launch_fwd_reg(FwdArgs a, const LaunchCtx& ctx, int block, size_t 
         fast_global =
             a.e5m2 ? &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kPathE5M2Global>
                    : &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kPathE4M3Global>;
-      }
-      if constexpr (std::is_same<X, R>::value && sizeof(X) == 2) {
-        if (fwd_next_row_applies(a, ctx)) {
-          constexpr int kN = kPathNext;
-          fast_smem = a.e5m2 ? &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kN + kPathE5M2Smem>
-                             : &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kN + kPathE4M3Smem>;
-          if constexpr (kGlobalFast) {
-            fast_global =
-                a.e5m2 ? &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kN + kPathE5M2Global>
-                       : &norm_fwd_reg_kernel<X, R, O, W, kRms, kBias, NV, 256, kN + kPathE4M3Global>;
-          }
-        }
       }
     }
   }

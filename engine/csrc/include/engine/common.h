@@ -167,15 +167,6 @@ int engine_set_norm_fwd_band(int n);
  * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_lean(int n);
 
-/* The norm forward register kernel's next-row builds (normalization/norm_fwd.cuh, FwdPath's
- * kPathNext: the fast loop of an FP8 output in delayed scaling, a 16-bit x without a residual, a
- * cluster or the transposed tile, with each row group's next row loaded before this row's
- * reductions, at 2 CTAs per SM; benchmarks/NOTES.md P177): n = 1 never, 2 wherever they apply,
- * 0 (the default) the launcher's choice (norm_fwd_launch.cuh: fwd_next_row_applies). The bytes,
- * amax and scale_inv are the fast loop's either way. For tests and A/B runs. Process-wide;
- * returns the previous value, or -1 (and changes nothing) for any other n. */
-int engine_set_norm_fwd_next_row(int n);
-
 /* The norm forward's blocked kernel on the rows with a fused residual add of a 16-bit x to a
  * non-FP8 output (its default rows at 2K-16K; benchmarks/NOTES.md P162): n = 1 four 16-byte
  * vectors per thread per chunk on the resident grid (the shape before P162), 2 two vectors per
