@@ -141,9 +141,17 @@ _FWD_FP8_OVERRIDES = {
 #: 81.5-82.3 -> 87.0-88.0; 16K one row over 16 warps at 2 stages 78.7-79.5 -> 83.2-83.4. Where
 #: the prefetched tile does not fit the registers it loses (RMSNorm e4m3 32K at 32 warps 73.7 ->
 #: 59.8; LayerNorm e4m3 32K 37.6 -> 24.4; LayerNorm e4m3 8K 76.3 -> 71.0 on one row over 8 warps).
+#: Session 56 (NOTES Q71, h200_cfg_exp_s56_q71.log, same method): RMSNorm e4m3 1K one row per
+#: warp, 16 per SM, 88.7-89.4 -> 94.1-94.8; 4K one row over 4 warps, 8 per SM (the blocked
+#: 1x2048B w2 p16 before), 89.0-89.2 -> 94.4-94.8; LayerNorm e4m3 1K two rows over 2 warps, 16
+#: per SM, 85.9-86.0 -> 90.7-91.1. RMSNorm e4m3 2K and 8K lost with their entries prefetched
+#: (-4, -11: past the registers of their programs per SM).
 _FWD_PREFETCH_OVERRIDES = {
-    (True, True): {16384: NormConfig(1, 16384, False, 16, 1, prefetch=True)},
-    (False, True): {2048: NormConfig(2, 2048, False, 4, 8, prefetch=True),
+    (True, True): {1024: NormConfig(1, 1024, False, 1, 16, prefetch=True),
+                   4096: NormConfig(1, 4096, False, 4, 8, prefetch=True),
+                   16384: NormConfig(1, 16384, False, 16, 1, prefetch=True)},
+    (False, True): {1024: NormConfig(2, 1024, False, 2, 16, prefetch=True),
+                    2048: NormConfig(2, 2048, False, 4, 8, prefetch=True),
                     4096: NormConfig(2, 4096, False, 8, 4, prefetch=True),
                     8192: NormConfig(2, 8192, False, 16, 1, prefetch=True),
                     16384: NormConfig(1, 16384, False, 16, 1, 2, prefetch=True)},
