@@ -144,7 +144,8 @@ _FWD_FP8_OVERRIDES = {
 #: Session 56 (NOTES Q71, h200_cfg_exp_s56_q71.log, same method): RMSNorm e4m3 1K one row per
 #: warp, 16 per SM, 88.7-89.4 -> 94.1-94.8; 4K one row over 4 warps, 8 per SM (the blocked
 #: 1x2048B w2 p16 before), 89.0-89.2 -> 94.4-94.8; LayerNorm e4m3 1K two rows over 2 warps, 16
-#: per SM, 85.9-86.0 -> 90.7-91.1. RMSNorm e4m3 2K and 8K lost with their entries prefetched
+#: per SM, 85.9-86.0 -> 90.7-91.1; profile_kernels' A/B (NOTES Q71b, h200_ab_s56_q71b.log, two
+#: alternations): +5.0 / +1.9 / +5.1. RMSNorm e4m3 2K and 8K lost with their entries prefetched
 #: (-4, -11: past the registers of their programs per SM).
 _FWD_PREFETCH_OVERRIDES = {
     (True, True): {1024: NormConfig(1, 1024, False, 1, 16, prefetch=True),
