@@ -14,7 +14,6 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
 from benchmarks.profile_kernels import median_per_call  # noqa: E402
 from conftest import INTERPRET  # noqa: E402
 

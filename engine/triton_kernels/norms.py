@@ -555,9 +555,9 @@ def _norm_fwd_kernel(
             first = band * (BAND // BLOCK_M)
             for rb in range(first, tl.minimum(first + BAND // BLOCK_M, tiles)):
                 amax = _fwd_tile(rb, X, RES, RES_OUT, W, B, Y, Y_T, MU, RSTD, stride_x, stride_res, stride_y, stride_ro, M, N, eps, inv_n, scale, fp8_max, g, b, cols, amax,
-                             IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, STORE_T and BAND == 0, STORE_OUT, LOAD_STATS,
+                             IS_RMS_NORM, HAS_BIAS, HAS_RES, ZERO_CENTERED, IS_FP8, False, STORE_OUT, LOAD_STATS,
                              INTERPRETER, MANT, MIN_EXP, BLOCK_M, BLOCK_N, BLOCKED, AMAX_V, EVEN, BITS, RELOAD_RES,
-                             "evict_first" if BAND else "", REV, g, False)
+                             "evict_first", REV, g, False)
             tl.debug_barrier()  # every thread's rowwise stores of the band before any reads them
             _transpose_band(Y, Y_T, band, M, N, stride_y, BAND, TBN)
     if IS_FP8:
