@@ -1,0 +1,359 @@
+/* Q75 (benchmarks/NOTES.md): a stand-alone norm -> FP8 (e4m3, delayed scaling, fused amax)
+ * forward, to find which of Triton's design choices holds its FP8 rows 10-20 points over the CUDA
+ * register kernel's (H200, session 56: LayerNorm e4m3 8K Triton 88 against CUDA 74 on the stream
+ * and 68 on the register path; P177 / P178 ruled out rows in flight and instruction count on the
+ * CUDA side). One kernel template, each factor a template argument, run beside engine's own
+ * kernels by ci/fp8_lab.py (the tables' measure: profiler kernel time, % of the copy bandwidth at
+ * the minimum bytes):
+ *   BLOCK   threads per CTA (256, 512)
+ *   VPT     values of a row per thread (8 per 16-byte vector of bf16 x)
+ *   CONTIG  adjacent 16-byte x vectors a thread owns: 1 (engine: 8 values, an 8-byte FP8 store)
+ *           or 2 (Triton's FP8 layout: 16 values, one 16-byte FP8 store)
+ *   RPT     rows a row group takes per iteration, their reductions sharing one barrier (Triton's
+ *           2-row tiles)
+ *   PF      the next iteration's x loaded before this one's reductions (Triton's prefetch, P175)
+ *   GM      gamma (and beta): 0 re-read per row from global memory (L1; engine from 8K), 1 held
+ *           in fp32 registers across the row loop (loop invariants hoisted, as Triton's tiles),
+ *           2 fp32 in shared memory, filled once per CTA (engine's fast loop up to 4K)
+ *   MINB    the CTAs per SM the build is compiled for (__launch_bounds__)
+ * A row group of tpr = N / VPT threads holds a row; G = BLOCK / tpr groups per CTA. Rows and N are
+ * exact multiples of the layout (powers of two): no masking. LayerNorm's variance is one-pass
+ * (E[z^2] - mean^2), the lab's timing form, not engine's guarded one; the driver checks the bytes
+ * against a float64 reference on its N(0, 1) rows, where the two agree.
+ *
+ *   nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -o /tmp/fp8_lab.so ci/fp8_lab.cu
+ *   PYTHONPATH=$PWD python3 ci/fp8_lab.py --so /tmp/fp8_lab.so [--n 4096 8192 16384]
+ */
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+
+namespace {
+
+constexpr int kGGlobal = 0, kGReg = 1, kGSmem = 2;
+
+__device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    f[2 * k] = __uint_as_float(w[k] << 16);
+    f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+  }
+}
+
+/* four floats to four e4m3 bytes, saturating (engine's cvt.rn.satfinite) */
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+  const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+  const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+  return lo | (hi << 16);
+}
+
+__device__ __forceinline__ float amax_upd(float m, float y) { /* engine's amax_update */
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(fabsf(y)));
+  return r;
+}
+
+template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB>
+__global__ void __launch_bounds__(BLOCK, MINB)
+    fp8_lab_kernel(const uint4* __restrict__ x, const uint4* __restrict__ gb, uint8_t* __restrict__ y,
+                   float* __restrict__ amax_out, long long rows, int nvec, int tpr, float inv_n, float eps,
+                   float scale) {
+  constexpr int NV = VPT / 8;     /* 16-byte vectors per thread and row */
+  constexpr int NR = NV / CONTIG; /* runs of CONTIG adjacent vectors */
+  constexpr int NW = BLOCK / 32;
+  constexpr int NS = LN ? 2 : 1; /* sums per row */
+  static_assert(NV % CONTIG == 0, "runs must tile a thread's vectors");
+  __shared__ float red[2][RPT][NS][NW];
+  __shared__ int amax_sm[NW];
+  extern __shared__ __align__(16) float gsm[];
+  const int group = threadIdx.x / tpr;
+  const int lr = threadIdx.x - group * tpr;
+  const int G = BLOCK / tpr;
+  const int wpr = tpr >> 5;
+  const int warp = threadIdx.x >> 5;
+  const long long per_blk = (long long)G * RPT;
+  const long long nblk = rows / per_blk;
+  /* the x vector (within a row) of run k's c-th vector */
+  auto vidx = [&](int k, int c) { return (k * tpr + lr) * CONTIG + c; };
+
+  float greg[GM == kGReg ? VPT : 1];
+  float breg[GM == kGReg && LN ? VPT : 1];
+  if constexpr (GM == kGReg) {
+#pragma unroll
+    for (int k = 0; k < NR; ++k) {
+#pragma unroll
+      for (int c = 0; c < CONTIG; ++c) {
+        float f[8];
+        unpack8(gb[vidx(k, c)], f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) greg[(k * CONTIG + c) * 8 + j] = f[j];
+        if constexpr (LN) {
+          unpack8(gb[nvec + vidx(k, c)], f);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) breg[(k * CONTIG + c) * 8 + j] = f[j];
+        }
+      }
+    }
+  }
+  if constexpr (GM == kGSmem) {
+    for (int v = threadIdx.x; v < nvec * NS; v += BLOCK) {
+      float f[8];
+      unpack8(gb[v], f);
+      float4* d = reinterpret_cast<float4*>(gsm + 8 * v);
+      d[0] = make_float4(f[0], f[1], f[2], f[3]);
+      d[1] = make_float4(f[4], f[5], f[6], f[7]);
+    }
+    __syncthreads();
+  }
+  /* gamma (and beta) of run k's c-th vector */
+  auto gam = [&](int k, int c, float(&g)[8], float(&b)[8]) {
+    if constexpr (GM == kGReg) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        g[j] = greg[(k * CONTIG + c) * 8 + j];
+        b[j] = LN ? breg[(k * CONTIG + c) * 8 + j] : 0.0f;
+      }
+    } else if constexpr (GM == kGSmem) {
+      const float4* p = reinterpret_cast<const float4*>(gsm + 8 * vidx(k, c));
+      float4 u = p[0], v = p[1];
+      g[0] = u.x; g[1] = u.y; g[2] = u.z; g[3] = u.w; g[4] = v.x; g[5] = v.y; g[6] = v.z; g[7] = v.w;
+      if constexpr (LN) {
+        const float4* q = reinterpret_cast<const float4*>(gsm + 8 * (nvec + vidx(k, c)));
+        u = q[0];
+        v = q[1];
+        b[0] = u.x; b[1] = u.y; b[2] = u.z; b[3] = u.w; b[4] = v.x; b[5] = v.y; b[6] = v.z; b[7] = v.w;
+      }
+    } else {
+      unpack8(gb[vidx(k, c)], g);
+      if constexpr (LN) unpack8(gb[nvec + vidx(k, c)], b);
+    }
+    if constexpr (!LN) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) b[j] = 0.0f;
+    }
+  };
+
+  uint4 cur[RPT][NV], nxt[RPT][NV];
+  auto load = [&](long long blk, uint4(&v)[RPT][NV]) {
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      const uint4* p = x + (blk * per_blk + r * G + group) * (long long)nvec;
+#pragma unroll
+      for (int k = 0; k < NR; ++k) {
+#pragma unroll
+        for (int c = 0; c < CONTIG; ++c) v[r][k * CONTIG + c] = p[vidx(k, c)];
+      }
+    }
+  };
+  float amax = 0.0f;
+  int parity = 0;
+  long long blk = blockIdx.x;
+  if (blk < nblk) load(blk, cur);
+  for (; blk < nblk; blk += gridDim.x) {
+    const long long nb = blk + gridDim.x;
+    if (PF && nb < nblk) load(nb, nxt);
+    float s[RPT][NS];
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        float f[8];
+        unpack8(cur[r][i], f);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          if constexpr (LN) {
+            s0 += f[j];
+            s1 = fmaf(f[j], f[j], s1);
+          } else {
+            s0 = fmaf(f[j], f[j], s0);
+          }
+        }
+      }
+      s[r][0] = s0;
+      if constexpr (LN) s[r][1] = s1;
+    }
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+#pragma unroll
+      for (int q = 0; q < NS; ++q) {
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) s[r][q] += __shfl_xor_sync(0xffffffffu, s[r][q], off);
+      }
+    }
+    if (wpr > 1) { /* one barrier for the RPT rows of the group */
+      if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) {
+#pragma unroll
+          for (int q = 0; q < NS; ++q) red[parity][r][q][warp] = s[r][q];
+        }
+      }
+      if (G > 1) {
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(tpr) : "memory");
+      } else {
+        __syncthreads();
+      }
+#pragma unroll
+      for (int r = 0; r < RPT; ++r) {
+#pragma unroll
+        for (int q = 0; q < NS; ++q) {
+          float t = 0.0f;
+          for (int w = 0; w < wpr; ++w) t += red[parity][r][q][group * wpr + w];
+          s[r][q] = t;
+        }
+      }
+      parity ^= 1;
+    }
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+      float mean = 0.0f, rs;
+      if constexpr (LN) {
+        mean = s[r][0] * inv_n;
+        rs = rsqrtf(fmaxf(s[r][1] * inv_n - mean * mean, 0.0f) + eps);
+      } else {
+        rs = rsqrtf(s[r][0] * inv_n + eps);
+      }
+      uint8_t* orow = y + (blk * per_blk + r * G + group) * (long long)nvec * 8;
+#pragma unroll
+      for (int k = 0; k < NR; ++k) {
+        uint32_t w[2 * CONTIG];
+#pragma unroll
+        for (int c = 0; c < CONTIG; ++c) {
+          float f[8], g[8], b[8], q[8];
+          unpack8(cur[r][k * CONTIG + c], f);
+          gam(k, c, g, b);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) {
+            const float v = LN ? fmaf((f[j] - mean) * rs, g[j], b[j]) : f[j] * rs * g[j];
+            amax = amax_upd(amax, v);
+            q[j] = v * scale;
+          }
+          w[2 * c] = e4m3x4(q[0], q[1], q[2], q[3]);
+          w[2 * c + 1] = e4m3x4(q[4], q[5], q[6], q[7]);
+        }
+        uint8_t* dst = orow + vidx(k, 0) * 8;
+        if constexpr (CONTIG == 2) {
+          *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+          *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+        }
+      }
+    }
+    if (PF) {
+#pragma unroll
+      for (int r = 0; r < RPT; ++r) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) cur[r][i] = nxt[r][i];
+      }
+    } else if (nb < nblk) {
+      load(nb, cur);
+    }
+  }
+  /* one atomic max per CTA on the float's bits (non-negative: ordered as ints) */
+  int bits = __float_as_int(amax);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) bits = max(bits, __shfl_xor_sync(0xffffffffu, bits, off));
+  if ((threadIdx.x & 31) == 0) amax_sm[warp] = bits;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < NW; ++w) bits = max(bits, amax_sm[w]);
+    atomicMax(reinterpret_cast<int*>(amax_out), bits);
+  }
+}
+
+struct Cfg {
+  const char* name;
+  int block, vpt, contig, rpt, pf, gm, minb;
+};
+
+/* The variants: E* engine's register layout (8 values per vector, 8-byte FP8 stores), T* Triton's
+ * LayerNorm e4m3 8K tile (2 x 8192 over 16 warps, 16 values per thread, prefetch, gamma hoisted),
+ * W* a row over 512 threads at 32 values each (Triton's 16K tile), each with one factor changed;
+ * W64* 64 values per thread (rows of 32K over 512 threads). */
+#define LAB_CONFIGS(X)                                 \
+  X(0, "E-glob", 256, 32, 1, 1, 0, kGGlobal, 2)       \
+  X(1, "E-smem", 256, 32, 1, 1, 0, kGSmem, 3)         \
+  X(2, "E-glob-pf", 256, 32, 1, 1, 1, kGGlobal, 2)    \
+  X(3, "E-glob-c2", 256, 32, 2, 1, 0, kGGlobal, 2)    \
+  X(4, "E-reg", 256, 32, 1, 1, 0, kGReg, 2)           \
+  X(5, "T", 512, 16, 2, 2, 1, kGReg, 1)               \
+  X(6, "T-c1", 512, 16, 1, 2, 1, kGReg, 1)            \
+  X(7, "T-nopf", 512, 16, 2, 2, 0, kGReg, 1)          \
+  X(8, "T-glob", 512, 16, 2, 2, 1, kGGlobal, 1)       \
+  X(9, "T-smem", 512, 16, 2, 2, 1, kGSmem, 1)         \
+  X(10, "T-r1", 512, 16, 2, 1, 1, kGReg, 1)           \
+  X(11, "T256", 256, 16, 2, 2, 1, kGReg, 2)           \
+  X(12, "W", 512, 32, 2, 1, 1, kGReg, 1)              \
+  X(13, "W-c1", 512, 32, 1, 1, 1, kGReg, 1)           \
+  X(14, "W-nopf", 512, 32, 2, 1, 0, kGReg, 1)         \
+  X(15, "W-glob", 512, 32, 2, 1, 1, kGGlobal, 1)      \
+  X(16, "W64-glob", 512, 64, 2, 1, 0, kGGlobal, 1)    \
+  X(17, "W64-glob-pf", 512, 64, 2, 1, 1, kGGlobal, 1)
+
+#define LAB_CFG_ROW(ID, NAME, B, V, C, R, P, G, M) {NAME, B, V, C, R, P, G, M},
+constexpr Cfg kCfgs[] = {LAB_CONFIGS(LAB_CFG_ROW)};
+#undef LAB_CFG_ROW
+constexpr int kNumCfgs = sizeof(kCfgs) / sizeof(kCfgs[0]);
+
+template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB>
+long long launch_t(long long per_sm, const void* x, const void* gb, void* y, float* amax, long long rows, int n,
+                   float scale, cudaStream_t stream, int* regs) {
+  auto* k = &fp8_lab_kernel<LN, BLOCK, VPT, CONTIG, RPT, PF, GM, MINB>;
+  cudaFuncAttributes at{};
+  if (cudaFuncGetAttributes(&at, k) != cudaSuccess) return -2;
+  if (regs != nullptr) *regs = at.numRegs;
+  const int nvec = n / 8;
+  if (n % VPT != 0) return -1;
+  const int tpr = n / VPT;
+  if (tpr < 32 || tpr % 32 != 0 || tpr > BLOCK || BLOCK % tpr != 0 || BLOCK / tpr > 8) return -1;
+  const long long per_blk = (long long)(BLOCK / tpr) * RPT;
+  if (rows % per_blk != 0) return -1;
+  const size_t smem = GM == kGSmem ? (size_t)n * 4 * (LN ? 2 : 1) : 0;
+  if (smem > 48 * 1024 &&
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) != cudaSuccess) {
+    return -2;
+  }
+  int dev = 0, sms = 0, resident = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, k, BLOCK, smem);
+  if (resident < 1) return -1;
+  const long long grid = std::min((per_sm > 0 ? per_sm : resident) * (long long)sms, rows / per_blk);
+  k<<<(unsigned)grid, BLOCK, smem, stream>>>(static_cast<const uint4*>(x), static_cast<const uint4*>(gb),
+                                             static_cast<uint8_t*>(y), amax, rows, nvec, tpr, 1.0f / n, 1e-5f,
+                                             scale);
+  return cudaGetLastError() == cudaSuccess ? grid : -2;
+}
+
+}  // namespace
+
+extern "C" int fp8_lab_num_configs() { return kNumCfgs; }
+
+/* the config's description: "name block vpt contig rpt pf gm minb" */
+extern "C" int fp8_lab_describe(int id, char* buf, int len) {
+  if (id < 0 || id >= kNumCfgs) return -1;
+  const Cfg& c = kCfgs[id];
+  return std::snprintf(buf, len, "%-10s B%d V%d C%d R%d pf%d g%d m%d", c.name, c.block, c.vpt, c.contig, c.rpt, c.pf,
+                       c.gm, c.minb);
+}
+
+/* One launch of config `id` (ln: LayerNorm, gb = gamma then beta; else RMSNorm, gb = gamma) on
+ * per_sm CTAs per SM (0: the resident CTAs), capped at the row blocks; *regs gets the build's
+ * registers. Returns the grid, -1 where the layout does not fit N or the rows, -2 on an error. */
+extern "C" long long fp8_lab_launch(int id, int ln, long long per_sm, const void* x, const void* gb, void* y,
+                                    float* amax, long long rows, int n, float scale, void* stream, int* regs) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+#define LAB_CASE(ID, NAME, B, V, C, R, P, G, M)                                                      \
+  case ID:                                                                                           \
+    return ln ? launch_t<true, B, V, C, R, P != 0, G, M>(per_sm, x, gb, y, amax, rows, n, scale, s, regs) \
+              : launch_t<false, B, V, C, R, P != 0, G, M>(per_sm, x, gb, y, amax, rows, n, scale, s, regs);
+  switch (id) { LAB_CONFIGS(LAB_CASE) }
+#undef LAB_CASE
+  return -1;
+}
