@@ -167,6 +167,11 @@ def main(argv=None) -> int:
                     help="CUDA: 1 keeps the forward's register kernel where its lean kernel runs by "
                          "default, 2 runs it at 32K for both norms, 3 there over 2-CTA clusters "
                          "(0: the default; engine.cuda_backend.norm_fwd_lean), for A/B runs")
+    ap.add_argument("--fwd-fp8-lean", type=int, choices=[0, 1, 2, 4, 8],
+                    help="CUDA: 1 keeps the forward's register / streamed kernels where its lean FP8 "
+                         "kernel runs by default, 2 runs it at every width it fits, 4 / 8 the same at "
+                         "that many vectors per thread (0: the default; "
+                         "engine.cuda_backend.norm_fwd_fp8_lean), for A/B runs")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="Both backends: the forward calls' sm_margin (SMs left out of the "
                          "persistent grids; benchmarks.cases.Spec.sm_margin), for runs of the grid "
@@ -224,7 +229,8 @@ def main(argv=None) -> int:
              ("fwd_grid_per_sm", "norm_fwd_grid_per_sm"), ("bwd_stream_from", "norm_bwd_stream_from"),
              ("bwd_stream_threads", "norm_bwd_stream_threads"), ("fwd_stream_from", "norm_fwd_stream_from"),
              ("fwd_stream_threads", "norm_fwd_stream_threads"), ("fwd_band", "norm_fwd_band"),
-             ("fwd_lean", "norm_fwd_lean"), ("fwd_blocked_shape", "norm_fwd_blocked_shape"),
+             ("fwd_lean", "norm_fwd_lean"), ("fwd_fp8_lean", "norm_fwd_fp8_lean"),
+             ("fwd_blocked_shape", "norm_fwd_blocked_shape"),
              ("dram_class", "dram_class"), ("fp8_transpose_order", "fp8_transpose_order"))
     with contextlib.ExitStack() as stack:
         for arg, knob in knobs:

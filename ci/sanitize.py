@@ -303,6 +303,43 @@ def run_narrow() -> int:
     return bad
 
 
+# The lean FP8 forward (norm_fwd_fp8_lean.cuh, NOTES P179) under its knob: (rows, cols, vectors per
+# thread): more row blocks than CTAs (the prefetch's last loads at the grid's last blocks), a partial
+# last block, one row, three row groups of 160 threads (480 a CTA), one group of 512 threads.
+FP8_LEAN_SHAPES = [(1101, 4096, 4), (67, 5120, 4), (1, 16384, 4), (301, 32768, 8), (67, 6144, 8)]
+
+
+def run_fp8_lean() -> int:
+    """The lean FP8 forward on FP8_LEAN_SHAPES, both norms (LayerNorm at 4 vectors only), e4m3,
+    at sm_margin 0 and at all but 4 SMs; the bytes against the register path's at sm_margin 0
+    (within one FP8 step: the same order at 8 vectors or at 4 up to 8192, else its own)."""
+    bad = 0
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for (m, n, nv), is_rms in itertools.product(FP8_LEAN_SHAPES, (True, False)):
+        if nv == 8 and not is_rms:
+            continue
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        b = None if is_rms else torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        outs = []
+        for knob, margin in ((1, 0), (nv, 0), (nv, sms - 4)):
+            data = torch.full((m, n), 0x7F, device="cuda", dtype=torch.uint8).view(E4M3)
+            with cuda_backend.norm_fwd_fp8_lean(knob):
+                cuda_backend.norm_fwd(x, w, b, None, 1e-5, data, None,
+                                      None if is_rms else torch.empty(m, device="cuda"),
+                                      torch.empty(m, device="cuda"), torch.full((1,), 3.0, device="cuda"),
+                                      torch.zeros(1, device="cuda"), torch.empty(1, device="cuda"), None,
+                                      is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
+                                      amax_epsilon=0.0, sm_margin=margin)
+            u = data.view(torch.uint8).to(torch.int16)  # ordinal: -0 and +0 alike, steps apart
+            outs.append(torch.where(u >= 128, 128 - u, u))
+        if (outs[1] - outs[0]).abs().max().item() > 1 or not torch.equal(outs[1], outs[2]):
+            print(f"fp8 lean forward mismatch {m}x{n} rms={is_rms} nv={nv}")
+            bad += 1
+    torch.cuda.synchronize()
+    return bad
+
+
 # The backward's dweight / dbias reduction (norm_api.cu launch_bwd_reduce, NOTES P171-P172c): the
 # flat kernel (few partial rows, more 128-column blocks than the sliced grid: LayerNorm from ~34K
 # columns, RMSNorm from ~68K, ragged at 40001 / 70001) and the sliced one (many rows; few rows
@@ -341,7 +378,7 @@ def run_reduce() -> int:
 if __name__ == "__main__":
     # --band: the card's default band configuration; --band-wide: S = 1024 (knob 4); --narrow:
     # run_narrow alone; --lean: run_lean alone; --blocked-shape: run_blocked_shape alone;
-    # --reduce: run_reduce alone
+    # --reduce: run_reduce alone; --fp8-lean: run_fp8_lean alone
     args = sys.argv[1:]
     if args == ["--narrow"]:
         failures = run_narrow()
@@ -351,11 +388,14 @@ if __name__ == "__main__":
         failures = run_blocked_shape()
     elif args == ["--reduce"]:
         failures = run_reduce()
+    elif args == ["--fp8-lean"]:
+        failures = run_fp8_lean()
     elif args == ["--band"]:
         failures = run_band(0, BAND_SHAPES)
     elif args == ["--band-wide"]:
         failures = run_band(4, BAND_WIDE_SHAPES)
     else:
-        failures = run("1") + run("0") + run_narrow() + run_lean() + run_blocked_shape() + run_reduce()
+        failures = (run("1") + run("0") + run_narrow() + run_lean() + run_blocked_shape() + run_reduce()
+                    + run_fp8_lean())
     print("sanitize driver:", "OK" if failures == 0 else f"{failures} mismatches")
     sys.exit(1 if failures else 0)

@@ -35,7 +35,7 @@ __all__ = ["ensure_available", "norm_fwd", "norm_fwd_alloc", "norm_bwd", "norm_b
            "norm_bwd_cta_threads",
            "norm_fwd_general_loop", "norm_fwd_blocked_from", "norm_fwd_grid_per_sm",
            "norm_bwd_stream_from", "norm_bwd_stream_threads", "norm_fwd_stream_from",
-           "norm_fwd_stream_threads", "norm_fwd_band", "norm_fwd_lean", "norm_fwd_blocked_shape", "fp8_transpose_order", "dram_class", "device_dram_class",
+           "norm_fwd_stream_threads", "norm_fwd_band", "norm_fwd_lean", "norm_fwd_fp8_lean", "norm_fwd_blocked_shape", "fp8_transpose_order", "dram_class", "device_dram_class",
            "IN_KERNEL_TRANSPOSE_MAX_N", "SMALL_COPY_ROWS", "FEW_ROWS_PER_SM",
            "FEW_ROWS_PER_SM_FP16"]
 
@@ -617,6 +617,27 @@ def norm_fwd_lean(n: int):
     if type(n) is not int or n not in (0, 1, 2, 3):
         raise ValueError(f"norm_fwd_lean: n must be 0, 1, 2 or 3, got {n!r}")
     return _knob("set_norm_fwd_lean", n)
+
+
+def norm_fwd_fp8_lean(n: int):
+    """Context manager: inside the ``with`` block ``n = 1`` keeps the CUDA norm forward's register,
+    streamed and blocked kernels for the rows its lean FP8 kernel takes by default
+    (engine/csrc/normalization/norm_fwd_fp8_lean.cuh: a 16-bit x without a residual to an FP8
+    output in delayed scaling, no transposed copy asked of the kernel; one 512-thread CTA per SM,
+    the next row loaded before this row's reductions, gamma and beta held in fp32 registers at 4
+    vectors of x per thread); ``n = 0``, the default, runs it for LayerNorm at 4096-16384 columns
+    and RMSNorm at 4096-32768 (8 vectors per thread past 8192) on a card that is not lean
+    (benchmarks/NOTES.md P179; the H100 keeps its kernels, not measured); ``n = 2`` at every width
+    whose row groups it fills (a multiple of 1024 columns up to 16384 at 4 vectors, RMSNorm's
+    multiples of 2048 up to 32768 at 8), on any card; ``n = 4`` or ``8`` the same with that many
+    vectors per thread (8: RMSNorm only). Its rows' sums add in the register kernel's order at
+    that many vectors per thread, so its FP8 bytes are within one step of the default fp32
+    output's cast (at rounding boundaries) where that takes another kernel. For tests and A/B
+    benchmarks. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n``
+    raises ValueError at the call."""
+    if type(n) is not int or n not in (0, 1, 2, 4, 8):
+        raise ValueError(f"norm_fwd_fp8_lean: n must be 0, 1, 2, 4 or 8, got {n!r}")
+    return _knob("set_norm_fwd_fp8_lean", n)
 
 
 def norm_fwd_blocked_shape(n: int):

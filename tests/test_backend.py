@@ -179,6 +179,8 @@ KNOBS = {
     "norm_fwd_blocked_shape": ("set_norm_fwd_blocked_shape", 1, 4, 0, 5, [-1, 5, 2.0, "2", True],
                                "0, 1, 2, 3 or 4"),
     "norm_fwd_lean": ("set_norm_fwd_lean", 1, 3, 0, 4, [-1, 4, 1.0, "1", True], "0, 1, 2 or 3"),
+    "norm_fwd_fp8_lean": ("set_norm_fwd_fp8_lean", 1, 8, 0, 3, [-1, 3, 5, 16, 1.0, "1", True],
+                          "0, 1, 2, 4 or 8"),
     "dram_class": ("set_dram_class", 1, 2, 0, 3, [-1, 3, 1.0, "1", True], "0, 1 or 2"),
     "fp8_transpose_order": ("set_fp8_transpose_order", 1, 2, 0, 3, [-1, 3, 1.0, "1", True],
                             "0, 1 or 2"),

@@ -39,6 +39,10 @@ SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
 # does and its fp32 output not (same_row_sums), LayerNorm's outputs neither. 65536: Triton's
 # lean-card tiles on an H100 (two blocked chunks of 32K; NOTES P110).
 WIDE = [(301, 24584), (19, 65536), (37, 131072)] if ON_GPU else []
+# On the GPU also widths CUDA's lean FP8 kernel takes by default on a card that is not lean (NOTES
+# P179; fp8_lean_nv): 4 vectors per thread at 5120 (three row groups of 160 threads), 8 at 16384 for
+# RMSNorm (4 for LayerNorm); 700 rows: more row blocks than CTAs, so the prefetch's loop runs.
+LEAN_FP8 = [(700, 5120), (301, 16384)] if ON_GPU else []
 # CUDA's RMSNorm FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): on a lean
 # card (the H100) the blocked kernel from the first width to the second, above it up to the third
 # the streamed kernel with a transposed copy or current scaling, the fp32 output's clusters in
@@ -101,9 +105,17 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=
     of x's dtype (``residual``): at 2K-8K the blocked kernel for the fp32 output and the register
     kernel for an FP8 one (fwd_take_blocked; NOTES P91), at 16K the blocked kernel and the
     streamed one (NOTES P130; at 32K-64K both take the blocked kernel since P103). All only for a
-    16-bit x and rows of 16-byte vectors (n a multiple of 8)."""
+    16-bit x and rows of 16-byte vectors (n a multiple of 8).
+    On a card that is not lean, delayed scaling alone takes the lean FP8 kernel where fp8_lean_nv
+    says (NOTES P179) before all of these: counted as its own path there (at 8 vectors per thread
+    its sums are the register kernel's order, the fp32 output's where that takes the register or
+    lean kernel without a cluster; test_fwd_fp8_lean_kernel checks the bits against that).
+    test_fp8_own_kernel_widths turns it off to see the kernels above."""
     if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
         return False
+    lean_card = cuda_lean() if lean is None else lean
+    if alone and not residual and fp8_lean_nv(is_rms, n, lean=lean_card):
+        return True  # the lean FP8 kernel (its own order at 4 vectors per thread; at 8 not always)
     sm90 = torch.cuda.get_device_capability()[0] >= 9
     if residual:
         return 2048 <= n <= 16384
@@ -115,6 +127,25 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=
         return (is_rms and (lo <= n <= mid or (sm90 and mid < n < hi))) or (not is_rms and sm90 and n == hi)
     # at 32K RMSNorm's fp32 output takes the lean kernel there (NOTES P154), its FP8 outputs the stream
     return sm90 and ((mid if is_rms else FP8_OWN_LN_WIDE) <= n < hi or (is_rms and n == hi))
+
+
+def fp8_lean_nv(is_rms, n, knob=0, lean=False):
+    """norm_fwd_fp8_lean.cuh's fwd_fp8_lean_nv: the vectors per thread (4 or 8) of CUDA's lean FP8
+    kernel for rows of n under its knob (engine.cuda_backend.norm_fwd_fp8_lean: 0 the default, on a
+    card that is not lean only, ``lean``; 1 never; 2 every width it fits; 4 / 8 the same at that
+    many), or 0 where it does not run. It takes delayed scaling of a 16-bit x without a residual,
+    with no transposed copy asked of the kernel (RMSNorm without a bias, LayerNorm)."""
+    if knob == 1 or (knob == 0 and lean):
+        return 0
+    nv = knob if knob in (4, 8) else (8 if is_rms and n > 8192 else 4)
+    if nv == 8 and not is_rms:
+        return 0
+    if knob == 0 and not 4096 <= n <= (32768 if is_rms else 16384):
+        return 0
+    if n % (8 * nv):
+        return 0
+    tpr = n // (8 * nv)
+    return nv if 32 <= tpr <= 512 and tpr % 32 == 0 else 0
 
 
 def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False, alone=True):
@@ -175,7 +206,7 @@ def inputs(m, n, is_rms, dtype=BF16):
 
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("fp8_dtype", FP8)
-@pytest.mark.parametrize("m,n", SHAPES + WIDE)
+@pytest.mark.parametrize("m,n", SHAPES + WIDE + LEAN_FP8)
 def test_norm_fp8_delayed(backend, is_rms, fp8_dtype, m, n):
     x, w, b = inputs(m, n, is_rms)
     y32 = call(is_rms, x, w, b, out_dtype=F32)
@@ -371,7 +402,9 @@ def test_fp8_own_kernel_widths(n, dram_class, fp8_dtype):
     the exact cast of their kernel's fp32 output (its knob) with its exact amax, and where that
     kernel is not the default fp32 output's, within one step of that one's cast at rounding
     boundaries only; current scaling's bytes are delayed scaling's at its scale (its statistics
-    pass on the kernel that delayed scaling with the copy takes, its output pass from them)."""
+    pass on the kernel that delayed scaling with the copy takes, its output pass from them).
+    The lean FP8 kernel, which takes delayed scaling at 16K-32K by default on a card that is not
+    lean (NOTES P179), is off here (its knob at 1): test_fwd_fp8_lean_kernel checks it."""
     from engine import cuda_backend
 
     lean = dram_class == 1
@@ -380,6 +413,7 @@ def test_fp8_own_kernel_widths(n, dram_class, fp8_dtype):
     use_backend("cuda")
     stack = contextlib.ExitStack()
     try:
+        stack.enter_context(cuda_backend.norm_fwd_fp8_lean(1))  # its kernels: the tests below
         own = {alone: cuda_fp8_own_path(True, n, lean=lean, alone=alone) for alone in (True, False)}
         assert own[True] or own[False]  # the case this test is for
         stack.enter_context(cuda_backend.dram_class(dram_class))
@@ -689,6 +723,130 @@ def test_fwd_loop_taken(general):
         assert loops(wide5) == ({"0"} if general else {"4"})
         assert loops(bf16) == {"0"}
         assert loops(cur) == {"0"}
+    finally:
+        engine.backend.reset_for_tests()
+
+
+# (rows, cols, vectors per thread) of the lean FP8 kernel under its knob: more row blocks than CTAs
+# (the prefetch's loop: 2101 x 4096 is 526 blocks of 4 rows, 701 x 16384 351 of 2), a partial last
+# block (67, 301, 37), one row, widths not a power of two (5120: three row groups of 160 threads,
+# 480 a CTA; 12288; 6144 at 8 vectors: 96 threads a row, five groups), the narrowest row group (1024:
+# one warp, no barrier) and the widest row of each (16384 at 4 vectors, 32768 at 8: one group of 512)
+FP8_LEAN_CASES = [(2101, 4096, 4), (67, 1024, 4), (1, 8192, 4), (301, 5120, 4), (37, 12288, 4),
+                  (33, 16384, 4), (701, 16384, 8), (301, 32768, 8), (67, 6144, 8)]
+# (RMSNorm, zero-centred gamma, bias, fp32 weights): 8 vectors per thread are RMSNorm's only
+FP8_LEAN_KINDS = {"rms": (True, False, False, False), "rms-zc-w32": (True, True, False, True),
+                  "ln": (False, False, True, False), "ln-nobias-zc": (False, True, False, False),
+                  "ln-w32": (False, False, True, True)}
+
+
+def fp8_lean_nv_of(names):
+    """The vectors-per-thread template argument of each norm_fwd_fp8_lean_kernel among ``names``
+    (its fifth: <X, W, kRms, kBias, NV, kFmt>)."""
+    return [int(n.split("<", 1)[1].split(", ")[4]) for n in names if "norm_fwd_fp8_lean_kernel" in n]
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the lean FP8 kernel of the CUDA forward")
+@pytest.mark.parametrize("kind,m,n,nv", [pytest.param(k, m, n, nv, id=f"{name}-{m}x{n}-nv{nv}")
+                                         for name, k in FP8_LEAN_KINDS.items()
+                                         for m, n, nv in FP8_LEAN_CASES if nv == 4 or k[0]])
+@pytest.mark.parametrize("fp8_dtype", FP8)
+def test_fwd_fp8_lean_kernel(kind, m, n, nv, fp8_dtype):
+    """CUDA's lean FP8 forward (norm_fwd_fp8_lean.cuh, NOTES P179) under its knob at nv vectors
+    per thread (engine.cuda_backend.norm_fwd_fp8_lean(nv)): it runs (its name and vectors among the
+    launched kernels, once), and its bytes, amax and scale_inv are those of the
+    register kernel at the same vectors per thread (norm_fwd_vectors(4) for 4, the default 8; the
+    streamed, blocked and band kernels and clusters off), whose sums it adds in the same order:
+    the exact cast of that kernel's fp32 output, bit for bit, with its exact amax, where that
+    kernel lays the row out as it does (4 vectors: rows of up to 8192, 256 threads; 8: every row
+    here, one 512-thread CTA at 32768); past that within one step of it at rounding boundaries.
+    Against float64: at most one step, rarely. Also the zero-centred gamma and fp32 weights (held
+    in registers at 4 vectors, re-read per row at 8), LayerNorm without a bias, both formats."""
+    from engine import cuda_backend
+
+    is_rms, zc, bias, w32 = kind
+    use_backend("cuda")
+    try:
+        x, w, b = inputs(m, n, is_rms)
+        if bias and b is None:
+            b = torch.randn(n, device=DEVICE).to(BF16)
+        if not bias:
+            b = None
+        if w32:
+            w = w.float()
+            b = None if b is None else b.float()
+        kw = {"zero_centered_gamma": zc}
+        exact = nv == 8 or n <= 8192
+        with register_path(), cuda_backend.norm_fwd_vectors(4 if nv == 4 else 0), \
+                cuda_backend.max_cluster_size(1), cuda_backend.norm_fwd_lean(1):
+            y32 = call(is_rms, x, w, b, out_dtype=F32, **kw)
+        if not exact:  # the default fp32 output, at 8 vectors per thread
+            y32 = call(is_rms, x, w, b, out_dtype=F32, **kw)
+        with cuda_backend.norm_fwd_fp8_lean(nv):
+            q = delayed(fp8_dtype, scale=3.0, amax=0.25)
+            names = cuda_kernel_names(lambda: call(is_rms, x, w, b, quantizer=q, **kw))
+            q = delayed(fp8_dtype, scale=3.0, amax=0.25)
+            t = call(is_rms, x, w, b, quantizer=q, **kw)
+        assert fp8_lean_nv_of(names) == [nv], names
+        assert t.data.dtype == fp8_dtype and t.data.shape == x.shape and t.transpose_data is None
+        assert_cast_of(t.data, y32, 3.0, b, exact=exact)
+        if exact:
+            assert q.amax.item() == max(0.25, y32.abs().max().item())
+        else:
+            assert q.amax.item() == pytest.approx(max(0.25, y32.abs().max().item()), rel=1e-5)
+        assert t.scale_inv.item() == (1.0 / torch.tensor(3.0)).item()
+        oracle = fp8_quantize(ref_fwd(x, w, b, 1e-5, is_rms, zc)["y"], 3.0, fp8_dtype)
+        steps = fp8_steps(t.data, oracle)
+        assert steps.max().item() <= 1
+        assert (steps > 0).float().mean().item() < 0.01
+    finally:
+        engine.backend.reset_for_tests()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
+@pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
+def test_fwd_fp8_lean_default_widths(dram_class):
+    """By default (knob 0) the lean FP8 kernel takes, on a card that is not lean only (NOTES P179;
+    the H100 is not measured), delayed scaling of a bf16 x without a residual at LayerNorm
+    4096-16384 (4 vectors per thread) and RMSNorm 4096-8192 (4) and 16384-32768 (8), where its row
+    groups are whole (fp8_lean_nv: not 4104, not LayerNorm's 32768 nor 2048, not 65536); with a
+    transposed copy made after the norm (the default's at these widths on that card) too, the copy
+    the rowwise bytes transposed. Never current scaling, a residual, a copy asked of the kernel
+    (ENGINE_NORM_EXTERNAL_TRANSPOSE=0), nor under its knob at 1."""
+    from engine import cuda_backend
+
+    use_backend("cuda")
+    lean = dram_class == 1
+    try:
+        with cuda_backend.dram_class(dram_class):
+            for is_rms, n in [(True, 2048), (True, 4096), (True, 8192), (True, 16384), (True, 32768),
+                              (True, 65536), (True, 4104), (False, 2048), (False, 4096), (False, 16384),
+                              (False, 32768)]:
+                x, w, b = inputs(8, n, is_rms)
+                want = fp8_lean_nv(is_rms, n, lean=lean)
+                names = cuda_kernel_names(lambda: call(is_rms, x, w, b, quantizer=delayed(E4M3)))
+                assert fp8_lean_nv_of(names) == ([want] if want else []), (is_rms, n, names)
+            x, w, _ = inputs(67, 8192, True)
+            want = [] if lean else [4]
+            q = delayed(E4M3, columnwise=True)
+            t = None
+
+            def with_copy():
+                nonlocal t
+                t = call(True, x, w, quantizer=q)
+            assert fp8_lean_nv_of(cuda_kernel_names(with_copy)) == want
+            assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
+            cur = Float8CurrentScalingQuantizer(E4M3)
+            assert fp8_lean_nv_of(cuda_kernel_names(lambda: call(True, x, w, quantizer=cur))) == []
+            r = torch.randn_like(x)
+            assert fp8_lean_nv_of(cuda_kernel_names(
+                lambda: call(True, x, w, quantizer=delayed(E4M3), residual=r))) == []
+            with cuda_backend.norm_fwd_fp8_lean(1):
+                assert fp8_lean_nv_of(cuda_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3)))) == []
+        use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
+        with cuda_backend.dram_class(dram_class):
+            names = cuda_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3, columnwise=True)))
+            assert fp8_lean_nv_of(names) == [], names
     finally:
         engine.backend.reset_for_tests()
 

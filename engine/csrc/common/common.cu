@@ -56,6 +56,7 @@ std::atomic<int> g_norm_fwd_stream_threads{0};
 std::atomic<int> g_norm_fwd_band{0};
 std::atomic<int> g_norm_fwd_blocked_shape{0};
 std::atomic<int> g_norm_fwd_lean{0};
+std::atomic<int> g_norm_fwd_fp8_lean{0};
 std::atomic<int> g_fp8_transpose_order{0};
 std::atomic<int> g_dram_class{0}; /* engine_set_dram_class: 0 by the device */
 
@@ -194,6 +195,7 @@ int norm_fwd_stream_threads() { return g_norm_fwd_stream_threads.load(std::memor
 
 int norm_fwd_band() { return g_norm_fwd_band.load(std::memory_order_relaxed); }
 int norm_fwd_lean() { return g_norm_fwd_lean.load(std::memory_order_relaxed); }
+int norm_fwd_fp8_lean() { return g_norm_fwd_fp8_lean.load(std::memory_order_relaxed); }
 int norm_fwd_blocked_shape() { return g_norm_fwd_blocked_shape.load(std::memory_order_relaxed); }
 int fp8_transpose_order() { return g_fp8_transpose_order.load(std::memory_order_relaxed); }
 
@@ -366,6 +368,11 @@ int engine_set_norm_fwd_blocked_shape(int n) {
 int engine_set_norm_fwd_lean(int n) {
   if (n < 0 || n > 3) return -1;
   return engine::g_norm_fwd_lean.exchange(n);
+}
+
+int engine_set_norm_fwd_fp8_lean(int n) {
+  if (n != 0 && n != 1 && n != 2 && n != 4 && n != 8) return -1;
+  return engine::g_norm_fwd_fp8_lean.exchange(n);
 }
 
 int engine_set_fp8_transpose_order(int n) {

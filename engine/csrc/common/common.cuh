@@ -96,6 +96,8 @@ int norm_fwd_stream_threads();
 int norm_fwd_band();
 /* engine_set_norm_fwd_lean's value now (0: the default, the lean kernel where it applies). */
 int norm_fwd_lean();
+/* engine_set_norm_fwd_fp8_lean's value now (0: the default widths). */
+int norm_fwd_fp8_lean();
 /* engine_set_norm_fwd_blocked_shape's value now (0: the default shape and grid). */
 int norm_fwd_blocked_shape();
 /* engine_set_fp8_transpose_order's value now (0: the default order). */

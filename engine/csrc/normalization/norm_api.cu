@@ -272,7 +272,7 @@ extern "C" engine_status engine_norm_fwd(const engine_norm_fwd_params* p, int sm
                       norm_fwd_general_loop(), 0, norm_fwd_blocked_from(),
                       norm_fwd_grid_per_sm(), 0, 0, norm_fwd_stream_from(),
                       norm_fwd_stream_threads(), norm_fwd_band(), lean_dram(info) ? 1 : 0,
-                      norm_fwd_lean(), norm_fwd_blocked_shape()};
+                      norm_fwd_lean(), norm_fwd_blocked_shape(), norm_fwd_fp8_lean()};
 
   FwdArgs a{};
   a.rows = rows;

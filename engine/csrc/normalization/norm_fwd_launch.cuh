@@ -10,6 +10,7 @@
 
 #include "normalization/norm_fwd.cuh"
 #include "normalization/norm_fwd_band.cuh"
+#include "normalization/norm_fwd_fp8_lean.cuh"
 #include "normalization/norm_fwd_lean.cuh"
 #include "normalization/norm_fwd_stream.cuh"
 
@@ -377,6 +378,12 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
       *transposed = st == ENGINE_SUCCESS;
       return st;
     }
+  }
+  /* the lean FP8 kernel (fwd_fp8_lean_applies: delayed scaling, no residual, the copy if any
+   * after the norm; NOTES P179), before the stream, the blocked kernel and the register path */
+  if constexpr (is_fp8_v<O> && sizeof(X) == 2 && std::is_same<X, R>::value) {
+    const int nv = vec ? fwd_fp8_lean_applies(a, ctx, kTileAutoMaxCols) : 0;
+    if (nv != 0) return launch_fwd_fp8_lean<X>(a, ctx, nv);
   }
   const bool wide_blocked =
       vec && fwd_blocked_packed<X, R, VEC>() &&

@@ -1,0 +1,276 @@
+/*
+ * The lean FP8 forward (benchmarks/NOTES.md Q75, P179): a 16-bit x without a residual to an FP8
+ * output in delayed scaling (mode kFull), no in-kernel transposed copy, in the shape of Triton's
+ * FP8 tiles, which read 86-93 % of copy on the H200 where the register kernel's fast loop and
+ * the streamed kernel read 74-84 at LayerNorm e4m3 4K-16K and RMSNorm e4m3 16K-32K.
+ *
+ * A stand-alone kernel varied one factor at a time (ci/fp8_lab.cu, Q75) found what carries it:
+ *   - the next row's x loaded before this row's reductions (a register prefetch). It is worth
+ *     15-30 points in that shape (LayerNorm e4m3 8K 87 -> 64 without it), where the register
+ *     kernel's 3 CTAs of 256 threads per SM, compiled for 80 registers, have no room for it;
+ *   - one CTA of 512 threads per SM (up to 128 registers a thread, 16 warps per SM);
+ *   - gamma (and beta) loaded once into fp32 registers, before the row loop, where a thread holds
+ *     32 values of a row (NV = 4; LayerNorm e4m3 8K 87 against 81 re-read per row); at 64 values
+ *     a thread (NV = 8, RMSNorm's rows of 16K-32K) there is no room: they are re-read per row from
+ *     L1, each slot's one slot ahead of its use (the lean kernel's P153 form).
+ * The 16-byte FP8 stores of Triton's layout were not a factor (8 against 16 values a thread
+ * within 2 points either way), so the layout is the register kernel's: slot i of lane lr is the
+ * 16-byte vector lr + i * tpr of its row, tpr = cols / (8 NV) threads a row (a multiple of 32, at
+ * most 512), G = 512 / tpr rows a CTA (its block G * tpr threads, so that every row group is
+ * whole: a partial one would wait at its named barrier for threads that do not exist), every slot
+ * in the row (no masks: fwd_fp8_lean_nv takes only the widths that fill them).
+ *
+ * Numerics: those of norm_fwd.cuh (z = x; RMSNorm rsigma = 1 / sqrtf(sum z^2 / N + eps);
+ * LayerNorm's one-pass sums scaled by 1 / N per thread, ln_one_pass_var, else the centred pass;
+ * ln_fma_row; norm_y; amax of y before the scale; q = cvt.rn.satfinite(y * scale)). gamma + the
+ * zero-centred 1 is the same fp32 sum whether held or added at each use. The sums are added in
+ * the register kernel's slot order at NV vectors a thread, reduced by the same RowGroupSum: at
+ * NV = 8 the lean kernel's bits (its rows of 16K: the same tpr), at NV = 4 those of the register
+ * kernel at 4 vectors a thread; both differ from the default fp32 output's kernel at some widths,
+ * so an FP8 output there is within one FP8 step of the fp32 output's cast, at rounding boundaries
+ * only (tests/test_fp8.py::cuda_fp8_own_path).
+ */
+#ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_FP8_LEAN_CUH_
+#define ENGINE_CSRC_NORMALIZATION_NORM_FWD_FP8_LEAN_CUH_
+
+#include "normalization/norm_fwd.cuh"
+
+namespace engine {
+namespace norm {
+
+constexpr int kFp8LeanThreads = 512; /* one CTA per SM */
+
+/* Vectors of x per thread (4 or 8) of the lean FP8 kernel for rows of `cols` columns, or 0 where
+ * it does not run. `knob`: engine_set_norm_fwd_fp8_lean's value (0 the default, 1 never, 2 every
+ * width it fits with the default's vectors, 4 / 8 every width it fits with that many); `lean_card`:
+ * LaunchCtx::lean_dram (the H100, not measured: the default leaves it its kernels). The default
+ * (NOTES P179, H200): LayerNorm 4K-16K at 4 vectors, RMSNorm 4K-8K at 4 and 16K-32K at 8. A width
+ * fits where its row groups are whole: tpr = cols / (8 NV) a multiple of 32, at most 512. */
+inline int fwd_fp8_lean_nv(int cols, bool rms, int knob, bool lean_card) {
+  if (knob == 1 || (knob == 0 && lean_card)) return 0;
+  int nv = knob == 4 || knob == 8 ? knob : (rms && cols > 8192 ? 8 : 4);
+  if (nv == 8 && !rms) return 0; /* 8 vectors: RMSNorm's builds only */
+  if (knob == 0) {
+    const bool on = rms ? cols >= 4096 && cols <= 32768 : cols >= 4096 && cols <= 16384;
+    if (!on) return 0;
+  }
+  if (cols % (8 * nv) != 0) return 0;
+  const int tpr = cols / (8 * nv);
+  return tpr >= 32 && tpr <= kFp8LeanThreads && tpr % 32 == 0 ? nv : 0;
+}
+
+template <typename X, typename W, bool kRms, bool kBias, int NV, __nv_fp8_interpretation_t kFmt>
+__global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(const FwdArgs a) {
+  constexpr int VEC = 8;
+  constexpr int ZW = PackedWords<X, VEC>::kWords;
+  constexpr bool kHoist = NV <= 4; /* gamma (and beta) held as floats across the row loop */
+  static_assert(sizeof(X) == 2 && 16 / sizeof(X) == VEC, "a 16-bit x");
+  __shared__ float red_buf[2 * 32 * (kRms ? 1 : 2)];
+  __shared__ int amax_buf[32];
+
+  const int tpr = a.tpr;
+  const int group = threadIdx.x / tpr;
+  const int lr = threadIdx.x - group * tpr;
+  const int G = a.rows_per_iter;
+  const int64_t nblk = (a.rows + G - 1) / G;
+  const float g_add = a.zero_centered ? 1.0f : 0.0f;
+  const float scale = fwd_fp8_scale<true>(a); /* mode kFull: *scale; block 0 writes scale_inv */
+  float amax = 0.0f;
+  RowGroupSum<1> red(red_buf, tpr, group);
+  RowGroupSum<2> red2(red_buf, tpr, group);
+
+  [[maybe_unused]] float gh[kHoist ? NV : 1][VEC];
+  [[maybe_unused]] float bh[kHoist && kBias ? NV : 1][VEC];
+  if constexpr (kHoist) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      float g[VEC], b[VEC];
+      load_gamma_beta_t<W, kBias, VEC>(a, (int64_t)(lr + i * tpr) * VEC, g, b);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        gh[i][j] = g[j] + g_add;
+        if constexpr (kBias) bh[i][j] = b[j];
+      }
+    }
+  }
+
+  auto load_row = [&](int64_t blk, uint32_t(&zw)[NV][ZW]) {
+    const int64_t row = blk * G + group;
+    if (row < a.rows) {
+      const X* xrow = static_cast<const X*>(a.x) + row * a.x_stride + lr * VEC;
+#pragma unroll
+      for (int i = 0; i < NV; ++i) load_words<VEC * sizeof(X)>(xrow + i * tpr * VEC, zw[i]);
+    }
+  };
+  uint32_t cur[NV][ZW], nxt[NV][ZW];
+  int64_t blk = blockIdx.x;
+  if (blk < nblk) load_row(blk, cur);
+  for (; blk < nblk; blk += gridDim.x) {
+    const int64_t next = blk + gridDim.x;
+    if (next < nblk) load_row(next, nxt);
+    const int64_t row = blk * G + group;
+    if (row < a.rows) { /* uniform over the row group, whose barriers are its own */
+      auto zv = [&](int i, int j) -> float { return unpack_at<X, VEC>(cur[i], j); };
+      float mean = 0.0f;
+      float rs;
+      if constexpr (kRms) {
+        float q[1] = {0.0f};
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) q[0] = fmaf(zv(i, j), zv(i, j), q[0]);
+        }
+        red(q);
+        rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
+      } else {
+        float sq[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float z = zv(i, j);
+            sq[0] += z;
+            sq[1] = fmaf(z, z, sq[1]);
+          }
+        }
+        sq[0] *= a.inv_n;
+        sq[1] *= a.inv_n;
+        red2(sq);
+        mean = sq[0];
+        float var;
+        if (!ln_one_pass_var(mean, sq[1], var)) { /* uniform over the row group */
+          float q[2] = {0.0f, 0.0f};
+#pragma unroll
+          for (int i = 0; i < NV; ++i) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+              const float d = zv(i, j) - mean;
+              q[0] = fmaf(d, d, q[0]);
+            }
+          }
+          red2(q);
+          var = q[0] * a.inv_n;
+        }
+        rs = 1.0f / sqrtf(var + a.eps);
+      }
+      if (lr == 0) {
+        a.rsigma[row] = rs;
+        if constexpr (!kRms) a.mu[row] = mean;
+      }
+      /* Without kHoist: gamma (and beta) of slot i as raw words, loaded one slot ahead of their
+       * use (norm_fwd_lean.cuh, P153: a load written at its use waits for the previous slot's
+       * store, which may alias it). */
+      constexpr int GW = PackedWords<W, VEC>::kWords;
+      const W* const wv = static_cast<const W*>(a.weight) + lr * VEC;
+      const W* const bv = kBias ? static_cast<const W*>(a.bias) + lr * VEC : nullptr;
+      [[maybe_unused]] uint32_t gw[2][GW], bw[2][GW];
+      auto load_gb = [&](int i, uint32_t(&gi)[GW], uint32_t(&bi)[GW]) {
+        load_words<VEC * sizeof(W)>(wv + i * tpr * VEC, gi);
+        if constexpr (kBias) load_words<VEC * sizeof(W)>(bv + i * tpr * VEC, bi);
+      };
+      if constexpr (!kHoist) load_gb(0, gw[0], bw[0]);
+      uint8_t* const orow = static_cast<uint8_t*>(a.out) + row * a.out_stride + lr * VEC;
+      const bool fma_row = !kRms && ln_fma_row(rs, mean); /* mean = c on an FMA row */
+      auto epilogue = [&](auto fma_tag) {
+        constexpr bool kFma = decltype(fma_tag)::value;
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          if constexpr (!kHoist) {
+            if (i + 1 < NV) load_gb(i + 1, gw[(i + 1) & 1], bw[(i + 1) & 1]);
+          }
+          float y[VEC];
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            float g, b = 0.0f;
+            if constexpr (kHoist) {
+              g = gh[i][j];
+              if constexpr (kBias) b = bh[i][j];
+            } else {
+              g = unpack_at<W, VEC>(gw[i & 1], j) + g_add;
+              if constexpr (kBias) b = unpack_at<W, VEC>(bw[i & 1], j);
+            }
+            y[j] = norm_y<kFma>(zv(i, j), kRms ? 0.0f : mean, rs, g, b, kBias);
+            amax = amax_update(amax, y[j]);
+            y[j] *= scale;
+          }
+          uint32_t w[VEC / 4];
+          pack_fp8_fmt<VEC, kFmt>(y, w);
+          store_words<VEC>(orow + i * tpr * VEC, w);
+        }
+      };
+      if constexpr (kRms) {
+        epilogue(std::false_type{});
+      } else {
+        with_ln_form(fma_row, epilogue);
+      }
+    }
+    if (next < nblk) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+#pragma unroll
+        for (int k = 0; k < ZW; ++k) cur[i][k] = nxt[i][k];
+      }
+    }
+  }
+  block_amax_atomic(amax, a.amax, amax_buf);
+}
+
+/* One launch on the resident grid (one CTA per SM, fewer under an sm_margin, capped by the row
+ * blocks): the build for the format, weight type and norm kind. */
+template <typename X, typename W, bool kRms, bool kBias, int NV>
+engine_status launch_fwd_fp8_lean_t(const FwdArgs& a, const LaunchCtx& ctx) {
+  auto* k = a.e5m2 ? &norm_fwd_fp8_lean_kernel<X, W, kRms, kBias, NV, __NV_E5M2>
+                   : &norm_fwd_fp8_lean_kernel<X, W, kRms, kBias, NV, __NV_E4M3>;
+  const int block = a.tpr * a.rows_per_iter;
+  const int64_t work = ceil_div(a.rows, (int64_t)a.rows_per_iter);
+  int64_t grid = 0;
+  return launch_row_kernel(k, k, a, block, 0, work, ctx, 0, work, &grid, "norm_fwd_fp8_lean_kernel", 0);
+}
+
+template <typename X, int NV>
+engine_status launch_fwd_fp8_lean_nv(FwdArgs a, const LaunchCtx& ctx) {
+  a.tpr = a.cols / (8 * NV);
+  a.rows_per_iter = kFp8LeanThreads / a.tpr;
+  a.cluster = 1;
+  a.tile_rows = 0;
+  a.gb_off = -1;
+  a.out_t = nullptr;
+  const bool fp32_w = a.w_dtype == ENGINE_DTYPE_FLOAT32;
+  if (a.is_rms) {
+    return fp32_w ? launch_fwd_fp8_lean_t<X, float, true, false, NV>(a, ctx)
+                  : launch_fwd_fp8_lean_t<X, X, true, false, NV>(a, ctx);
+  }
+  if constexpr (NV <= 4) { /* LayerNorm: 4 vectors only (fwd_fp8_lean_nv) */
+    const bool bias = a.bias != nullptr;
+    if (fp32_w) {
+      return bias ? launch_fwd_fp8_lean_t<X, float, false, true, NV>(a, ctx)
+                  : launch_fwd_fp8_lean_t<X, float, false, false, NV>(a, ctx);
+    }
+    return bias ? launch_fwd_fp8_lean_t<X, X, false, true, NV>(a, ctx)
+                : launch_fwd_fp8_lean_t<X, X, false, false, NV>(a, ctx);
+  }
+  return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm_fwd_fp8_lean: LayerNorm at %d vectors", NV);
+}
+
+/* Whether the lean FP8 kernel takes this launch (the caller's types: an FP8 output of a 16-bit x
+ * with x's own z): delayed scaling (kFull) without a residual, no transposed copy asked of the
+ * kernel (out_t null, or out_t_auto past the register path's tile, where the copy comes from the
+ * tiled transpose after the norm anyway), RMSNorm without a bias or LayerNorm, weights of x's dtype
+ * or fp32, a width fwd_fp8_lean_nv takes; not under the general-loop, stream or blocked knobs (so
+ * that they still reach their kernels). */
+inline int fwd_fp8_lean_applies(const FwdArgs& a, const LaunchCtx& ctx, int tile_auto_max_cols) {
+  if (ctx.fwd_general || ctx.fwd_stream_from != 0 || ctx.fwd_blocked_from != 0) return 0;
+  if (a.residual != nullptr || a.mode != kFull || (a.is_rms && a.bias != nullptr)) return 0;
+  if (a.out_t != nullptr && !(a.t_auto != 0 && a.cols > tile_auto_max_cols)) return 0;
+  return fwd_fp8_lean_nv(a.cols, a.is_rms != 0, ctx.fwd_fp8_lean, ctx.lean_dram != 0);
+}
+
+template <typename X>
+engine_status launch_fwd_fp8_lean(const FwdArgs& a, const LaunchCtx& ctx, int nv) {
+  return nv == 8 ? launch_fwd_fp8_lean_nv<X, 8>(a, ctx) : launch_fwd_fp8_lean_nv<X, 4>(a, ctx);
+}
+
+}  // namespace norm
+}  // namespace engine
+
+#endif  // ENGINE_CSRC_NORMALIZATION_NORM_FWD_FP8_LEAN_CUH_
