@@ -16,6 +16,9 @@
  *           in fp32 registers across the row loop (loop invariants hoisted, as Triton's tiles),
  *           2 fp32 in shared memory, filled once per CTA (engine's fast loop up to 4K)
  *   MINB    the CTAs per SM the build is compiled for (__launch_bounds__)
+ *   NC      x and gamma through the non-coherent read-only path (ld.global.nc: LDG.E.128.CONSTANT,
+ *           what nvcc makes of the __restrict__ const pointers of the first lab) or plain
+ *           coherent loads (ld.global: LDG.E.128, engine's load_words), Q75b
  * A row group of tpr = N / VPT threads holds a row; G = BLOCK / tpr groups per CTA. Rows and N are
  * exact multiples of the layout (powers of two): no masking. LayerNorm's variance is one-pass
  * (E[z^2] - mean^2), the lab's timing form, not engine's guarded one; the driver checks the bytes
@@ -45,6 +48,19 @@ __device__ __forceinline__ void unpack8(const uint4& v, float (&f)[8]) {
   }
 }
 
+/* A 16-byte load through the read-only path (NC) or a plain one (inline PTX, so that nvcc cannot
+ * turn it into ld.global.nc). */
+template <bool NC>
+__device__ __forceinline__ uint4 ldx(const uint4* p) {
+  if constexpr (NC) {
+    return __ldg(p);
+  } else {
+    uint4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+  }
+}
+
 /* four floats to four e4m3 bytes, saturating (engine's cvt.rn.satfinite) */
 __device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
   const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
@@ -58,7 +74,7 @@ __device__ __forceinline__ float amax_upd(float m, float y) { /* engine's amax_u
   return r;
 }
 
-template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB>
+template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB, bool NC>
 __global__ void __launch_bounds__(BLOCK, MINB)
     fp8_lab_kernel(const uint4* __restrict__ x, const uint4* __restrict__ gb, uint8_t* __restrict__ y,
                    float* __restrict__ amax_out, long long rows, int nvec, int tpr, float inv_n, float eps,
@@ -89,11 +105,11 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 #pragma unroll
       for (int c = 0; c < CONTIG; ++c) {
         float f[8];
-        unpack8(gb[vidx(k, c)], f);
+        unpack8(ldx<NC>(gb + vidx(k, c)), f);
 #pragma unroll
         for (int j = 0; j < 8; ++j) greg[(k * CONTIG + c) * 8 + j] = f[j];
         if constexpr (LN) {
-          unpack8(gb[nvec + vidx(k, c)], f);
+          unpack8(ldx<NC>(gb + nvec + vidx(k, c)), f);
 #pragma unroll
           for (int j = 0; j < 8; ++j) breg[(k * CONTIG + c) * 8 + j] = f[j];
         }
@@ -129,8 +145,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
         b[0] = u.x; b[1] = u.y; b[2] = u.z; b[3] = u.w; b[4] = v.x; b[5] = v.y; b[6] = v.z; b[7] = v.w;
       }
     } else {
-      unpack8(gb[vidx(k, c)], g);
-      if constexpr (LN) unpack8(gb[nvec + vidx(k, c)], b);
+      unpack8(ldx<NC>(gb + vidx(k, c)), g);
+      if constexpr (LN) unpack8(ldx<NC>(gb + nvec + vidx(k, c)), b);
     }
     if constexpr (!LN) {
 #pragma unroll
@@ -146,7 +162,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 #pragma unroll
       for (int k = 0; k < NR; ++k) {
 #pragma unroll
-        for (int c = 0; c < CONTIG; ++c) v[r][k * CONTIG + c] = p[vidx(k, c)];
+        for (int c = 0; c < CONTIG; ++c) v[r][k * CONTIG + c] = ldx<NC>(p + vidx(k, c));
       }
     }
   };
@@ -269,42 +285,48 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 
 struct Cfg {
   const char* name;
-  int block, vpt, contig, rpt, pf, gm, minb;
+  int block, vpt, contig, rpt, pf, gm, minb, nc;
 };
 
 /* The variants: E* engine's register layout (8 values per vector, 8-byte FP8 stores), T* Triton's
  * LayerNorm e4m3 8K tile (2 x 8192 over 16 warps, 16 values per thread, prefetch, gamma hoisted),
  * W* a row over 512 threads at 32 values each (Triton's 16K tile), each with one factor changed;
- * W64* 64 values per thread (rows of 32K over 512 threads). */
+ * W64* 64 values per thread (rows of 32K over 512 threads); *-pl the same with plain (coherent)
+ * loads of x and gamma (Q75b). */
 #define LAB_CONFIGS(X)                                 \
-  X(0, "E-glob", 256, 32, 1, 1, 0, kGGlobal, 2)       \
-  X(1, "E-smem", 256, 32, 1, 1, 0, kGSmem, 3)         \
-  X(2, "E-glob-pf", 256, 32, 1, 1, 1, kGGlobal, 2)    \
-  X(3, "E-glob-c2", 256, 32, 2, 1, 0, kGGlobal, 2)    \
-  X(4, "E-reg", 256, 32, 1, 1, 0, kGReg, 2)           \
-  X(5, "T", 512, 16, 2, 2, 1, kGReg, 1)               \
-  X(6, "T-c1", 512, 16, 1, 2, 1, kGReg, 1)            \
-  X(7, "T-nopf", 512, 16, 2, 2, 0, kGReg, 1)          \
-  X(8, "T-glob", 512, 16, 2, 2, 1, kGGlobal, 1)       \
-  X(9, "T-smem", 512, 16, 2, 2, 1, kGSmem, 1)         \
-  X(10, "T-r1", 512, 16, 2, 1, 1, kGReg, 1)           \
-  X(11, "T256", 256, 16, 2, 2, 1, kGReg, 2)           \
-  X(12, "W", 512, 32, 2, 1, 1, kGReg, 1)              \
-  X(13, "W-c1", 512, 32, 1, 1, 1, kGReg, 1)           \
-  X(14, "W-nopf", 512, 32, 2, 1, 0, kGReg, 1)         \
-  X(15, "W-glob", 512, 32, 2, 1, 1, kGGlobal, 1)      \
-  X(16, "W64-glob", 512, 64, 2, 1, 0, kGGlobal, 1)    \
-  X(17, "W64-glob-pf", 512, 64, 2, 1, 1, kGGlobal, 1)
+  X(0, "E-glob", 256, 32, 1, 1, 0, kGGlobal, 2, 1)       \
+  X(1, "E-smem", 256, 32, 1, 1, 0, kGSmem, 3, 1)         \
+  X(2, "E-glob-pf", 256, 32, 1, 1, 1, kGGlobal, 2, 1)    \
+  X(3, "E-glob-c2", 256, 32, 2, 1, 0, kGGlobal, 2, 1)    \
+  X(4, "E-reg", 256, 32, 1, 1, 0, kGReg, 2, 1)           \
+  X(5, "T", 512, 16, 2, 2, 1, kGReg, 1, 1)               \
+  X(6, "T-c1", 512, 16, 1, 2, 1, kGReg, 1, 1)            \
+  X(7, "T-nopf", 512, 16, 2, 2, 0, kGReg, 1, 1)          \
+  X(8, "T-glob", 512, 16, 2, 2, 1, kGGlobal, 1, 1)       \
+  X(9, "T-smem", 512, 16, 2, 2, 1, kGSmem, 1, 1)         \
+  X(10, "T-r1", 512, 16, 2, 1, 1, kGReg, 1, 1)           \
+  X(11, "T256", 256, 16, 2, 2, 1, kGReg, 2, 1)           \
+  X(12, "W", 512, 32, 2, 1, 1, kGReg, 1, 1)              \
+  X(13, "W-c1", 512, 32, 1, 1, 1, kGReg, 1, 1)           \
+  X(14, "W-nopf", 512, 32, 2, 1, 0, kGReg, 1, 1)         \
+  X(15, "W-glob", 512, 32, 2, 1, 1, kGGlobal, 1, 1)      \
+  X(16, "W64-glob", 512, 64, 2, 1, 0, kGGlobal, 1, 1)    \
+  X(17, "W64-glob-pf", 512, 64, 2, 1, 1, kGGlobal, 1, 1) \
+  X(18, "E-glob-pf-pl", 256, 32, 1, 1, 1, kGGlobal, 2, 0) \
+  X(19, "W-pl", 512, 32, 2, 1, 1, kGReg, 1, 0)            \
+  X(20, "W-c1-pl", 512, 32, 1, 1, 1, kGReg, 1, 0)         \
+  X(21, "W64-glob-pf-pl", 512, 64, 2, 1, 1, kGGlobal, 1, 0) \
+  X(22, "W-nopf-pl", 512, 32, 2, 1, 0, kGReg, 1, 0)
 
-#define LAB_CFG_ROW(ID, NAME, B, V, C, R, P, G, M) {NAME, B, V, C, R, P, G, M},
+#define LAB_CFG_ROW(ID, NAME, B, V, C, R, P, G, M, NC) {NAME, B, V, C, R, P, G, M, NC},
 constexpr Cfg kCfgs[] = {LAB_CONFIGS(LAB_CFG_ROW)};
 #undef LAB_CFG_ROW
 constexpr int kNumCfgs = sizeof(kCfgs) / sizeof(kCfgs[0]);
 
-template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB>
+template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB, bool NC>
 long long launch_t(long long per_sm, const void* x, const void* gb, void* y, float* amax, long long rows, int n,
                    float scale, cudaStream_t stream, int* regs) {
-  auto* k = &fp8_lab_kernel<LN, BLOCK, VPT, CONTIG, RPT, PF, GM, MINB>;
+  auto* k = &fp8_lab_kernel<LN, BLOCK, VPT, CONTIG, RPT, PF, GM, MINB, NC>;
   cudaFuncAttributes at{};
   if (cudaFuncGetAttributes(&at, k) != cudaSuccess) return -2;
   if (regs != nullptr) *regs = at.numRegs;
@@ -339,8 +361,8 @@ extern "C" int fp8_lab_num_configs() { return kNumCfgs; }
 extern "C" int fp8_lab_describe(int id, char* buf, int len) {
   if (id < 0 || id >= kNumCfgs) return -1;
   const Cfg& c = kCfgs[id];
-  return std::snprintf(buf, len, "%-10s B%d V%d C%d R%d pf%d g%d m%d", c.name, c.block, c.vpt, c.contig, c.rpt, c.pf,
-                       c.gm, c.minb);
+  return std::snprintf(buf, len, "%-10s B%d V%d C%d R%d pf%d g%d m%d nc%d", c.name, c.block, c.vpt, c.contig, c.rpt,
+                       c.pf, c.gm, c.minb, c.nc);
 }
 
 /* One launch of config `id` (ln: LayerNorm, gb = gamma then beta; else RMSNorm, gb = gamma) on
@@ -349,10 +371,10 @@ extern "C" int fp8_lab_describe(int id, char* buf, int len) {
 extern "C" long long fp8_lab_launch(int id, int ln, long long per_sm, const void* x, const void* gb, void* y,
                                     float* amax, long long rows, int n, float scale, void* stream, int* regs) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-#define LAB_CASE(ID, NAME, B, V, C, R, P, G, M)                                                      \
-  case ID:                                                                                           \
-    return ln ? launch_t<true, B, V, C, R, P != 0, G, M>(per_sm, x, gb, y, amax, rows, n, scale, s, regs) \
-              : launch_t<false, B, V, C, R, P != 0, G, M>(per_sm, x, gb, y, amax, rows, n, scale, s, regs);
+#define LAB_CASE(ID, NAME, B, V, C, R, P, G, M, NC)                                                      \
+  case ID:                                                                                                 \
+    return ln ? launch_t<true, B, V, C, R, P != 0, G, M, NC != 0>(per_sm, x, gb, y, amax, rows, n, scale, s, regs) \
+              : launch_t<false, B, V, C, R, P != 0, G, M, NC != 0>(per_sm, x, gb, y, amax, rows, n, scale, s, regs);
   switch (id) { LAB_CONFIGS(LAB_CASE) }
 #undef LAB_CASE
   return -1;

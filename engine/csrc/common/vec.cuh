@@ -8,7 +8,8 @@
  *
  * Plain (coherent) loads on purpose: some inputs are written earlier in the same kernel (the
  * blocked norm re-reads residual_out), and in-place use (out aliasing x) must stay correct, so
- * the non-coherent read-only path (ld.global.nc) is not used.
+ * the non-coherent read-only path (ld.global.nc) is not used (but by load_words_nc, for the
+ * operands it names).
  */
 #ifndef ENGINE_CSRC_COMMON_VEC_CUH_
 #define ENGINE_CSRC_COMMON_VEC_CUH_
@@ -42,6 +43,23 @@ __device__ __forceinline__ void load_words(const void* p, uint32_t (&w)[B / 4]) 
     w[1] = v.y;
   } else {
     w[0] = *reinterpret_cast<const uint32_t*>(p);
+  }
+}
+
+/* load_words of B = 16 k bytes through the non-coherent read-only path (ld.global.nc): only for
+ * operands that no thread writes while the kernel runs and that no output of the kernel aliases
+ * (the lean FP8 forward's 16-bit x, gamma and beta: its FP8 output cannot alias them). See the
+ * header comment for why the others keep plain loads; NOTES Q75b for what the path changes. */
+template <int B>
+__device__ __forceinline__ void load_words_nc(const void* p, uint32_t (&w)[B / 4]) {
+  static_assert(B % 16 == 0 && B >= 16, "read-only vector access of a multiple of 16 bytes");
+#pragma unroll
+  for (int k = 0; k < B / 16; ++k) {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + k);
+    w[4 * k + 0] = v.x;
+    w[4 * k + 1] = v.y;
+    w[4 * k + 2] = v.z;
+    w[4 * k + 3] = v.w;
   }
 }
 

@@ -79,17 +79,26 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
   RowGroupSum<1> red(red_buf, tpr, group);
   RowGroupSum<2> red2(red_buf, tpr, group);
 
+  /* gamma (and beta) of slot i as raw words (x, gamma and beta through the read-only path:
+   * load_words_nc; nothing here writes them, and the FP8 output cannot alias them) */
+  constexpr int GW = PackedWords<W, VEC>::kWords;
+  const W* const wv = static_cast<const W*>(a.weight) + lr * VEC;
+  const W* const bv = kBias ? static_cast<const W*>(a.bias) + lr * VEC : nullptr;
+  auto load_gb = [&](int i, uint32_t(&gi)[GW], uint32_t(&bi)[GW]) {
+    load_words_nc<VEC * sizeof(W)>(wv + i * tpr * VEC, gi);
+    if constexpr (kBias) load_words_nc<VEC * sizeof(W)>(bv + i * tpr * VEC, bi);
+  };
   [[maybe_unused]] float gh[kHoist ? NV : 1][VEC];
   [[maybe_unused]] float bh[kHoist && kBias ? NV : 1][VEC];
   if constexpr (kHoist) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      float g[VEC], b[VEC];
-      load_gamma_beta_t<W, kBias, VEC>(a, (int64_t)(lr + i * tpr) * VEC, g, b);
+      uint32_t gi[GW], bi[GW];
+      load_gb(i, gi, bi);
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        gh[i][j] = g[j] + g_add;
-        if constexpr (kBias) bh[i][j] = b[j];
+        gh[i][j] = unpack_at<W, VEC>(gi, j) + g_add;
+        if constexpr (kBias) bh[i][j] = unpack_at<W, VEC>(bi, j);
       }
     }
   }
@@ -99,7 +108,7 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
     if (row < a.rows) {
       const X* xrow = static_cast<const X*>(a.x) + row * a.x_stride + lr * VEC;
 #pragma unroll
-      for (int i = 0; i < NV; ++i) load_words<VEC * sizeof(X)>(xrow + i * tpr * VEC, zw[i]);
+      for (int i = 0; i < NV; ++i) load_words_nc<VEC * sizeof(X)>(xrow + i * tpr * VEC, zw[i]);
     }
   };
   uint32_t cur[NV][ZW], nxt[NV][ZW];
@@ -157,17 +166,10 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
         a.rsigma[row] = rs;
         if constexpr (!kRms) a.mu[row] = mean;
       }
-      /* Without kHoist: gamma (and beta) of slot i as raw words, loaded one slot ahead of their
-       * use (norm_fwd_lean.cuh, P153: a load written at its use waits for the previous slot's
-       * store, which may alias it). */
-      constexpr int GW = PackedWords<W, VEC>::kWords;
-      const W* const wv = static_cast<const W*>(a.weight) + lr * VEC;
-      const W* const bv = kBias ? static_cast<const W*>(a.bias) + lr * VEC : nullptr;
+      /* Without kHoist: gamma (and beta) of slot i loaded one slot ahead of their use
+       * (norm_fwd_lean.cuh, P153: a load written at its use waits for the previous slot's store,
+       * which may alias it). */
       [[maybe_unused]] uint32_t gw[2][GW], bw[2][GW];
-      auto load_gb = [&](int i, uint32_t(&gi)[GW], uint32_t(&bi)[GW]) {
-        load_words<VEC * sizeof(W)>(wv + i * tpr * VEC, gi);
-        if constexpr (kBias) load_words<VEC * sizeof(W)>(bv + i * tpr * VEC, bi);
-      };
       if constexpr (!kHoist) load_gb(0, gw[0], bw[0]);
       uint8_t* const orow = static_cast<uint8_t*>(a.out) + row * a.out_stride + lr * VEC;
       const bool fma_row = !kRms && ln_fma_row(rs, mean); /* mean = c on an FMA row */
