@@ -5,6 +5,11 @@ Triton FP8 forwards, in the tables' measure (profile_kernels: summed kernel time
 
     nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -o /tmp/fp8_lab.so ci/fp8_lab.cu
     PYTHONPATH=$PWD python3 ci/fp8_lab.py --so /tmp/fp8_lab.so [--n 4096 8192 16384] [--norms rms ln]
+        [--engine-so /tmp/fp8_lab_engine.so] [--impls triton cuda]
+
+``--engine-so``: engine's lean FP8 kernel built stand-alone (ci/fp8_lab_engine.cu, Q75c), timed and
+checked like the lab's kernels at 4 and 8 vectors per thread. ``--impls``: engine's own forwards
+timed beside them (cuda needs the built extension; without it the first call JIT-compiles it).
 
 Every lab launch is checked: its bytes against a float64 norm cast to e4m3 (saturating; bytes that
 differ must be one e4m3 step apart: a rounding boundary of the fp32 arithmetic), its amax against the
@@ -70,6 +75,9 @@ def main(argv=None) -> int:
     ap.add_argument("--per-sm", type=int, nargs="*", default=[0],
                     help="CTAs per SM of the lab grids (0: the resident CTAs)")
     ap.add_argument("--reps", type=int, default=2, help="alternations of the whole set per (N, norm)")
+    ap.add_argument("--engine-so", help="ci/fp8_lab_engine.cu built: engine's lean FP8 kernel stand-alone")
+    ap.add_argument("--impls", nargs="*", default=["triton"], choices=["cuda", "triton"],
+                    help="engine's forwards timed beside the lab (default: triton)")
     args = ap.parse_args(argv)
     if not H.on_gpu():
         print("fp8_lab: needs a GPU")
@@ -81,6 +89,12 @@ def main(argv=None) -> int:
     lib.fp8_lab_launch.restype = ctypes.c_longlong
     lib.fp8_lab_launch.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_void_p] * 4 + [
         ctypes.c_longlong, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
+    eng = None
+    if args.engine_so:
+        eng = ctypes.CDLL(os.path.abspath(args.engine_so))
+        eng.fp8_engine_launch.restype = ctypes.c_longlong
+        eng.fp8_engine_launch.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 8 + [
+            ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
     ncfg = lib.fp8_lab_num_configs()
     names = []
     for i in range(ncfg):
@@ -108,7 +122,7 @@ def main(argv=None) -> int:
                 return 100.0 * nbytes / (us * 1e3) / copy
 
             for rep in range(args.reps):
-                for impl in ("cuda", "triton"):
+                for impl in args.impls:
                     flag = "1" if impl == "triton" else "0"
                     try:
                         engine.backend.reset_for_tests({"ENGINE_USE_RMSNORM_TRITON": flag,
@@ -123,6 +137,27 @@ def main(argv=None) -> int:
                     except Exception as e:  # e.g. no CUDA extension built: the lab rows still run
                         print(f"N={n:6d} {kind:3s} rep {rep} engine {impl:6s} unavailable: {H.short_error(e)}")
                 engine.backend.reset_for_tests()
+                for nv in ((4, 8) if eng is not None else ()):
+                    stats = torch.empty(2 * m, device="cuda")
+                    sc, sinv = torch.full((1,), SCALE, device="cuda"), torch.empty(1, device="cuda")
+
+                    def launch_engine():
+                        return eng.fp8_engine_launch(nv, int(ln), x.data_ptr(), gb.data_ptr(), y8.data_ptr(),
+                                                     stats[m:].data_ptr(), stats[:m].data_ptr(), sc.data_ptr(),
+                                                     amax.data_ptr(), sinv.data_ptr(), m, n, stream)
+
+                    label = f"N={n:6d} {kind:3s} rep {rep} engine-lean nv {nv}"
+                    y8.view(torch.uint8).fill_(0x7F)
+                    amax.zero_()
+                    grid = launch_engine()
+                    if grid < 0:
+                        continue
+                    torch.cuda.synchronize()
+                    ok, msg = check(y8, float(amax), ref) if rep == 0 else (True, "")
+                    failed += not ok
+                    us = device_us_per_call(launch_engine)
+                    print(f"{label} grid {grid:5d} {us:8.2f} us {pct(us):6.1f} %"
+                          f"{'  ' + msg if msg else ''}{'  FAIL' if not ok else ''}")
                 for cid in (args.configs if args.configs is not None else range(ncfg)):
                     for per_sm in args.per_sm:
                         regs = ctypes.c_int(0)

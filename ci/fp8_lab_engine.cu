@@ -1,0 +1,71 @@
+/* Q75c (benchmarks/NOTES.md): engine's lean FP8 forward kernel (norm_fwd_fp8_lean.cuh) built
+ * stand-alone, without the extension, so that ci/fp8_lab.py times it beside the lab's kernels in
+ * one process and ncu profiles both from one script (--engine-so):
+ *
+ *   nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -Iengine/csrc -Iengine/csrc/include \
+ *     -o /tmp/fp8_lab_engine.so ci/fp8_lab_engine.cu
+ *
+ * The launch is the launcher's (launch_fwd_fp8_lean_nv): tpr = cols / (8 NV), 512 / tpr row groups
+ * a CTA, one CTA per SM; bf16 x and weights, RMSNorm without or LayerNorm with a bias, e4m3,
+ * delayed scaling. */
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "normalization/norm_fwd_fp8_lean.cuh"
+
+using engine::norm::FwdArgs;
+
+template <int NV, bool kRms>
+static long long launch_nv(const void* x, const void* gb, void* y, float* mu, float* rsigma, float* scale,
+                           float* amax, float* scale_inv, long long rows, int n, cudaStream_t s) {
+  if (n % (8 * NV) != 0) return -1;
+  const int tpr = n / (8 * NV);
+  if (tpr < 32 || tpr > 512 || tpr % 32 != 0) return -1;
+  FwdArgs a{};
+  a.rows = rows;
+  a.cols = n;
+  a.x = x;
+  a.x_stride = n;
+  a.weight = gb;
+  a.bias = kRms ? nullptr : static_cast<const __nv_bfloat16*>(gb) + n;
+  a.w_dtype = ENGINE_DTYPE_BFLOAT16;
+  a.out = y;
+  a.out_stride = n;
+  a.mu = kRms ? nullptr : mu;
+  a.rsigma = rsigma;
+  a.scale = scale;
+  a.amax = amax;
+  a.scale_inv = scale_inv;
+  a.eps = 1e-5f;
+  a.inv_n = 1.0f / (float)n;
+  a.fp8_max = 448.0f;
+  a.mode = engine::norm::kFull;
+  a.is_rms = kRms ? 1 : 0;
+  a.tpr = tpr;
+  a.rows_per_iter = 512 / tpr;
+  a.cluster = 1;
+  a.gb_off = -1;
+  int dev = 0, sms = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const long long work = (rows + a.rows_per_iter - 1) / a.rows_per_iter;
+  const long long grid = std::min<long long>(sms, work);
+  a.grid_clusters = (int)grid;
+  auto* k = &engine::norm::norm_fwd_fp8_lean_kernel<__nv_bfloat16, __nv_bfloat16, kRms, !kRms, NV, __NV_E4M3>;
+  k<<<(unsigned)grid, tpr * a.rows_per_iter, 0, s>>>(a);
+  return cudaGetLastError() == cudaSuccess ? grid : -2;
+}
+
+/* One launch at nv vectors per thread (4; 8: RMSNorm only); gb = gamma then (LayerNorm) beta. */
+extern "C" long long fp8_engine_launch(int nv, int ln, const void* x, const void* gb, void* y, float* mu,
+                                       float* rsigma, float* scale, float* amax, float* scale_inv,
+                                       long long rows, int n, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (nv == 4) {
+    return ln ? launch_nv<4, false>(x, gb, y, mu, rsigma, scale, amax, scale_inv, rows, n, s)
+              : launch_nv<4, true>(x, gb, y, mu, rsigma, scale, amax, scale_inv, rows, n, s);
+  }
+  if (nv == 8 && !ln) return launch_nv<8, true>(x, gb, y, mu, rsigma, scale, amax, scale_inv, rows, n, s);
+  return -1;
+}
