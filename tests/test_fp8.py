@@ -734,10 +734,10 @@ def test_fwd_loop_taken(general):
 # one warp, no barrier) and the widest row of each (16384 at 4 vectors, 32768 at 8: one group of 512)
 FP8_LEAN_CASES = [(2101, 4096, 4), (67, 1024, 4), (1, 8192, 4), (301, 5120, 4), (37, 12288, 4),
                   (33, 16384, 4), (701, 16384, 8), (301, 32768, 8), (67, 6144, 8)]
-# (RMSNorm, zero-centred gamma, bias, fp32 weights): 8 vectors per thread are RMSNorm's only
-FP8_LEAN_KINDS = {"rms": (True, False, False, False), "rms-zc-w32": (True, True, False, True),
-                  "ln": (False, False, True, False), "ln-nobias-zc": (False, True, False, False),
-                  "ln-w32": (False, False, True, True)}
+# (RMSNorm, zero-centred gamma, bias): 8 vectors per thread are RMSNorm's only; weights of x's
+# dtype only (fp32 weights keep the other kernels: test_fwd_fp8_lean_default_widths)
+FP8_LEAN_KINDS = {"rms": (True, False, False), "rms-zc": (True, True, False),
+                  "ln": (False, False, True), "ln-nobias-zc": (False, True, False)}
 
 
 def fp8_lean_nv_of(names):
@@ -760,21 +760,16 @@ def test_fwd_fp8_lean_kernel(kind, m, n, nv, fp8_dtype):
     the exact cast of that kernel's fp32 output, bit for bit, with its exact amax, where that
     kernel lays the row out as it does (4 vectors: rows of up to 8192, 256 threads; 8: every row
     here, one 512-thread CTA at 32768); past that within one step of it at rounding boundaries.
-    Against float64: at most one step, rarely. Also the zero-centred gamma and fp32 weights (held
-    in registers at 4 vectors, re-read per row at 8), LayerNorm without a bias, both formats."""
+    Against float64: at most one step, rarely. Also the zero-centred gamma (held in registers at
+    4 vectors, re-read per row at 8), LayerNorm without a bias, both formats."""
     from engine import cuda_backend
 
-    is_rms, zc, bias, w32 = kind
+    is_rms, zc, bias = kind
     use_backend("cuda")
     try:
         x, w, b = inputs(m, n, is_rms)
-        if bias and b is None:
-            b = torch.randn(n, device=DEVICE).to(BF16)
         if not bias:
             b = None
-        if w32:
-            w = w.float()
-            b = None if b is None else b.float()
         kw = {"zero_centered_gamma": zc}
         exact = nv == 8 or n <= 8192
         with register_path(), cuda_backend.norm_fwd_vectors(4 if nv == 4 else 0), \
@@ -812,7 +807,7 @@ def test_fwd_fp8_lean_default_widths(dram_class):
     groups are whole (fp8_lean_nv: not 4104, not LayerNorm's 32768 nor 2048, not 65536); with a
     transposed copy made after the norm (the default's at these widths on that card) too, the copy
     the rowwise bytes transposed. Never current scaling, a residual, a copy asked of the kernel
-    (ENGINE_NORM_EXTERNAL_TRANSPOSE=0), nor under its knob at 1."""
+    (ENGINE_NORM_EXTERNAL_TRANSPOSE=0), fp32 weights, nor under its knob at 1."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -843,6 +838,9 @@ def test_fwd_fp8_lean_default_widths(dram_class):
                 lambda: call(True, x, w, quantizer=delayed(E4M3), residual=r))) == []
             with cuda_backend.norm_fwd_fp8_lean(1):
                 assert fp8_lean_nv_of(cuda_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3)))) == []
+            w32 = w.float()  # fp32 weights keep the other kernels, whatever the knob
+            with cuda_backend.norm_fwd_fp8_lean(2):
+                assert fp8_lean_nv_of(cuda_kernel_names(lambda: call(True, x, w32, quantizer=delayed(E4M3)))) == []
         use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
         with cuda_backend.dram_class(dram_class):
             names = cuda_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3, columnwise=True)))

@@ -103,12 +103,19 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
     }
   }
 
+  /* a row past the matrix is zeros (its sums are computed and not used: below) */
   auto load_row = [&](int64_t blk, uint32_t(&zw)[NV][ZW]) {
     const int64_t row = blk * G + group;
     if (row < a.rows) {
       const X* xrow = static_cast<const X*>(a.x) + row * a.x_stride + lr * VEC;
 #pragma unroll
       for (int i = 0; i < NV; ++i) load_words_nc<VEC * sizeof(X)>(xrow + i * tpr * VEC, zw[i]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+#pragma unroll
+        for (int k = 0; k < ZW; ++k) zw[i][k] = 0u;
+      }
     }
   };
   uint32_t cur[NV][ZW], nxt[NV][ZW];
@@ -116,32 +123,48 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
   if (blk < nblk) load_row(blk, cur);
   for (; blk < nblk; blk += gridDim.x) {
     const int64_t next = blk + gridDim.x;
-    if (next < nblk) load_row(next, nxt);
     const int64_t row = blk * G + group;
-    if (row < a.rows) { /* uniform over the row group, whose barriers are its own */
-      auto zv = [&](int i, int j) -> float { return unpack_at<X, VEC>(cur[i], j); };
+    const bool ok = row < a.rows; /* uniform over the row group, whose barriers are its own */
+    auto zv = [&](int i, int j) -> float { return unpack_at<X, VEC>(cur[i], j); };
+    /* This thread's sums of the row (RMSNorm: sq[0] = sum z^2; LayerNorm: sum z, sum z^2), on
+     * every path (a row past the matrix sums its zeros), then the next row block's loads, then
+     * the reductions. The order matters (NOTES Q75c): ptxas (sm_90) counts the x loads of both
+     * rows (and gamma's) on one scoreboard, and a wait for any of them is a wait for all. Loaded
+     * before the sums, the next row's loads were waited for by the sums' first unpack; loaded
+     * after sums taken only on some paths (`if (ok)`), by the epilogue's first use of a register
+     * loaded before the loop. Either way every row waited for the next one's loads and the
+     * kernel read the lab's numbers without a prefetch. Loaded after sums on every path, as the
+     * lab's kernel does, they stay in flight through the reductions, the barrier and the
+     * epilogue, until the copy into `cur` at the row's end. The compilers reorder loads freely
+     * (the sums do not depend on them), so the loads are made to depend on the sums: their
+     * predicate tests the sum of squares (never negative, NaN fails the test too), passed
+     * through an opaque move so that LLVM cannot prove the test true and drop it. */
+    float sq[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float z = zv(i, j);
+        if constexpr (kRms) {
+          sq[0] = fmaf(z, z, sq[0]);
+        } else {
+          sq[0] += z;
+          sq[1] = fmaf(z, z, sq[1]);
+        }
+      }
+    }
+    float ss;
+    asm("mov.b32 %0, %1;" : "=f"(ss) : "f"(sq[kRms ? 0 : 1]));
+    const bool pf = next < nblk && !(ss < 0.0f); /* next < nblk */
+    if (pf) load_row(next, nxt);
+    if (ok) {
       float mean = 0.0f;
       float rs;
       if constexpr (kRms) {
-        float q[1] = {0.0f};
-#pragma unroll
-        for (int i = 0; i < NV; ++i) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) q[0] = fmaf(zv(i, j), zv(i, j), q[0]);
-        }
+        float q[1] = {sq[0]};
         red(q);
         rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
       } else {
-        float sq[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < NV; ++i) {
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float z = zv(i, j);
-            sq[0] += z;
-            sq[1] = fmaf(z, z, sq[1]);
-          }
-        }
         sq[0] *= a.inv_n;
         sq[1] *= a.inv_n;
         red2(sq);
@@ -206,12 +229,14 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
         with_ln_form(fma_row, epilogue);
       }
     }
-    if (next < nblk) {
+    if (pf) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
 #pragma unroll
         for (int k = 0; k < ZW; ++k) cur[i][k] = nxt[i][k];
       }
+    } else if (next < nblk) { /* not reached (pf is next < nblk); keeps the loop exact */
+      load_row(next, cur);
     }
   }
   block_amax_atomic(amax, a.amax, amax_buf);
@@ -237,19 +262,11 @@ engine_status launch_fwd_fp8_lean_nv(FwdArgs a, const LaunchCtx& ctx) {
   a.tile_rows = 0;
   a.gb_off = -1;
   a.out_t = nullptr;
-  const bool fp32_w = a.w_dtype == ENGINE_DTYPE_FLOAT32;
-  if (a.is_rms) {
-    return fp32_w ? launch_fwd_fp8_lean_t<X, float, true, false, NV>(a, ctx)
-                  : launch_fwd_fp8_lean_t<X, X, true, false, NV>(a, ctx);
-  }
+  /* weights of x's dtype only (fwd_fp8_lean_applies) */
+  if (a.is_rms) return launch_fwd_fp8_lean_t<X, X, true, false, NV>(a, ctx);
   if constexpr (NV <= 4) { /* LayerNorm: 4 vectors only (fwd_fp8_lean_nv) */
-    const bool bias = a.bias != nullptr;
-    if (fp32_w) {
-      return bias ? launch_fwd_fp8_lean_t<X, float, false, true, NV>(a, ctx)
-                  : launch_fwd_fp8_lean_t<X, float, false, false, NV>(a, ctx);
-    }
-    return bias ? launch_fwd_fp8_lean_t<X, X, false, true, NV>(a, ctx)
-                : launch_fwd_fp8_lean_t<X, X, false, false, NV>(a, ctx);
+    return a.bias != nullptr ? launch_fwd_fp8_lean_t<X, X, false, true, NV>(a, ctx)
+                             : launch_fwd_fp8_lean_t<X, X, false, false, NV>(a, ctx);
   }
   return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm_fwd_fp8_lean: LayerNorm at %d vectors", NV);
 }
@@ -257,12 +274,15 @@ engine_status launch_fwd_fp8_lean_nv(FwdArgs a, const LaunchCtx& ctx) {
 /* Whether the lean FP8 kernel takes this launch (the caller's types: an FP8 output of a 16-bit x
  * with x's own z): delayed scaling (kFull) without a residual, no transposed copy asked of the
  * kernel (out_t null, or out_t_auto past the register path's tile, where the copy comes from the
- * tiled transpose after the norm anyway), RMSNorm without a bias or LayerNorm, weights of x's dtype
- * or fp32, a width fwd_fp8_lean_nv takes; not under the general-loop, stream or blocked knobs (so
+ * tiled transpose after the norm anyway), RMSNorm without a bias or LayerNorm, weights of x's
+ * dtype, a width fwd_fp8_lean_nv takes; not under the general-loop, stream or blocked knobs (so
  * that they still reach their kernels). */
 inline int fwd_fp8_lean_applies(const FwdArgs& a, const LaunchCtx& ctx, int tile_auto_max_cols) {
   if (ctx.fwd_general || ctx.fwd_stream_from != 0 || ctx.fwd_blocked_from != 0) return 0;
   if (a.residual != nullptr || a.mode != kFull || (a.is_rms && a.bias != nullptr)) return 0;
+  /* fp32 weights: their builds spilled (ptxas, sm_90: LayerNorm with a bias 160 bytes, RMSNorm
+   * at 8 vectors 12), and they are rare next to a 16-bit x; the other kernels keep them */
+  if (a.w_dtype == ENGINE_DTYPE_FLOAT32) return 0;
   if (a.out_t != nullptr && !(a.t_auto != 0 && a.cols > tile_auto_max_cols)) return 0;
   return fwd_fp8_lean_nv(a.cols, a.is_rms != 0, ctx.fwd_fp8_lean, ctx.lean_dram != 0);
 }
