@@ -9,8 +9,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/knob_ab}; mkdir -p "$OUT"
-IFS='|' read -r -a sides <<< "${KAB_SIDES:-}"
-[ ${#sides[@]} -gt 0 ] || sides=("")
+# split on "|" keeping empty sides wherever they are (read -a drops a trailing empty field: the
+# default side of "--knob v|" was lost in session 57's call 6)
+sides=(); rest="${KAB_SIDES:-}"
+while :; do sides+=("${rest%%|*}"); [[ "$rest" == *"|"* ]] || break; rest="${rest#*|}"; done
 for rep in $(seq 1 "${KAB_REPS:-2}"); do
   for i in "${!sides[@]}"; do
     echo "== rep $rep side $i: ${sides[$i]:-(default)}" >> "$OUT/${KAB_LOG:-knob_ab.log}"

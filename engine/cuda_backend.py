@@ -620,21 +620,19 @@ def norm_fwd_lean(n: int):
 
 
 def norm_fwd_fp8_lean(n: int):
-    """Context manager: inside the ``with`` block ``n = 1`` keeps the CUDA norm forward's register,
-    streamed and blocked kernels for the rows its lean FP8 kernel takes by default
-    (engine/csrc/normalization/norm_fwd_fp8_lean.cuh: a 16-bit x without a residual to an FP8
-    output in delayed scaling, no transposed copy asked of the kernel; one 512-thread CTA per SM,
-    the next row loaded before this row's reductions, gamma and beta held in fp32 registers at 4
-    vectors of x per thread); ``n = 0``, the default, runs it for LayerNorm at 4096-16384 columns
-    and RMSNorm at 4096-32768 (8 vectors per thread past 8192) on a card that is not lean
-    (benchmarks/NOTES.md P179; the H100 keeps its kernels, not measured); ``n = 2`` at every width
-    whose row groups it fills (a multiple of 1024 columns up to 16384 at 4 vectors, RMSNorm's
-    multiples of 2048 up to 32768 at 8), on any card; ``n = 4`` or ``8`` the same with that many
-    vectors per thread (8: RMSNorm only). Its rows' sums add in the register kernel's order at
-    that many vectors per thread, so its FP8 bytes are within one step of the default fp32
-    output's cast (at rounding boundaries) where that takes another kernel. For tests and A/B
-    benchmarks. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n``
-    raises ValueError at the call."""
+    """Context manager: inside the ``with`` block ``n = 2`` runs the CUDA norm forward's lean FP8
+    kernel (engine/csrc/normalization/norm_fwd_fp8_lean.cuh: a 16-bit x without a residual,
+    weights of x's dtype, RMSNorm without a bias or LayerNorm, to an FP8 output in delayed scaling
+    with no transposed copy asked of the kernel; one 512-thread CTA per SM, the next row loaded
+    during this row's reductions, gamma and beta held in fp32 registers at 4 vectors of x per
+    thread) at every width whose row groups it fills (a multiple of 1024 columns up to 16384 at 4
+    vectors; RMSNorm's rows past 8192 at 8: multiples of 2048 up to 32768), before the register,
+    streamed and blocked kernels; ``n = 4`` or ``8`` the same with that many vectors per thread
+    (8: RMSNorm only); ``n = 0`` (the default) and ``1`` never: no width measured faster than
+    those kernels on the H200 (benchmarks/NOTES.md P179c). Its bytes are the register kernel's at
+    the same vectors per thread (the same order of each row's sums). For tests and A/B benchmarks.
+    Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
+    ValueError at the call."""
     if type(n) is not int or n not in (0, 1, 2, 4, 8):
         raise ValueError(f"norm_fwd_fp8_lean: n must be 0, 1, 2, 4 or 8, got {n!r}")
     return _knob("set_norm_fwd_fp8_lean", n)

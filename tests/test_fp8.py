@@ -39,10 +39,6 @@ SHAPES = [(173, 409), (71, 3571), (29, 17389), (1, 1000)]
 # does and its fp32 output not (same_row_sums), LayerNorm's outputs neither. 65536: Triton's
 # lean-card tiles on an H100 (two blocked chunks of 32K; NOTES P110).
 WIDE = [(301, 24584), (19, 65536), (37, 131072)] if ON_GPU else []
-# On the GPU also widths CUDA's lean FP8 kernel takes by default on a card that is not lean (NOTES
-# P179; fp8_lean_nv): 4 vectors per thread at 5120 (three row groups of 160 threads), 8 at 16384 for
-# RMSNorm (4 for LayerNorm); 700 rows: more row blocks than CTAs, so the prefetch's loop runs.
-LEAN_FP8 = [(700, 5120), (301, 16384)] if ON_GPU else []
 # CUDA's RMSNorm FP8 outputs without a residual (a 16-bit x, rows of 16-byte vectors): on a lean
 # card (the H100) the blocked kernel from the first width to the second, above it up to the third
 # the streamed kernel with a transposed copy or current scaling, the fp32 output's clusters in
@@ -105,17 +101,9 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=
     of x's dtype (``residual``): at 2K-8K the blocked kernel for the fp32 output and the register
     kernel for an FP8 one (fwd_take_blocked; NOTES P91), at 16K the blocked kernel and the
     streamed one (NOTES P130; at 32K-64K both take the blocked kernel since P103). All only for a
-    16-bit x and rows of 16-byte vectors (n a multiple of 8).
-    On a card that is not lean, delayed scaling alone takes the lean FP8 kernel where fp8_lean_nv
-    says (NOTES P179) before all of these: counted as its own path there (at 8 vectors per thread
-    its sums are the register kernel's order, the fp32 output's where that takes the register or
-    lean kernel without a cluster; test_fwd_fp8_lean_kernel checks the bits against that).
-    test_fp8_own_kernel_widths turns it off to see the kernels above."""
+    16-bit x and rows of 16-byte vectors (n a multiple of 8)."""
     if not (ON_GPU and x_dtype in (BF16, torch.float16) and n % 8 == 0):
         return False
-    lean_card = cuda_lean() if lean is None else lean
-    if alone and not residual and fp8_lean_nv(is_rms, n, lean=lean_card):
-        return True  # the lean FP8 kernel (its own order at 4 vectors per thread; at 8 not always)
     sm90 = torch.cuda.get_device_capability()[0] >= 9
     if residual:
         return 2048 <= n <= 16384
@@ -129,18 +117,16 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=
     return sm90 and ((mid if is_rms else FP8_OWN_LN_WIDE) <= n < hi or (is_rms and n == hi))
 
 
-def fp8_lean_nv(is_rms, n, knob=0, lean=False):
+def fp8_lean_nv(is_rms, n, knob):
     """norm_fwd_fp8_lean.cuh's fwd_fp8_lean_nv: the vectors per thread (4 or 8) of CUDA's lean FP8
-    kernel for rows of n under its knob (engine.cuda_backend.norm_fwd_fp8_lean: 0 the default, on a
-    card that is not lean only, ``lean``; 1 never; 2 every width it fits; 4 / 8 the same at that
-    many), or 0 where it does not run. It takes delayed scaling of a 16-bit x without a residual,
-    with no transposed copy asked of the kernel (RMSNorm without a bias, LayerNorm)."""
-    if knob == 1 or (knob == 0 and lean):
+    kernel for rows of n under its knob (engine.cuda_backend.norm_fwd_fp8_lean: 0, the default, and
+    1 never; 2 every width it fits; 4 / 8 the same at that many), or 0 where it does not run. It
+    takes delayed scaling of a 16-bit x without a residual, weights of x's dtype, with no
+    transposed copy asked of the kernel (RMSNorm without a bias, LayerNorm)."""
+    if knob in (0, 1):
         return 0
     nv = knob if knob in (4, 8) else (8 if is_rms and n > 8192 else 4)
     if nv == 8 and not is_rms:
-        return 0
-    if knob == 0 and not 4096 <= n <= (32768 if is_rms else 16384):
         return 0
     if n % (8 * nv):
         return 0
@@ -206,7 +192,7 @@ def inputs(m, n, is_rms, dtype=BF16):
 
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("fp8_dtype", FP8)
-@pytest.mark.parametrize("m,n", SHAPES + WIDE + LEAN_FP8)
+@pytest.mark.parametrize("m,n", SHAPES + WIDE)
 def test_norm_fp8_delayed(backend, is_rms, fp8_dtype, m, n):
     x, w, b = inputs(m, n, is_rms)
     y32 = call(is_rms, x, w, b, out_dtype=F32)
@@ -402,9 +388,7 @@ def test_fp8_own_kernel_widths(n, dram_class, fp8_dtype):
     the exact cast of their kernel's fp32 output (its knob) with its exact amax, and where that
     kernel is not the default fp32 output's, within one step of that one's cast at rounding
     boundaries only; current scaling's bytes are delayed scaling's at its scale (its statistics
-    pass on the kernel that delayed scaling with the copy takes, its output pass from them).
-    The lean FP8 kernel, which takes delayed scaling at 16K-32K by default on a card that is not
-    lean (NOTES P179), is off here (its knob at 1): test_fwd_fp8_lean_kernel checks it."""
+    pass on the kernel that delayed scaling with the copy takes, its output pass from them)."""
     from engine import cuda_backend
 
     lean = dram_class == 1
@@ -413,7 +397,6 @@ def test_fp8_own_kernel_widths(n, dram_class, fp8_dtype):
     use_backend("cuda")
     stack = contextlib.ExitStack()
     try:
-        stack.enter_context(cuda_backend.norm_fwd_fp8_lean(1))  # its kernels: the tests below
         own = {alone: cuda_fp8_own_path(True, n, lean=lean, alone=alone) for alone in (True, False)}
         assert own[True] or own[False]  # the case this test is for
         stack.enter_context(cuda_backend.dram_class(dram_class))
@@ -735,7 +718,7 @@ def test_fwd_loop_taken(general):
 FP8_LEAN_CASES = [(2101, 4096, 4), (67, 1024, 4), (1, 8192, 4), (301, 5120, 4), (37, 12288, 4),
                   (33, 16384, 4), (701, 16384, 8), (301, 32768, 8), (67, 6144, 8)]
 # (RMSNorm, zero-centred gamma, bias): 8 vectors per thread are RMSNorm's only; weights of x's
-# dtype only (fp32 weights keep the other kernels: test_fwd_fp8_lean_default_widths)
+# dtype only (fp32 weights keep the other kernels: test_fwd_fp8_lean_widths)
 FP8_LEAN_KINDS = {"rms": (True, False, False), "rms-zc": (True, True, False),
                   "ln": (False, False, True), "ln-nobias-zc": (False, True, False)}
 
@@ -798,31 +781,30 @@ def test_fwd_fp8_lean_kernel(kind, m, n, nv, fp8_dtype):
         engine.backend.reset_for_tests()
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the default paths of the CUDA forward")
+@pytest.mark.skipif(not ON_GPU, reason="the dispatch of the CUDA forward")
+@pytest.mark.parametrize("knob", [0, 1, 2])
 @pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
-def test_fwd_fp8_lean_default_widths(dram_class):
-    """By default (knob 0) the lean FP8 kernel takes, on a card that is not lean only (NOTES P179;
-    the H100 is not measured), delayed scaling of a bf16 x without a residual at LayerNorm
-    4096-16384 (4 vectors per thread) and RMSNorm 4096-8192 (4) and 16384-32768 (8), where its row
-    groups are whole (fp8_lean_nv: not 4104, not LayerNorm's 32768 nor 2048, not 65536); with a
-    transposed copy made after the norm (the default's at these widths on that card) too, the copy
-    the rowwise bytes transposed. Never current scaling, a residual, a copy asked of the kernel
-    (ENGINE_NORM_EXTERNAL_TRANSPOSE=0), fp32 weights, nor under its knob at 1."""
+def test_fwd_fp8_lean_widths(knob, dram_class):
+    """Where the lean FP8 kernel runs (fp8_lean_nv): never by default (knob 0: NOTES P179c) nor
+    under knob 1; under knob 2, on either card class, delayed scaling of a bf16 x without a
+    residual wherever its row groups are whole, at 4 vectors per thread (RMSNorm past 8192: 8):
+    not 4104, not LayerNorm's 32768, not 65536; with a transposed copy made after the norm too (the
+    copy the rowwise bytes transposed). Never current scaling, a residual, fp32 weights, or a copy
+    asked of the kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE=0)."""
     from engine import cuda_backend
 
     use_backend("cuda")
-    lean = dram_class == 1
     try:
-        with cuda_backend.dram_class(dram_class):
+        with cuda_backend.dram_class(dram_class), cuda_backend.norm_fwd_fp8_lean(knob):
             for is_rms, n in [(True, 2048), (True, 4096), (True, 8192), (True, 16384), (True, 32768),
                               (True, 65536), (True, 4104), (False, 2048), (False, 4096), (False, 16384),
                               (False, 32768)]:
                 x, w, b = inputs(8, n, is_rms)
-                want = fp8_lean_nv(is_rms, n, lean=lean)
+                want = fp8_lean_nv(is_rms, n, knob)
                 names = cuda_kernel_names(lambda: call(is_rms, x, w, b, quantizer=delayed(E4M3)))
                 assert fp8_lean_nv_of(names) == ([want] if want else []), (is_rms, n, names)
             x, w, _ = inputs(67, 8192, True)
-            want = [] if lean else [4]
+            want = [4] if knob == 2 else []
             q = delayed(E4M3, columnwise=True)
             t = None
 
@@ -836,13 +818,10 @@ def test_fwd_fp8_lean_default_widths(dram_class):
             r = torch.randn_like(x)
             assert fp8_lean_nv_of(cuda_kernel_names(
                 lambda: call(True, x, w, quantizer=delayed(E4M3), residual=r))) == []
-            with cuda_backend.norm_fwd_fp8_lean(1):
-                assert fp8_lean_nv_of(cuda_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3)))) == []
-            w32 = w.float()  # fp32 weights keep the other kernels, whatever the knob
-            with cuda_backend.norm_fwd_fp8_lean(2):
-                assert fp8_lean_nv_of(cuda_kernel_names(lambda: call(True, x, w32, quantizer=delayed(E4M3)))) == []
+            w32 = w.float()
+            assert fp8_lean_nv_of(cuda_kernel_names(lambda: call(True, x, w32, quantizer=delayed(E4M3)))) == []
         use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
-        with cuda_backend.dram_class(dram_class):
+        with cuda_backend.dram_class(dram_class), cuda_backend.norm_fwd_fp8_lean(knob):
             names = cuda_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3, columnwise=True)))
             assert fp8_lean_nv_of(names) == [], names
     finally:

@@ -244,8 +244,7 @@ def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False, rows=None
     each value of a launch knob (engine.cuda_backend); each path adds a row's values in its own
     order. For every knob but norm_fwd_stream_from itself the streamed kernel is off, so that the
     knob's paths run (they remain the paths of a residual, of current scaling's output pass and of
-    devices or widths the stream does not take); the lean FP8 kernel is off for every knob but its
-    own (NOTES P179; its tests are test_fp8.py's test_fwd_fp8_lean_*)."""
+    devices or widths the stream does not take)."""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -256,8 +255,6 @@ def knob_stats(is_rms, n, knob, values, out_dtype=BF16, current=False, rows=None
             with contextlib.ExitStack() as stack:
                 if knob != "norm_fwd_stream_from":
                     stack.enter_context(cuda_backend.norm_fwd_stream_from(1 << 30))
-                if knob != "norm_fwd_fp8_lean":
-                    stack.enter_context(cuda_backend.norm_fwd_fp8_lean(1))
                 stack.enter_context(getattr(cuda_backend, knob)(v))
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, out_dtype, current)
             stats.append(rsigma if is_rms else torch.cat([mu, rsigma]))
@@ -1125,9 +1122,7 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     over a 2-CTA cluster, the clusters' bits, P155, and on a lean card LayerNorm's the lean
     kernel's, P154: BF16_PATH); they differ from the
     other kernels' (the blocked kernel's and the stream's where the register path is the one
-    taken). The lean FP8 kernel, which takes delayed scaling before these at some of the widths
-    on a card that is not lean (NOTES P179), is off here (norm_fwd_fp8_lean(1));
-    test_fp8.py::test_fwd_fp8_lean_default_widths checks where it runs."""
+    taken)."""
     from engine import cuda_backend
 
     fp8_path = FP8_DEFAULT_PATH[(is_rms, n)][dram_class]
@@ -1146,8 +1141,7 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
         stats = {}
         for path, (blocked_from, stream_from, lean) in knobs.items():
             with cuda_backend.norm_fwd_blocked_from(blocked_from), cuda_backend.norm_fwd_lean(lean), \
-                    cuda_backend.norm_fwd_stream_from(stream_from), cuda_backend.dram_class(dram_class), \
-                    cuda_backend.norm_fwd_fp8_lean(1):
+                    cuda_backend.norm_fwd_stream_from(stream_from), cuda_backend.dram_class(dram_class):
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, out_dtype, current)
             stats[path] = rsigma if is_rms else torch.cat([mu, rsigma])
     finally:
@@ -1171,9 +1165,7 @@ def test_fwd_fp8_alone_path(is_rms, n, dram_class):
     which takes it past 16K) the streamed kernel (the clusters lost 1-2 there); past 32K, and on a
     wide card, the stream either way. Over 301 rows, each call's statistics are its kernel's bit for
     bit (the stream: its knob at n; the clusters: both knobs off), the two kernels' differ, the
-    FP8 bytes are within one step of one another and the copy is the rowwise bytes transposed.
-    The lean FP8 kernel (NOTES P179; at 32768 RMSNorm's default on a card that is not lean, with or
-    without the copy after the norm) is off here: test_fp8.py::test_fwd_fp8_lean_default_widths."""
+    FP8 bytes are within one step of one another and the copy is the rowwise bytes transposed."""
     from engine import cuda_backend
     from test_fp8 import fp8_steps
 
@@ -1186,7 +1178,7 @@ def test_fwd_fp8_alone_path(is_rms, n, dram_class):
         x, _, w, b = bf16_rows(301, n, is_rms)
         stats, data = {}, {}
         t_paths = {"alone": {}, "after": {"out_t_after": True}, "auto": {"out_t_auto": True}}
-        with cuda_backend.dram_class(dram_class), cuda_backend.norm_fwd_fp8_lean(1):
+        with cuda_backend.dram_class(dram_class):
             for path, (blocked_from, stream_from) in (("stream", (off, n)), ("clusters", (off, off))):
                 with cuda_backend.norm_fwd_blocked_from(blocked_from), \
                         cuda_backend.norm_fwd_stream_from(stream_from):

@@ -96,7 +96,7 @@ int norm_fwd_stream_threads();
 int norm_fwd_band();
 /* engine_set_norm_fwd_lean's value now (0: the default, the lean kernel where it applies). */
 int norm_fwd_lean();
-/* engine_set_norm_fwd_fp8_lean's value now (0: the default widths). */
+/* engine_set_norm_fwd_fp8_lean's value now (0: the default, never). */
 int norm_fwd_fp8_lean();
 /* engine_set_norm_fwd_blocked_shape's value now (0: the default shape and grid). */
 int norm_fwd_blocked_shape();

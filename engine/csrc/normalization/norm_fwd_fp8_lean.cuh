@@ -1,34 +1,42 @@
 /*
  * The lean FP8 forward (benchmarks/NOTES.md Q75, P179): a 16-bit x without a residual to an FP8
- * output in delayed scaling (mode kFull), no in-kernel transposed copy, in the shape of Triton's
- * FP8 tiles, which read 86-93 % of copy on the H200 where the register kernel's fast loop and
- * the streamed kernel read 74-84 at LayerNorm e4m3 4K-16K and RMSNorm e4m3 16K-32K.
+ * output in delayed scaling (mode kFull), no in-kernel transposed copy, in the shape that let a
+ * stand-alone kernel (ci/fp8_lab.cu, Q75) read 87-93 % of copy on the H200 where engine's
+ * register and streamed kernels read 74-88 (LayerNorm e4m3 4K-16K, RMSNorm e4m3 4K-32K).
+ * Behind a knob only (engine_set_norm_fwd_fp8_lean 2 / 4 / 8), not a default: engine's form
+ * reads the other kernels' numbers at RMSNorm (-0.5 to +3.5 points) and loses 1-15 at LayerNorm
+ * (P179c), where the stand-alone twin of the same layout (ci/fp8_lab_engine.cu builds this kernel
+ * without the extension, beside the lab's) still reads 3-19 points under the lab's. It is kept
+ * for that work: the next step is to find the rest of that gap in the stand-alone harness.
  *
- * A stand-alone kernel varied one factor at a time (ci/fp8_lab.cu, Q75) found what carries it:
- *   - the next row's x loaded before this row's reductions (a register prefetch). It is worth
- *     15-30 points in that shape (LayerNorm e4m3 8K 87 -> 64 without it), where the register
- *     kernel's 3 CTAs of 256 threads per SM, compiled for 80 registers, have no room for it;
+ * What the lab found carries the shape:
+ *   - the next row's x loaded before this row's reductions (a register prefetch): 15-30 points
+ *     (LayerNorm e4m3 8K 87 -> 64 without it);
  *   - one CTA of 512 threads per SM (up to 128 registers a thread, 16 warps per SM);
- *   - gamma (and beta) loaded once into fp32 registers, before the row loop, where a thread holds
- *     32 values of a row (NV = 4; LayerNorm e4m3 8K 87 against 81 re-read per row); at 64 values
- *     a thread (NV = 8, RMSNorm's rows of 16K-32K) there is no room: they are re-read per row from
- *     L1, each slot's one slot ahead of its use (the lean kernel's P153 form).
- * The 16-byte FP8 stores of Triton's layout were not a factor (8 against 16 values a thread
- * within 2 points either way), so the layout is the register kernel's: slot i of lane lr is the
- * 16-byte vector lr + i * tpr of its row, tpr = cols / (8 NV) threads a row (a multiple of 32, at
- * most 512), G = 512 / tpr rows a CTA (its block G * tpr threads, so that every row group is
- * whole: a partial one would wait at its named barrier for threads that do not exist), every slot
- * in the row (no masks: fwd_fp8_lean_nv takes only the widths that fill them).
+ *   - gamma (and beta) loaded once into fp32 registers before the row loop where a thread holds
+ *     32 values of a row (NV = 4: LayerNorm e4m3 8K 87 against 81 re-read per row); at 64 values
+ *     (NV = 8, RMSNorm's wider rows) there is no room: they are re-read per row through L1, each
+ *     slot's one slot ahead of its use (the lean kernel's P153 form).
+ * 16-byte FP8 stores (Triton's layout) were not a factor, so the layout is the register kernel's:
+ * slot i of lane lr is the 16-byte vector lr + i * tpr of its row, tpr = cols / (8 NV) threads a
+ * row (a multiple of 32, at most 512), G = 512 / tpr rows a CTA (its block G * tpr threads, so
+ * that every row group is whole: a partial one would wait at its named barrier for threads that
+ * do not exist), every slot in the row (no masks: fwd_fp8_lean_nv takes only widths that fill
+ * them). x, gamma and beta come through the read-only path (load_words_nc: the FP8 output cannot
+ * alias them; it changed nothing measurable, Q75b).
+ * The prefetch needs the loop's order below (the sums on every path, then the loads under a
+ * predicate that depends on them): ptxas counts every x load on one scoreboard, and in the
+ * natural order (loads at the loop's top) the sums' first unpack waited for the prefetched row
+ * too, so the kernel ran as if it had no prefetch (Q75c: ncu's stall samples, the SASS control
+ * bits).
  *
  * Numerics: those of norm_fwd.cuh (z = x; RMSNorm rsigma = 1 / sqrtf(sum z^2 / N + eps);
  * LayerNorm's one-pass sums scaled by 1 / N per thread, ln_one_pass_var, else the centred pass;
  * ln_fma_row; norm_y; amax of y before the scale; q = cvt.rn.satfinite(y * scale)). gamma + the
  * zero-centred 1 is the same fp32 sum whether held or added at each use. The sums are added in
- * the register kernel's slot order at NV vectors a thread, reduced by the same RowGroupSum: at
- * NV = 8 the lean kernel's bits (its rows of 16K: the same tpr), at NV = 4 those of the register
- * kernel at 4 vectors a thread; both differ from the default fp32 output's kernel at some widths,
- * so an FP8 output there is within one FP8 step of the fp32 output's cast, at rounding boundaries
- * only (tests/test_fp8.py::cuda_fp8_own_path).
+ * the register kernel's slot order at NV vectors a thread, reduced by the same RowGroupSum: its
+ * bytes are the register kernel's at the same vectors per thread (tests/test_fp8.py::
+ * test_fwd_fp8_lean_kernel).
  */
 #ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_FP8_LEAN_CUH_
 #define ENGINE_CSRC_NORMALIZATION_NORM_FWD_FP8_LEAN_CUH_
@@ -41,19 +49,14 @@ namespace norm {
 constexpr int kFp8LeanThreads = 512; /* one CTA per SM */
 
 /* Vectors of x per thread (4 or 8) of the lean FP8 kernel for rows of `cols` columns, or 0 where
- * it does not run. `knob`: engine_set_norm_fwd_fp8_lean's value (0 the default, 1 never, 2 every
- * width it fits with the default's vectors, 4 / 8 every width it fits with that many); `lean_card`:
- * LaunchCtx::lean_dram (the H100, not measured: the default leaves it its kernels). The default
- * (NOTES P179, H200): LayerNorm 4K-16K at 4 vectors, RMSNorm 4K-8K at 4 and 16K-32K at 8. A width
- * fits where its row groups are whole: tpr = cols / (8 NV) a multiple of 32, at most 512. */
-inline int fwd_fp8_lean_nv(int cols, bool rms, int knob, bool lean_card) {
-  if (knob == 1 || (knob == 0 && lean_card)) return 0;
-  int nv = knob == 4 || knob == 8 ? knob : (rms && cols > 8192 ? 8 : 4);
+ * it does not run. `knob`: engine_set_norm_fwd_fp8_lean's value: 0 (the default) and 1 never (P179c:
+ * no default measured faster); 2 every width it fits, at 4 vectors (RMSNorm past 8192 columns:
+ * 8); 4 / 8 every width it fits at that many (8: RMSNorm only). A width fits where its row
+ * groups are whole: tpr = cols / (8 NV) a multiple of 32, at most 512. */
+inline int fwd_fp8_lean_nv(int cols, bool rms, int knob) {
+  if (knob == 0 || knob == 1) return 0;
+  const int nv = knob == 4 || knob == 8 ? knob : (rms && cols > 8192 ? 8 : 4);
   if (nv == 8 && !rms) return 0; /* 8 vectors: RMSNorm's builds only */
-  if (knob == 0) {
-    const bool on = rms ? cols >= 4096 && cols <= 32768 : cols >= 4096 && cols <= 16384;
-    if (!on) return 0;
-  }
   if (cols % (8 * nv) != 0) return 0;
   const int tpr = cols / (8 * nv);
   return tpr >= 32 && tpr <= kFp8LeanThreads && tpr % 32 == 0 ? nv : 0;
@@ -284,7 +287,7 @@ inline int fwd_fp8_lean_applies(const FwdArgs& a, const LaunchCtx& ctx, int tile
    * at 8 vectors 12), and they are rare next to a 16-bit x; the other kernels keep them */
   if (a.w_dtype == ENGINE_DTYPE_FLOAT32) return 0;
   if (a.out_t != nullptr && !(a.t_auto != 0 && a.cols > tile_auto_max_cols)) return 0;
-  return fwd_fp8_lean_nv(a.cols, a.is_rms != 0, ctx.fwd_fp8_lean, ctx.lean_dram != 0);
+  return fwd_fp8_lean_nv(a.cols, a.is_rms != 0, ctx.fwd_fp8_lean);
 }
 
 template <typename X>
