@@ -121,6 +121,23 @@ def main(argv=None) -> int:
             def pct(us: float) -> float:
                 return 100.0 * nbytes / (us * 1e3) / copy
 
+            def run(launch, label: str, check_it: bool, extra: str = "") -> int:
+                """One variant: poisoned output, a launch (grid < 0: not run), the bytes and amax
+                checked (``check_it``), timed; prints a row; returns the grid, -1 if it failed."""
+                nonlocal failed
+                y8.view(torch.uint8).fill_(0x7F)  # e4m3 NaN: every byte must be written
+                amax.zero_()
+                grid = launch()
+                if grid < 0:
+                    return grid
+                torch.cuda.synchronize()
+                ok, msg = check(y8, float(amax), ref) if check_it else (True, "")
+                failed += not ok
+                us = device_us_per_call(launch)
+                print(f"{label} grid {grid:5d}{extra} {us:8.2f} us {pct(us):6.1f} %"
+                      f"{'  ' + msg if msg else ''}{'  FAIL' if not ok else ''}")
+                return grid
+
             for rep in range(args.reps):
                 for impl in args.impls:
                     flag = "1" if impl == "triton" else "0"
@@ -146,18 +163,7 @@ def main(argv=None) -> int:
                                                      stats[m:].data_ptr(), stats[:m].data_ptr(), sc.data_ptr(),
                                                      amax.data_ptr(), sinv.data_ptr(), m, n, stream)
 
-                    label = f"N={n:6d} {kind:3s} rep {rep} engine-lean nv {nv}"
-                    y8.view(torch.uint8).fill_(0x7F)
-                    amax.zero_()
-                    grid = launch_engine()
-                    if grid < 0:
-                        continue
-                    torch.cuda.synchronize()
-                    ok, msg = check(y8, float(amax), ref) if rep == 0 else (True, "")
-                    failed += not ok
-                    us = device_us_per_call(launch_engine)
-                    print(f"{label} grid {grid:5d} {us:8.2f} us {pct(us):6.1f} %"
-                          f"{'  ' + msg if msg else ''}{'  FAIL' if not ok else ''}")
+                    run(launch_engine, f"N={n:6d} {kind:3s} rep {rep} engine-lean nv {nv}", rep == 0)
                 for cid in (args.configs if args.configs is not None else range(ncfg)):
                     for per_sm in args.per_sm:
                         regs = ctypes.c_int(0)
@@ -168,20 +174,12 @@ def main(argv=None) -> int:
                                                       ctypes.byref(regs))
 
                         label = f"N={n:6d} {kind:3s} rep {rep} lab {cid:2d} {names[cid]} per_sm {per_sm}"
-                        y8.view(torch.uint8).fill_(0x7F)  # e4m3 NaN: every byte must be written
-                        amax.zero_()
-                        grid = launch()
+                        grid = run(launch, label, rep == 0, extra=f" {regs.value:3d} regs")
                         if grid < 0:
                             if rep == 0 and per_sm == args.per_sm[0]:
                                 print(f"{label}: {'does not fit' if grid == -1 else 'launch error'}")
                             break
-                        torch.cuda.synchronize()
-                        ok, msg = check(y8, float(amax), ref) if rep == 0 else (True, "")
-                        failed += not ok
-                        us = device_us_per_call(launch)
-                        print(f"{label} grid {grid:5d} {regs.value:3d} regs {us:8.2f} us {pct(us):6.1f} %"
-                              f"{'  ' + msg if msg else ''}{'  FAIL' if not ok else ''}")
-            del ref
+            ref = None  # frees the float64 reference before the next width
     print(f"fp8_lab: {failed} failed checks")
     return 1 if failed else 0
 
