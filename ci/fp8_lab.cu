@@ -19,6 +19,16 @@
  *   NC      x and gamma through the non-coherent read-only path (ld.global.nc: LDG.E.128.CONSTANT,
  *           what nvcc makes of the __restrict__ const pointers of the first lab) or plain
  *           coherent loads (ld.global: LDG.E.128, engine's load_words), Q75b
+ *   ENG     engine's additions to the lab's loop (Q76, a bitmask; 0 = the lab's own form):
+ *           1 rsigma = 1 / sqrtf (IEEE division and square root) for rsqrtf; 2 LayerNorm's
+ *           guarded one-pass variance (the sums scaled by 1 / N per thread, var = E[z^2] - mean^2
+ *           where mean^2 <= 3/4 E[z^2], else a centred pass and a second reduction); 4 the
+ *           rsigma (and mu) stores by the row's lane 0; 8 LayerNorm's two epilogue forms
+ *           (t = fma(z, rs, -mean rs) where |mean rs| <= 4, else (z - mean) rs; one branch per
+ *           row); 16 engine's loop order (a row past the matrix summed as zeros, the sums
+ *           first, the next row's loads under a predicate on the sum of squares through an
+ *           opaque move, the row's work under `row < rows`); 32 engine's shuffle (each step
+ *           added under off < min(tpr, 32), tpr read at run time)
  * A row group of tpr = N / VPT threads holds a row; G = BLOCK / tpr groups per CTA. Rows and N are
  * exact multiples of the layout (powers of two): no masking. LayerNorm's variance is one-pass
  * (E[z^2] - mean^2), the lab's timing form, not engine's guarded one; the driver checks the bytes
@@ -34,6 +44,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <type_traits>
 
 namespace {
 
@@ -74,16 +85,19 @@ __device__ __forceinline__ float amax_upd(float m, float y) { /* engine's amax_u
   return r;
 }
 
-template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB, bool NC>
+constexpr int kEIeee = 1, kEGuard = 2, kEStats = 4, kEForms = 8, kEOrder = 16, kEWidth = 32;
+
+template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB, bool NC, int ENG>
 __global__ void __launch_bounds__(BLOCK, MINB)
     fp8_lab_kernel(const uint4* __restrict__ x, const uint4* __restrict__ gb, uint8_t* __restrict__ y,
-                   float* __restrict__ amax_out, long long rows, int nvec, int tpr, float inv_n, float eps,
-                   float scale) {
+                   float* __restrict__ amax_out, float* __restrict__ stats, long long rows, int nvec, int tpr,
+                   float inv_n, float eps, float scale) {
   constexpr int NV = VPT / 8;     /* 16-byte vectors per thread and row */
   constexpr int NR = NV / CONTIG; /* runs of CONTIG adjacent vectors */
   constexpr int NW = BLOCK / 32;
   constexpr int NS = LN ? 2 : 1; /* sums per row */
   static_assert(NV % CONTIG == 0, "runs must tile a thread's vectors");
+  static_assert(ENG == 0 || RPT == 1, "engine's additions: one row per iteration");
   __shared__ float red[2][RPT][NS][NW];
   __shared__ int amax_sm[NW];
   extern __shared__ __align__(16) float gsm[];
@@ -158,6 +172,11 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   auto load = [&](long long blk, uint4(&v)[RPT][NV]) {
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
+      if ((ENG & kEOrder) && blk * per_blk + r * G + group >= rows) {
+#pragma unroll
+        for (int i = 0; i < NV; ++i) v[r][i] = make_uint4(0u, 0u, 0u, 0u);
+        continue;
+      }
       const uint4* p = x + (blk * per_blk + r * G + group) * (long long)nvec;
 #pragma unroll
       for (int k = 0; k < NR; ++k) {
@@ -168,11 +187,56 @@ __global__ void __launch_bounds__(BLOCK, MINB)
   };
   float amax = 0.0f;
   int parity = 0;
+  /* the row group's sums of s[r][0 .. K-1]: shuffles, then (wpr > 1) one barrier over the
+   * group and a read of its warps' partials (double-buffered by parity) */
+  auto reduce = [&](float(&s)[RPT][NS], int K) {
+    const int width = tpr < 32 ? tpr : 32;
+#pragma unroll
+    for (int r = 0; r < RPT; ++r) {
+#pragma unroll
+      for (int q = 0; q < NS; ++q) {
+        if (q >= K) continue;
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) {
+          const float o = __shfl_xor_sync(0xffffffffu, s[r][q], off);
+          if (!(ENG & kEWidth) || off < width) s[r][q] += o;
+        }
+      }
+    }
+    if (wpr > 1) { /* one barrier for the RPT rows of the group */
+      if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int r = 0; r < RPT; ++r) {
+#pragma unroll
+          for (int q = 0; q < NS; ++q) {
+            if (q < K) red[parity][r][q][warp] = s[r][q];
+          }
+        }
+      }
+      if (G > 1) {
+        asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(tpr) : "memory");
+      } else {
+        __syncthreads();
+      }
+#pragma unroll
+      for (int r = 0; r < RPT; ++r) {
+#pragma unroll
+        for (int q = 0; q < NS; ++q) {
+          if (q >= K) continue;
+          float t = 0.0f;
+          for (int w = 0; w < wpr; ++w) t += red[parity][r][q][group * wpr + w];
+          s[r][q] = t;
+        }
+      }
+      parity ^= 1;
+    }
+  };
   long long blk = blockIdx.x;
   if (blk < nblk) load(blk, cur);
   for (; blk < nblk; blk += gridDim.x) {
     const long long nb = blk + gridDim.x;
-    if (PF && nb < nblk) load(nb, nxt);
+    constexpr bool kOrder = (ENG & kEOrder) != 0;
+    if (PF && !kOrder && nb < nblk) load(nb, nxt);
     float s[RPT][NS];
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
@@ -194,74 +258,105 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       s[r][0] = s0;
       if constexpr (LN) s[r][1] = s1;
     }
-#pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-#pragma unroll
-      for (int q = 0; q < NS; ++q) {
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) s[r][q] += __shfl_xor_sync(0xffffffffu, s[r][q], off);
-      }
+    bool pf = PF && nb < nblk;
+    if constexpr (kOrder) { /* engine's order: the loads after the sums, under a predicate on them */
+      float ss;
+      asm("mov.b32 %0, %1;" : "=f"(ss) : "f"(s[0][NS - 1]));
+      pf = pf && !(ss < 0.0f);
+      if (pf) load(nb, nxt);
     }
-    if (wpr > 1) { /* one barrier for the RPT rows of the group */
-      if ((threadIdx.x & 31) == 0) {
-#pragma unroll
-        for (int r = 0; r < RPT; ++r) {
-#pragma unroll
-          for (int q = 0; q < NS; ++q) red[parity][r][q][warp] = s[r][q];
-        }
-      }
-      if (G > 1) {
-        asm volatile("bar.sync %0, %1;" ::"r"(1 + group), "r"(tpr) : "memory");
-      } else {
-        __syncthreads();
-      }
+    if (!kOrder || blk * per_blk + group < rows) {
 #pragma unroll
       for (int r = 0; r < RPT; ++r) {
+        if ((ENG & kEGuard) && LN) {
 #pragma unroll
-        for (int q = 0; q < NS; ++q) {
-          float t = 0.0f;
-          for (int w = 0; w < wpr; ++w) t += red[parity][r][q][group * wpr + w];
-          s[r][q] = t;
+          for (int q = 0; q < NS; ++q) s[r][q] *= inv_n;
         }
       }
-      parity ^= 1;
-    }
+      reduce(s, NS);
 #pragma unroll
-    for (int r = 0; r < RPT; ++r) {
-      float mean = 0.0f, rs;
-      if constexpr (LN) {
-        mean = s[r][0] * inv_n;
-        rs = rsqrtf(fmaxf(s[r][1] * inv_n - mean * mean, 0.0f) + eps);
-      } else {
-        rs = rsqrtf(s[r][0] * inv_n + eps);
-      }
-      uint8_t* orow = y + (blk * per_blk + r * G + group) * (long long)nvec * 8;
+      for (int r = 0; r < RPT; ++r) {
+        const long long row = blk * per_blk + r * G + group;
+        float mean = 0.0f, rs, var;
+        if constexpr (LN) {
+          if constexpr ((ENG & kEGuard) != 0) {
+            mean = s[r][0];
+            const float c = mean * mean;
+            var = s[r][1] - c;
+            if (!(c <= 0.75f * s[r][1])) { /* the centred pass (engine's ln_one_pass_var) */
+              float q[RPT][NS];
+              q[r][0] = 0.0f;
 #pragma unroll
-      for (int k = 0; k < NR; ++k) {
-        uint32_t w[2 * CONTIG];
+              for (int i = 0; i < NV; ++i) {
+                float f[8];
+                unpack8(cur[r][i], f);
 #pragma unroll
-        for (int c = 0; c < CONTIG; ++c) {
-          float f[8], g[8], b[8], q[8];
-          unpack8(cur[r][k * CONTIG + c], f);
-          gam(k, c, g, b);
-#pragma unroll
-          for (int j = 0; j < 8; ++j) {
-            const float v = LN ? fmaf((f[j] - mean) * rs, g[j], b[j]) : f[j] * rs * g[j];
-            amax = amax_upd(amax, v);
-            q[j] = v * scale;
+                for (int j = 0; j < 8; ++j) {
+                  const float d = f[j] - mean;
+                  q[r][0] = fmaf(d, d, q[r][0]);
+                }
+              }
+              reduce(q, 1);
+              var = q[r][0] * inv_n;
+            }
+          } else {
+            mean = s[r][0] * inv_n;
+            var = fmaxf(s[r][1] * inv_n - mean * mean, 0.0f);
           }
-          w[2 * c] = e4m3x4(q[0], q[1], q[2], q[3]);
-          w[2 * c + 1] = e4m3x4(q[4], q[5], q[6], q[7]);
-        }
-        uint8_t* dst = orow + vidx(k, 0) * 8;
-        if constexpr (CONTIG == 2) {
-          *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
         } else {
-          *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+          var = s[r][0] * inv_n;
+        }
+        if constexpr ((ENG & kEIeee) != 0) {
+          rs = 1.0f / sqrtf(var + eps);
+        } else {
+          rs = rsqrtf(var + eps);
+        }
+        if ((ENG & kEStats) && lr == 0) {
+          stats[row] = rs;
+          if constexpr (LN) stats[rows + row] = mean;
+        }
+        uint8_t* orow = y + row * (long long)nvec * 8;
+        auto epilogue = [&](auto fma_tag) {
+          constexpr bool kFma = decltype(fma_tag)::value;
+          const float c = -mean * rs;
+#pragma unroll
+          for (int k = 0; k < NR; ++k) {
+            uint32_t w[2 * CONTIG];
+#pragma unroll
+            for (int cc = 0; cc < CONTIG; ++cc) {
+              float f[8], g[8], b[8], q[8];
+              unpack8(cur[r][k * CONTIG + cc], f);
+              gam(k, cc, g, b);
+#pragma unroll
+              for (int j = 0; j < 8; ++j) {
+                const float t = kFma ? fmaf(f[j], rs, c) : (f[j] - mean) * rs;
+                const float v = LN ? fmaf(t, g[j], b[j]) : f[j] * rs * g[j];
+                amax = amax_upd(amax, v);
+                q[j] = v * scale;
+              }
+              w[2 * cc] = e4m3x4(q[0], q[1], q[2], q[3]);
+              w[2 * cc + 1] = e4m3x4(q[4], q[5], q[6], q[7]);
+            }
+            uint8_t* dst = orow + vidx(k, 0) * 8;
+            if constexpr (CONTIG == 2) {
+              *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
+            } else {
+              *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+            }
+          }
+        };
+        if constexpr (LN && (ENG & kEForms) != 0) {
+          if (fabsf(-mean * rs) <= 4.0f) {
+            epilogue(std::true_type{});
+          } else {
+            epilogue(std::false_type{});
+          }
+        } else {
+          epilogue(std::false_type{});
         }
       }
     }
-    if (PF) {
+    if (pf) {
 #pragma unroll
       for (int r = 0; r < RPT; ++r) {
 #pragma unroll
@@ -285,48 +380,56 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 
 struct Cfg {
   const char* name;
-  int block, vpt, contig, rpt, pf, gm, minb, nc;
+  int block, vpt, contig, rpt, pf, gm, minb, nc, eng;
 };
 
 /* The variants: E* engine's register layout (8 values per vector, 8-byte FP8 stores), T* Triton's
  * LayerNorm e4m3 8K tile (2 x 8192 over 16 warps, 16 values per thread, prefetch, gamma hoisted),
  * W* a row over 512 threads at 32 values each (Triton's 16K tile), each with one factor changed;
  * W64* 64 values per thread (rows of 32K over 512 threads); *-pl the same with plain (coherent)
- * loads of x and gamma (Q75b). */
+ * loads of x and gamma (Q75b); W-c1-eK W-c1 (the layout of engine's lean FP8 kernel at 4 vectors
+ * a thread) with engine's additions ENG = K (Q76). */
 #define LAB_CONFIGS(X)                                 \
-  X(0, "E-glob", 256, 32, 1, 1, 0, kGGlobal, 2, 1)       \
-  X(1, "E-smem", 256, 32, 1, 1, 0, kGSmem, 3, 1)         \
-  X(2, "E-glob-pf", 256, 32, 1, 1, 1, kGGlobal, 2, 1)    \
-  X(3, "E-glob-c2", 256, 32, 2, 1, 0, kGGlobal, 2, 1)    \
-  X(4, "E-reg", 256, 32, 1, 1, 0, kGReg, 2, 1)           \
-  X(5, "T", 512, 16, 2, 2, 1, kGReg, 1, 1)               \
-  X(6, "T-c1", 512, 16, 1, 2, 1, kGReg, 1, 1)            \
-  X(7, "T-nopf", 512, 16, 2, 2, 0, kGReg, 1, 1)          \
-  X(8, "T-glob", 512, 16, 2, 2, 1, kGGlobal, 1, 1)       \
-  X(9, "T-smem", 512, 16, 2, 2, 1, kGSmem, 1, 1)         \
-  X(10, "T-r1", 512, 16, 2, 1, 1, kGReg, 1, 1)           \
-  X(11, "T256", 256, 16, 2, 2, 1, kGReg, 2, 1)           \
-  X(12, "W", 512, 32, 2, 1, 1, kGReg, 1, 1)              \
-  X(13, "W-c1", 512, 32, 1, 1, 1, kGReg, 1, 1)           \
-  X(14, "W-nopf", 512, 32, 2, 1, 0, kGReg, 1, 1)         \
-  X(15, "W-glob", 512, 32, 2, 1, 1, kGGlobal, 1, 1)      \
-  X(16, "W64-glob", 512, 64, 2, 1, 0, kGGlobal, 1, 1)    \
-  X(17, "W64-glob-pf", 512, 64, 2, 1, 1, kGGlobal, 1, 1) \
-  X(18, "E-glob-pf-pl", 256, 32, 1, 1, 1, kGGlobal, 2, 0) \
-  X(19, "W-pl", 512, 32, 2, 1, 1, kGReg, 1, 0)            \
-  X(20, "W-c1-pl", 512, 32, 1, 1, 1, kGReg, 1, 0)         \
-  X(21, "W64-glob-pf-pl", 512, 64, 2, 1, 1, kGGlobal, 1, 0) \
-  X(22, "W-nopf-pl", 512, 32, 2, 1, 0, kGReg, 1, 0)
+  X(0, "E-glob", 256, 32, 1, 1, 0, kGGlobal, 2, 1, 0) \
+  X(1, "E-smem", 256, 32, 1, 1, 0, kGSmem, 3, 1, 0) \
+  X(2, "E-glob-pf", 256, 32, 1, 1, 1, kGGlobal, 2, 1, 0) \
+  X(3, "E-glob-c2", 256, 32, 2, 1, 0, kGGlobal, 2, 1, 0) \
+  X(4, "E-reg", 256, 32, 1, 1, 0, kGReg, 2, 1, 0) \
+  X(5, "T", 512, 16, 2, 2, 1, kGReg, 1, 1, 0) \
+  X(6, "T-c1", 512, 16, 1, 2, 1, kGReg, 1, 1, 0) \
+  X(7, "T-nopf", 512, 16, 2, 2, 0, kGReg, 1, 1, 0) \
+  X(8, "T-glob", 512, 16, 2, 2, 1, kGGlobal, 1, 1, 0) \
+  X(9, "T-smem", 512, 16, 2, 2, 1, kGSmem, 1, 1, 0) \
+  X(10, "T-r1", 512, 16, 2, 1, 1, kGReg, 1, 1, 0) \
+  X(11, "T256", 256, 16, 2, 2, 1, kGReg, 2, 1, 0) \
+  X(12, "W", 512, 32, 2, 1, 1, kGReg, 1, 1, 0) \
+  X(13, "W-c1", 512, 32, 1, 1, 1, kGReg, 1, 1, 0) \
+  X(14, "W-nopf", 512, 32, 2, 1, 0, kGReg, 1, 1, 0) \
+  X(15, "W-glob", 512, 32, 2, 1, 1, kGGlobal, 1, 1, 0) \
+  X(16, "W64-glob", 512, 64, 2, 1, 0, kGGlobal, 1, 1, 0) \
+  X(17, "W64-glob-pf", 512, 64, 2, 1, 1, kGGlobal, 1, 1, 0) \
+  X(18, "E-glob-pf-pl", 256, 32, 1, 1, 1, kGGlobal, 2, 0, 0) \
+  X(19, "W-pl", 512, 32, 2, 1, 1, kGReg, 1, 0, 0) \
+  X(20, "W-c1-pl", 512, 32, 1, 1, 1, kGReg, 1, 0, 0) \
+  X(21, "W64-glob-pf-pl", 512, 64, 2, 1, 1, kGGlobal, 1, 0, 0) \
+  X(22, "W-nopf-pl", 512, 32, 2, 1, 0, kGReg, 1, 0, 0) \
+  X(23, "W-c1-e1", 512, 32, 1, 1, 1, kGReg, 1, 1, 1) \
+  X(24, "W-c1-e2", 512, 32, 1, 1, 1, kGReg, 1, 1, 2) \
+  X(25, "W-c1-e4", 512, 32, 1, 1, 1, kGReg, 1, 1, 4) \
+  X(26, "W-c1-e8", 512, 32, 1, 1, 1, kGReg, 1, 1, 8) \
+  X(27, "W-c1-e16", 512, 32, 1, 1, 1, kGReg, 1, 1, 16) \
+  X(28, "W-c1-e32", 512, 32, 1, 1, 1, kGReg, 1, 1, 32) \
+  X(29, "W-c1-e63", 512, 32, 1, 1, 1, kGReg, 1, 1, 63)
 
-#define LAB_CFG_ROW(ID, NAME, B, V, C, R, P, G, M, NC) {NAME, B, V, C, R, P, G, M, NC},
+#define LAB_CFG_ROW(ID, NAME, B, V, C, R, P, G, M, NC, E) {NAME, B, V, C, R, P, G, M, NC, E},
 constexpr Cfg kCfgs[] = {LAB_CONFIGS(LAB_CFG_ROW)};
 #undef LAB_CFG_ROW
 constexpr int kNumCfgs = sizeof(kCfgs) / sizeof(kCfgs[0]);
 
-template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB, bool NC>
-long long launch_t(long long per_sm, const void* x, const void* gb, void* y, float* amax, long long rows, int n,
-                   float scale, cudaStream_t stream, int* regs) {
-  auto* k = &fp8_lab_kernel<LN, BLOCK, VPT, CONTIG, RPT, PF, GM, MINB, NC>;
+template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB, bool NC, int ENG>
+long long launch_t(long long per_sm, const void* x, const void* gb, void* y, float* amax, float* stats, long long rows,
+                   int n, float scale, cudaStream_t stream, int* regs) {
+  auto* k = &fp8_lab_kernel<LN, BLOCK, VPT, CONTIG, RPT, PF, GM, MINB, NC, ENG>;
   cudaFuncAttributes at{};
   if (cudaFuncGetAttributes(&at, k) != cudaSuccess) return -2;
   if (regs != nullptr) *regs = at.numRegs;
@@ -348,7 +451,7 @@ long long launch_t(long long per_sm, const void* x, const void* gb, void* y, flo
   if (resident < 1) return -1;
   const long long grid = std::min((per_sm > 0 ? per_sm : resident) * (long long)sms, rows / per_blk);
   k<<<(unsigned)grid, BLOCK, smem, stream>>>(static_cast<const uint4*>(x), static_cast<const uint4*>(gb),
-                                             static_cast<uint8_t*>(y), amax, rows, nvec, tpr, 1.0f / n, 1e-5f,
+                                             static_cast<uint8_t*>(y), amax, stats, rows, nvec, tpr, 1.0f / n, 1e-5f,
                                              scale);
   return cudaGetLastError() == cudaSuccess ? grid : -2;
 }
@@ -357,24 +460,27 @@ long long launch_t(long long per_sm, const void* x, const void* gb, void* y, flo
 
 extern "C" int fp8_lab_num_configs() { return kNumCfgs; }
 
-/* the config's description: "name block vpt contig rpt pf gm minb" */
+/* the config's description: "name block vpt contig rpt pf gm minb nc eng" */
 extern "C" int fp8_lab_describe(int id, char* buf, int len) {
   if (id < 0 || id >= kNumCfgs) return -1;
   const Cfg& c = kCfgs[id];
-  return std::snprintf(buf, len, "%-10s B%d V%d C%d R%d pf%d g%d m%d nc%d", c.name, c.block, c.vpt, c.contig, c.rpt,
-                       c.pf, c.gm, c.minb, c.nc);
+  return std::snprintf(buf, len, "%-10s B%d V%d C%d R%d pf%d g%d m%d nc%d e%d", c.name, c.block, c.vpt, c.contig,
+                       c.rpt, c.pf, c.gm, c.minb, c.nc, c.eng);
 }
 
 /* One launch of config `id` (ln: LayerNorm, gb = gamma then beta; else RMSNorm, gb = gamma) on
- * per_sm CTAs per SM (0: the resident CTAs), capped at the row blocks; *regs gets the build's
- * registers. Returns the grid, -1 where the layout does not fit N or the rows, -2 on an error. */
+ * per_sm CTAs per SM (0: the resident CTAs), capped at the row blocks; stats: 2 * rows floats
+ * (rsigma, then mu: written by the configs with ENG & 4); *regs gets the build's registers. Returns the grid, -1 where the layout does not fit N or the rows, -2 on an error. */
 extern "C" long long fp8_lab_launch(int id, int ln, long long per_sm, const void* x, const void* gb, void* y,
-                                    float* amax, long long rows, int n, float scale, void* stream, int* regs) {
+                                    float* amax, float* stats, long long rows, int n, float scale, void* stream,
+                                    int* regs) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-#define LAB_CASE(ID, NAME, B, V, C, R, P, G, M, NC)                                                      \
-  case ID:                                                                                                 \
-    return ln ? launch_t<true, B, V, C, R, P != 0, G, M, NC != 0>(per_sm, x, gb, y, amax, rows, n, scale, s, regs) \
-              : launch_t<false, B, V, C, R, P != 0, G, M, NC != 0>(per_sm, x, gb, y, amax, rows, n, scale, s, regs);
+#define LAB_CASE(ID, NAME, B, V, C, R, P, G, M, NC, E)                                                          \
+  case ID:                                                                                                        \
+    return ln ? launch_t<true, B, V, C, R, P != 0, G, M, NC != 0, E>(per_sm, x, gb, y, amax, stats, rows, n, scale, \
+                                                                     s, regs)                                       \
+              : launch_t<false, B, V, C, R, P != 0, G, M, NC != 0, E>(per_sm, x, gb, y, amax, stats, rows, n, scale, \
+                                                                      s, regs);
   switch (id) { LAB_CONFIGS(LAB_CASE) }
 #undef LAB_CASE
   return -1;
