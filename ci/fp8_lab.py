@@ -75,7 +75,9 @@ def main(argv=None) -> int:
     ap.add_argument("--per-sm", type=int, nargs="*", default=[0],
                     help="CTAs per SM of the lab grids (0: the resident CTAs)")
     ap.add_argument("--reps", type=int, default=2, help="alternations of the whole set per (N, norm)")
-    ap.add_argument("--engine-so", help="ci/fp8_lab_engine.cu built: engine's lean FP8 kernel stand-alone")
+    ap.add_argument("--engine-so", nargs="*", default=[],
+                    help="ci/fp8_lab_engine.cu built (engine's lean FP8 kernel stand-alone), one or more builds "
+                         "(e.g. of two trees' headers: an A/B in one process), labelled by file name")
     ap.add_argument("--impls", nargs="*", default=["triton"], choices=["cuda", "triton"],
                     help="engine's forwards timed beside the lab (default: triton)")
     args = ap.parse_args(argv)
@@ -89,12 +91,13 @@ def main(argv=None) -> int:
     lib.fp8_lab_launch.restype = ctypes.c_longlong
     lib.fp8_lab_launch.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong] + [ctypes.c_void_p] * 5 + [
         ctypes.c_longlong, ctypes.c_int, ctypes.c_float, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
-    eng = None
-    if args.engine_so:
-        eng = ctypes.CDLL(os.path.abspath(args.engine_so))
+    engs = []
+    for path in args.engine_so:
+        eng = ctypes.CDLL(os.path.abspath(path))
         eng.fp8_engine_launch.restype = ctypes.c_longlong
         eng.fp8_engine_launch.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 8 + [
             ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
+        engs.append((Path(path).stem, eng))
     ncfg = lib.fp8_lab_num_configs()
     names = []
     for i in range(ncfg):
@@ -155,7 +158,7 @@ def main(argv=None) -> int:
                     except Exception as e:  # e.g. no CUDA extension built: the lab rows still run
                         print(f"N={n:6d} {kind:3s} rep {rep} engine {impl:6s} unavailable: {H.short_error(e)}")
                 engine.backend.reset_for_tests()
-                for nv in ((4, 8) if eng is not None else ()):
+                for (tag, eng), nv in ((e, nv) for e in engs for nv in (4, 8)):
                     sc, sinv = torch.full((1,), SCALE, device="cuda"), torch.empty(1, device="cuda")
 
                     def launch_engine():
@@ -163,7 +166,8 @@ def main(argv=None) -> int:
                                                      stats[m:].data_ptr(), stats[:m].data_ptr(), sc.data_ptr(),
                                                      amax.data_ptr(), sinv.data_ptr(), m, n, stream)
 
-                    run(launch_engine, f"N={n:6d} {kind:3s} rep {rep} engine-lean nv {nv}", rep == 0)
+                    label = "engine-lean" if len(engs) == 1 else f"engine-lean {tag}"
+                    run(launch_engine, f"N={n:6d} {kind:3s} rep {rep} {label} nv {nv}", rep == 0)
                 for cid in (args.configs if args.configs is not None else range(ncfg)):
                     for per_sm in args.per_sm:
                         regs = ctypes.c_int(0)

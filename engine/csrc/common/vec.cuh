@@ -63,6 +63,17 @@ __device__ __forceinline__ void load_words_nc(const void* p, uint32_t (&w)[B / 4
   }
 }
 
+/* d = w through opaque moves (one `mov.b32` each, inline PTX): a register prefetch's copy into
+ * the registers the loop reads. ptxas gives the loop's loads and the loads before the loop one
+ * scoreboard; where the loop read the loaded registers themselves, their first use in the loop
+ * waited for the prefetch issued at its top as well (NOTES Q75c, Q76b). The copies keep separate
+ * registers, so the wait stays at the copy, after the row's work. */
+template <int K>
+__device__ __forceinline__ void copy_words_opaque(uint32_t (&d)[K], const uint32_t (&w)[K]) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) asm("mov.b32 %0, %1;" : "=r"(d[k]) : "r"(w[k]));
+}
+
 template <int B>
 __device__ __forceinline__ void store_words(void* p, const uint32_t (&w)[B / 4]) {
   static_assert(B % 4 == 0 && B >= 4, "vector access must be a multiple of 4 bytes");

@@ -24,11 +24,14 @@
  * do not exist), every slot in the row (no masks: fwd_fp8_lean_nv takes only widths that fill
  * them). x, gamma and beta come through the read-only path (load_words_nc: the FP8 output cannot
  * alias them; it changed nothing measurable, Q75b).
- * The prefetch needs the loop's order below (the sums on every path, then the loads under a
- * predicate that depends on them): ptxas counts every x load on one scoreboard, and in the
- * natural order (loads at the loop's top) the sums' first unpack waited for the prefetched row
- * too, so the kernel ran as if it had no prefetch (Q75c: ncu's stall samples, the SASS control
- * bits).
+ * The prefetch needs care (Q75c, Q76b): ptxas counts every x load, and gamma's, on one
+ * scoreboard, and a wait for any of them is a wait for all. So the next row's loads sit at the
+ * loop's top (as early as they can), but the loop never reads a loaded register: the first row
+ * comes into `nxt` like every other and each row is copied into `cur` by opaque moves at the end
+ * of the row before it (copy_words_opaque), and every held gamma / beta value is used once
+ * before the loop. P179c's form (the loads after the sums, under a predicate on them) kept the
+ * prefetch working but issued it late: 7 points at LayerNorm e4m3 8K in the lab (Q76). rsigma
+ * and mu are stored after the row's epilogue (before it they cost 1.7-3.5 points there: Q76b).
  *
  * Numerics: those of norm_fwd.cuh (z = x; RMSNorm rsigma = 1 / sqrtf(sum z^2 / N + eps);
  * LayerNorm's one-pass sums scaled by 1 / N per thread, ln_one_pass_var, else the centred pass;
@@ -104,6 +107,19 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
         if constexpr (kBias) bh[i][j] = unpack_at<W, VEC>(bi, j);
       }
     }
+    /* Every held value used once here, in a branch never taken (rows >= 0), so that no loop
+     * instruction waits on their loads' scoreboard: under register pressure ptxas otherwise keeps
+     * some as the loaded 16-bit words and converts them at each use (Q76b). */
+    uint32_t acc = 0u;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        acc ^= __float_as_uint(gh[i][j]);
+        if constexpr (kBias) acc ^= __float_as_uint(bh[i][j]);
+      }
+    }
+    if (a.rows < 0 && acc == 0x12345u) *a.amax = 0.0f;
   }
 
   /* a row past the matrix is zeros (its sums are computed and not used: below) */
@@ -123,25 +139,19 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
   };
   uint32_t cur[NV][ZW], nxt[NV][ZW];
   int64_t blk = blockIdx.x;
-  if (blk < nblk) load_row(blk, cur);
+  if (blk < nblk) { /* the first row as every other: into nxt, copied into cur */
+    load_row(blk, nxt);
+#pragma unroll
+    for (int i = 0; i < NV; ++i) copy_words_opaque(cur[i], nxt[i]);
+  }
   for (; blk < nblk; blk += gridDim.x) {
     const int64_t next = blk + gridDim.x;
+    if (next < nblk) load_row(next, nxt); /* in flight until the copy at the row's end */
     const int64_t row = blk * G + group;
     const bool ok = row < a.rows; /* uniform over the row group, whose barriers are its own */
     auto zv = [&](int i, int j) -> float { return unpack_at<X, VEC>(cur[i], j); };
     /* This thread's sums of the row (RMSNorm: sq[0] = sum z^2; LayerNorm: sum z, sum z^2), on
-     * every path (a row past the matrix sums its zeros), then the next row block's loads, then
-     * the reductions. The order matters (NOTES Q75c): ptxas (sm_90) counts the x loads of both
-     * rows (and gamma's) on one scoreboard, and a wait for any of them is a wait for all. Loaded
-     * before the sums, the next row's loads were waited for by the sums' first unpack; loaded
-     * after sums taken only on some paths (`if (ok)`), by the epilogue's first use of a register
-     * loaded before the loop. Either way every row waited for the next one's loads and the
-     * kernel read the lab's numbers without a prefetch. Loaded after sums on every path, as the
-     * lab's kernel does, they stay in flight through the reductions, the barrier and the
-     * epilogue, until the copy into `cur` at the row's end. The compilers reorder loads freely
-     * (the sums do not depend on them), so the loads are made to depend on the sums: their
-     * predicate tests the sum of squares (never negative, NaN fails the test too), passed
-     * through an opaque move so that LLVM cannot prove the test true and drop it. */
+     * every path (a row past the matrix sums its zeros): the lab's measured form (Q76b). */
     float sq[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -156,10 +166,6 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
         }
       }
     }
-    float ss;
-    asm("mov.b32 %0, %1;" : "=f"(ss) : "f"(sq[kRms ? 0 : 1]));
-    const bool pf = next < nblk && !(ss < 0.0f); /* next < nblk */
-    if (pf) load_row(next, nxt);
     if (ok) {
       float mean = 0.0f;
       float rs;
@@ -188,16 +194,13 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
         }
         rs = 1.0f / sqrtf(var + a.eps);
       }
-      if (lr == 0) {
-        a.rsigma[row] = rs;
-        if constexpr (!kRms) a.mu[row] = mean;
-      }
       /* Without kHoist: gamma (and beta) of slot i loaded one slot ahead of their use
        * (norm_fwd_lean.cuh, P153: a load written at its use waits for the previous slot's store,
        * which may alias it). */
       [[maybe_unused]] uint32_t gw[2][GW], bw[2][GW];
       if constexpr (!kHoist) load_gb(0, gw[0], bw[0]);
       uint8_t* const orow = static_cast<uint8_t*>(a.out) + row * a.out_stride + lr * VEC;
+      const float mu = mean; /* for the store after the epilogue */
       const bool fma_row = !kRms && ln_fma_row(rs, mean); /* mean = c on an FMA row */
       auto epilogue = [&](auto fma_tag) {
         constexpr bool kFma = decltype(fma_tag)::value;
@@ -231,15 +234,14 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
       } else {
         with_ln_form(fma_row, epilogue);
       }
-    }
-    if (pf) {
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-#pragma unroll
-        for (int k = 0; k < ZW; ++k) cur[i][k] = nxt[i][k];
+      if (lr == 0) { /* after the epilogue (Q76b) */
+        a.rsigma[row] = rs;
+        if constexpr (!kRms) a.mu[row] = mu;
       }
-    } else if (next < nblk) { /* not reached (pf is next < nblk); keeps the loop exact */
-      load_row(next, cur);
+    }
+    if (next < nblk) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) copy_words_opaque(cur[i], nxt[i]);
     }
   }
   block_amax_atomic(amax, a.amax, amax_buf);

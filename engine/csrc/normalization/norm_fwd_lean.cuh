@@ -186,10 +186,17 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
         if constexpr (kBias) load_words<VEC * sizeof(W)>(bv + i * gstride * VEC, bi);
       };
       load_gb(0, gw[0], bw[0]);
-      if (glane == 0) {
-        a.rsigma[row] = rs;
-        if constexpr (!kRms) a.mu[row] = mean;
-      }
+      /* rsigma (and mu): LayerNorm's after the row's epilogue (stored before it, they cost the
+       * lean FP8 kernel's lab twin 1.7-3.5 points: NOTES Q76, Q76b); RMSNorm's before it, where
+       * its build keeps its registers (after it, ptxas spilled 76 bytes at the 128 cap) */
+      const float mu = mean;
+      auto store_stats = [&] {
+        if (glane == 0) {
+          a.rsigma[row] = rs;
+          if constexpr (!kRms) a.mu[row] = mu;
+        }
+      };
+      if constexpr (kRms) store_stats();
       O* const orow = static_cast<O*>(a.out) + row * a.out_stride + glane * VEC;
       const bool fma_row = !kRms && ln_fma_row(rs, mean); /* mean = c on an FMA row */
       auto epilogue = [&](auto fma_tag) {
@@ -212,6 +219,7 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
       } else {
         with_ln_form(fma_row, epilogue);
       }
+      if constexpr (!kRms) store_stats();
     }
     if (next < nblk) {
 #pragma unroll
