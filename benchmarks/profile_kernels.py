@@ -167,10 +167,9 @@ def main(argv=None) -> int:
                     help="CUDA: 1 keeps the forward's register kernel where its lean kernel runs by "
                          "default, 2 runs it at 32K for both norms, 3 there over 2-CTA clusters "
                          "(0: the default; engine.cuda_backend.norm_fwd_lean), for A/B runs")
-    ap.add_argument("--fwd-fp8-lean", type=int, choices=[0, 1, 2, 4, 8],
-                    help="CUDA: 2 runs the forward's lean FP8 kernel at every width it fits, 4 / 8 the "
-                         "same at that many vectors per thread (0, the default, and 1: never; "
-                         "engine.cuda_backend.norm_fwd_fp8_lean), for A/B runs")
+    ap.add_argument("--fwd-fp8-lean", type=int, choices=[0, 1, 2],
+                    help="CUDA: the forward's lean FP8 kernel at its default widths (0), never (1) or at "
+                         "every width it fits (2) (engine.cuda_backend.norm_fwd_fp8_lean), for A/B runs")
     ap.add_argument("--sm-margin", type=int, default=0,
                     help="Both backends: the forward calls' sm_margin (SMs left out of the "
                          "persistent grids; benchmarks.cases.Spec.sm_margin), for runs of the grid "

@@ -5,9 +5,11 @@
  *   nvcc -O3 -std=c++17 -arch=sm_90 -shared -Xcompiler -fPIC -Iengine/csrc -Iengine/csrc/include \
  *     -o /tmp/fp8_lab_engine.so ci/fp8_lab_engine.cu
  *
- * The launch is the launcher's (launch_fwd_fp8_lean_nv): tpr = cols / (8 NV), 512 / tpr row groups
- * a CTA, one CTA per SM; bf16 x and weights, RMSNorm without or LayerNorm with a bias, e4m3,
- * delayed scaling. */
+ * The launch is the launcher's (launch_fwd_fp8_lean): tpr = cols / 32, 512 / tpr row groups a CTA,
+ * one CTA per SM; bf16 x and weights, RMSNorm without or LayerNorm with a bias, e4m3, delayed
+ * scaling. To A/B two trees' kernels in one process, build it twice (the older header first on the
+ * include path: -I/tmp/old, holding normalization/norm_fwd_fp8_lean.cuh) and hand both to
+ * ci/fp8_lab.py --engine-so. */
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,11 +18,11 @@
 
 using engine::norm::FwdArgs;
 
-template <int NV, bool kRms>
-static long long launch_nv(const void* x, const void* gb, void* y, float* mu, float* rsigma, float* scale,
+template <bool kRms>
+static long long launch_t(const void* x, const void* gb, void* y, float* mu, float* rsigma, float* scale,
                            float* amax, float* scale_inv, long long rows, int n, cudaStream_t s) {
-  if (n % (8 * NV) != 0) return -1;
-  const int tpr = n / (8 * NV);
+  if (n % 32 != 0) return -1;
+  const int tpr = n / 32;
   if (tpr < 32 || tpr > 512 || tpr % 32 != 0) return -1;
   FwdArgs a{};
   a.rows = rows;
@@ -52,20 +54,18 @@ static long long launch_nv(const void* x, const void* gb, void* y, float* mu, fl
   const long long work = (rows + a.rows_per_iter - 1) / a.rows_per_iter;
   const long long grid = std::min<long long>(sms, work);
   a.grid_clusters = (int)grid;
-  auto* k = &engine::norm::norm_fwd_fp8_lean_kernel<__nv_bfloat16, __nv_bfloat16, kRms, !kRms, NV, __NV_E4M3>;
+  auto* k = &engine::norm::norm_fwd_fp8_lean_kernel<__nv_bfloat16, __nv_bfloat16, kRms, !kRms, __NV_E4M3>;
   k<<<(unsigned)grid, tpr * a.rows_per_iter, 0, s>>>(a);
   return cudaGetLastError() == cudaSuccess ? grid : -2;
 }
 
-/* One launch at nv vectors per thread (4; 8: RMSNorm only); gb = gamma then (LayerNorm) beta. */
+/* One launch (nv: vectors per thread, 4 only since P181: -1 for any other); gb = gamma then (LayerNorm)
+ * beta. */
 extern "C" long long fp8_engine_launch(int nv, int ln, const void* x, const void* gb, void* y, float* mu,
                                        float* rsigma, float* scale, float* amax, float* scale_inv,
                                        long long rows, int n, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (nv == 4) {
-    return ln ? launch_nv<4, false>(x, gb, y, mu, rsigma, scale, amax, scale_inv, rows, n, s)
-              : launch_nv<4, true>(x, gb, y, mu, rsigma, scale, amax, scale_inv, rows, n, s);
-  }
-  if (nv == 8 && !ln) return launch_nv<8, true>(x, gb, y, mu, rsigma, scale, amax, scale_inv, rows, n, s);
-  return -1;
+  if (nv != 4) return -1;
+  return ln ? launch_t<false>(x, gb, y, mu, rsigma, scale, amax, scale_inv, rows, n, s)
+            : launch_t<true>(x, gb, y, mu, rsigma, scale, amax, scale_inv, rows, n, s);
 }

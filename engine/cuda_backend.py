@@ -620,21 +620,21 @@ def norm_fwd_lean(n: int):
 
 
 def norm_fwd_fp8_lean(n: int):
-    """Context manager: inside the ``with`` block ``n = 2`` runs the CUDA norm forward's lean FP8
-    kernel (engine/csrc/normalization/norm_fwd_fp8_lean.cuh: a 16-bit x without a residual,
+    """Context manager: which widths the CUDA norm forward's lean FP8 kernel takes inside the
+    ``with`` block (engine/csrc/normalization/norm_fwd_fp8_lean.cuh: a 16-bit x without a residual,
     weights of x's dtype, RMSNorm without a bias or LayerNorm, to an FP8 output in delayed scaling
-    with no transposed copy asked of the kernel; one 512-thread CTA per SM, the next row loaded
-    during this row's reductions, gamma and beta held in fp32 registers at 4 vectors of x per
-    thread) at every width whose row groups it fills (a multiple of 1024 columns up to 16384 at 4
-    vectors; RMSNorm's rows past 8192 at 8: multiples of 2048 up to 32768), before the register,
-    streamed and blocked kernels; ``n = 4`` or ``8`` the same with that many vectors per thread
-    (8: RMSNorm only); ``n = 0`` (the default) and ``1`` never: no width measured faster than
-    those kernels on the H200 (benchmarks/NOTES.md P179c). Its bytes are the register kernel's at
-    the same vectors per thread (the same order of each row's sums). For tests and A/B benchmarks.
-    Process-wide, not thread-safe; restores the previous value on exit. A bad ``n`` raises
-    ValueError at the call."""
-    if type(n) is not int or n not in (0, 1, 2, 4, 8):
-        raise ValueError(f"norm_fwd_fp8_lean: n must be 0, 1, 2, 4 or 8, got {n!r}")
+    with no transposed copy asked of the kernel; one 512-thread CTA per SM, the next row loaded at
+    the top of this row's work, gamma and beta held in fp32 registers, 4 vectors of x per thread).
+    ``n = 0`` (the default): where it measured faster than the register and streamed kernels on
+    the H200 (benchmarks/NOTES.md P181), on a card that is not lean (``dram_class`` 2): RMSNorm's
+    rows of 4096-16384 columns, LayerNorm's of 4096-8192, multiples of 1024; ``n = 1`` never;
+    ``n = 2`` at every width whose row groups it fills (a multiple of 1024 columns up to 16384),
+    on either card, before the register, streamed and blocked kernels. Its bytes are the register
+    kernel's at 4 vectors per thread (the same order of each row's sums). For tests and A/B
+    benchmarks. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n``
+    raises ValueError at the call."""
+    if type(n) is not int or n not in (0, 1, 2):
+        raise ValueError(f"norm_fwd_fp8_lean: n must be 0, 1 or 2, got {n!r}")
     return _knob("set_norm_fwd_fp8_lean", n)
 
 

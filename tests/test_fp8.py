@@ -117,21 +117,17 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=
     return sm90 and ((mid if is_rms else FP8_OWN_LN_WIDE) <= n < hi or (is_rms and n == hi))
 
 
-def fp8_lean_nv(is_rms, n, knob):
-    """norm_fwd_fp8_lean.cuh's fwd_fp8_lean_nv: the vectors per thread (4 or 8) of CUDA's lean FP8
-    kernel for rows of n under its knob (engine.cuda_backend.norm_fwd_fp8_lean: 0, the default, and
-    1 never; 2 every width it fits; 4 / 8 the same at that many), or 0 where it does not run. It
-    takes delayed scaling of a 16-bit x without a residual, weights of x's dtype, with no
+def fp8_lean_takes(is_rms, n, knob, lean):
+    """norm_fwd_fp8_lean.cuh's fwd_fp8_lean_takes: whether CUDA's lean FP8 kernel takes rows of n
+    under its knob (engine.cuda_backend.norm_fwd_fp8_lean) on a lean card (``lean``) or not: 0,
+    the default, on a card that is not lean at RMSNorm's 4096-16384 and LayerNorm's 4096-8192
+    (NOTES P181); 1 never; 2 every width it fits (tpr = n / 32 a multiple of 32, at most 512).
+    It takes delayed scaling of a 16-bit x without a residual, weights of x's dtype, with no
     transposed copy asked of the kernel (RMSNorm without a bias, LayerNorm)."""
-    if knob in (0, 1):
-        return 0
-    nv = knob if knob in (4, 8) else (8 if is_rms and n > 8192 else 4)
-    if nv == 8 and not is_rms:
-        return 0
-    if n % (8 * nv):
-        return 0
-    tpr = n // (8 * nv)
-    return nv if 32 <= tpr <= 512 and tpr % 32 == 0 else 0
+    tpr = n // 32
+    if knob == 1 or n % 32 or not (32 <= tpr <= 512 and tpr % 32 == 0):
+        return False
+    return knob == 2 or (not lean and 4096 <= n <= (16384 if is_rms else 8192))
 
 
 def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False, alone=True):
@@ -713,38 +709,36 @@ def test_fwd_loop_taken(general):
 # (rows, cols, vectors per thread) of the lean FP8 kernel under its knob: more row blocks than CTAs
 # (the prefetch's loop: 2101 x 4096 is 526 blocks of 4 rows, 701 x 16384 351 of 2), a partial last
 # block (67, 301, 37), one row, widths not a power of two (5120: three row groups of 160 threads,
-# 480 a CTA; 12288; 6144 at 8 vectors: 96 threads a row, five groups), the narrowest row group (1024:
-# one warp, no barrier) and the widest row of each (16384 at 4 vectors, 32768 at 8: one group of 512)
-FP8_LEAN_CASES = [(2101, 4096, 4), (67, 1024, 4), (1, 8192, 4), (301, 5120, 4), (37, 12288, 4),
-                  (33, 16384, 4), (701, 16384, 8), (301, 32768, 8), (67, 6144, 8)]
-# (RMSNorm, zero-centred gamma, bias): 8 vectors per thread are RMSNorm's only; weights of x's
-# dtype only (fp32 weights keep the other kernels: test_fwd_fp8_lean_widths)
+# 480 a CTA; 6144: two of 192; 12288), the narrowest row group (1024: one warp, no barrier) and the
+# widest row (16384: one group of 512)
+FP8_LEAN_CASES = [(2101, 4096), (67, 1024), (1, 8192), (301, 5120), (67, 6144), (37, 12288), (33, 16384),
+                  (701, 16384)]
+# (RMSNorm, zero-centred gamma, bias); weights of x's dtype only (fp32 weights keep the other
+# kernels: test_fwd_fp8_lean_widths)
 FP8_LEAN_KINDS = {"rms": (True, False, False), "rms-zc": (True, True, False),
                   "ln": (False, False, True), "ln-nobias-zc": (False, True, False)}
 
 
-def fp8_lean_nv_of(names):
-    """The vectors-per-thread template argument of each norm_fwd_fp8_lean_kernel among ``names``
-    (its fifth: <X, W, kRms, kBias, NV, kFmt>)."""
-    return [int(n.split("<", 1)[1].split(", ")[4]) for n in names if "norm_fwd_fp8_lean_kernel" in n]
+def fp8_lean_runs(names):
+    """How many of ``names`` are the lean FP8 kernel's (norm_fwd_fp8_lean_kernel)."""
+    return sum("norm_fwd_fp8_lean_kernel" in n for n in names)
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the lean FP8 kernel of the CUDA forward")
-@pytest.mark.parametrize("kind,m,n,nv", [pytest.param(k, m, n, nv, id=f"{name}-{m}x{n}-nv{nv}")
-                                         for name, k in FP8_LEAN_KINDS.items()
-                                         for m, n, nv in FP8_LEAN_CASES if nv == 4 or k[0]])
+@pytest.mark.parametrize("kind,m,n", [pytest.param(k, m, n, id=f"{name}-{m}x{n}")
+                                      for name, k in FP8_LEAN_KINDS.items() for m, n in FP8_LEAN_CASES])
 @pytest.mark.parametrize("fp8_dtype", FP8)
-def test_fwd_fp8_lean_kernel(kind, m, n, nv, fp8_dtype):
-    """CUDA's lean FP8 forward (norm_fwd_fp8_lean.cuh, NOTES P179) under its knob at nv vectors
-    per thread (engine.cuda_backend.norm_fwd_fp8_lean(nv)): it runs (its name and vectors among the
-    launched kernels, once), and its bytes, amax and scale_inv are those of the
-    register kernel at the same vectors per thread (norm_fwd_vectors(4) for 4, the default 8; the
-    streamed, blocked and band kernels and clusters off), whose sums it adds in the same order:
-    the exact cast of that kernel's fp32 output, bit for bit, with its exact amax, where that
-    kernel lays the row out as it does (4 vectors: rows of up to 8192, 256 threads; 8: every row
-    here, one 512-thread CTA at 32768); past that within one step of it at rounding boundaries.
-    Against float64: at most one step, rarely. Also the zero-centred gamma (held in registers at
-    4 vectors, re-read per row at 8), LayerNorm without a bias, both formats."""
+def test_fwd_fp8_lean_kernel(kind, m, n, fp8_dtype):
+    """CUDA's lean FP8 forward (norm_fwd_fp8_lean.cuh, NOTES P179, P181) under its knob at every
+    width it fits (engine.cuda_backend.norm_fwd_fp8_lean(2)): it runs (its name among the
+    launched kernels, once), and its bytes, amax and scale_inv are those of the register kernel
+    at 4 vectors per thread (norm_fwd_vectors(4); the streamed, blocked and band kernels and
+    clusters off), whose sums it adds in the same order: the exact cast of that kernel's fp32
+    output, bit for bit, with its exact amax, where that kernel lays the row out as it does (rows
+    of up to 8192, 256 threads); past that within one step of it at rounding boundaries. Against
+    float64: at most one step, rarely. Also the zero-centred gamma (held in registers), LayerNorm
+    without a bias, both formats; rows past the last row group of the grid's last block (2101,
+    701, 301, 67, 37, 33 rows) are zero-filled and not written."""
     from engine import cuda_backend
 
     is_rms, zc, bias = kind
@@ -754,18 +748,18 @@ def test_fwd_fp8_lean_kernel(kind, m, n, nv, fp8_dtype):
         if not bias:
             b = None
         kw = {"zero_centered_gamma": zc}
-        exact = nv == 8 or n <= 8192
-        with register_path(), cuda_backend.norm_fwd_vectors(4 if nv == 4 else 0), \
-                cuda_backend.max_cluster_size(1), cuda_backend.norm_fwd_lean(1):
+        exact = n <= 8192
+        with register_path(), cuda_backend.norm_fwd_vectors(4), cuda_backend.max_cluster_size(1), \
+                cuda_backend.norm_fwd_lean(1):
             y32 = call(is_rms, x, w, b, out_dtype=F32, **kw)
         if not exact:  # the default fp32 output, at 8 vectors per thread
             y32 = call(is_rms, x, w, b, out_dtype=F32, **kw)
-        with cuda_backend.norm_fwd_fp8_lean(nv):
+        with cuda_backend.norm_fwd_fp8_lean(2):
             q = delayed(fp8_dtype, scale=3.0, amax=0.25)
             names = cuda_kernel_names(lambda: call(is_rms, x, w, b, quantizer=q, **kw))
             q = delayed(fp8_dtype, scale=3.0, amax=0.25)
             t = call(is_rms, x, w, b, quantizer=q, **kw)
-        assert fp8_lean_nv_of(names) == [nv], names
+        assert fp8_lean_runs(names) == 1, names
         assert t.data.dtype == fp8_dtype and t.data.shape == x.shape and t.transpose_data is None
         assert_cast_of(t.data, y32, 3.0, b, exact=exact)
         if exact:
@@ -785,45 +779,46 @@ def test_fwd_fp8_lean_kernel(kind, m, n, nv, fp8_dtype):
 @pytest.mark.parametrize("knob", [0, 1, 2])
 @pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
 def test_fwd_fp8_lean_widths(knob, dram_class):
-    """Where the lean FP8 kernel runs (fp8_lean_nv): never by default (knob 0: NOTES P179c) nor
-    under knob 1; under knob 2, on either card class, delayed scaling of a bf16 x without a
-    residual wherever its row groups are whole, at 4 vectors per thread (RMSNorm past 8192: 8):
-    not 4104, not LayerNorm's 32768, not 65536; with a transposed copy made after the norm too (the
-    copy the rowwise bytes transposed). Never current scaling, a residual, fp32 weights, or a copy
-    asked of the kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE=0)."""
+    """Where the lean FP8 kernel runs (fp8_lean_takes): by default (knob 0) on a card that is not
+    lean at RMSNorm's 4096-16384 and LayerNorm's 4096-8192 (NOTES P181), never on a lean one;
+    never under knob 1; under knob 2, on either card class, wherever its row groups are whole: not
+    1000, 4104 or 32768 and up. Delayed scaling of a bf16 x without a residual, with a transposed
+    copy made after the norm too (the copy the rowwise bytes transposed). Never current scaling, a
+    residual, fp32 weights, or a copy asked of the kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE=0)."""
     from engine import cuda_backend
 
     use_backend("cuda")
+    lean = dram_class == 1
     try:
         with cuda_backend.dram_class(dram_class), cuda_backend.norm_fwd_fp8_lean(knob):
-            for is_rms, n in [(True, 2048), (True, 4096), (True, 8192), (True, 16384), (True, 32768),
-                              (True, 65536), (True, 4104), (False, 2048), (False, 4096), (False, 16384),
-                              (False, 32768)]:
+            for is_rms, n in [(True, 1000), (True, 2048), (True, 4096), (True, 8192), (True, 12288),
+                              (True, 16384), (True, 32768), (True, 65536), (True, 4104), (False, 2048),
+                              (False, 4096), (False, 6144), (False, 8192), (False, 16384), (False, 32768)]:
                 x, w, b = inputs(8, n, is_rms)
-                want = fp8_lean_nv(is_rms, n, knob)
+                want = fp8_lean_takes(is_rms, n, knob, lean)
                 names = cuda_kernel_names(lambda: call(is_rms, x, w, b, quantizer=delayed(E4M3)))
-                assert fp8_lean_nv_of(names) == ([want] if want else []), (is_rms, n, names)
+                assert fp8_lean_runs(names) == want, (is_rms, n, names)
             x, w, _ = inputs(67, 8192, True)
-            want = [4] if knob == 2 else []
+            want = fp8_lean_takes(True, 8192, knob, lean)
             q = delayed(E4M3, columnwise=True)
             t = None
 
             def with_copy():
                 nonlocal t
                 t = call(True, x, w, quantizer=q)
-            assert fp8_lean_nv_of(cuda_kernel_names(with_copy)) == want
+            assert fp8_lean_runs(cuda_kernel_names(with_copy)) == want
             assert torch.equal(t.transpose_data.view(torch.uint8), t.data.view(torch.uint8).t())
             cur = Float8CurrentScalingQuantizer(E4M3)
-            assert fp8_lean_nv_of(cuda_kernel_names(lambda: call(True, x, w, quantizer=cur))) == []
+            assert fp8_lean_runs(cuda_kernel_names(lambda: call(True, x, w, quantizer=cur))) == 0
             r = torch.randn_like(x)
-            assert fp8_lean_nv_of(cuda_kernel_names(
-                lambda: call(True, x, w, quantizer=delayed(E4M3), residual=r))) == []
+            assert fp8_lean_runs(cuda_kernel_names(
+                lambda: call(True, x, w, quantizer=delayed(E4M3), residual=r))) == 0
             w32 = w.float()
-            assert fp8_lean_nv_of(cuda_kernel_names(lambda: call(True, x, w32, quantizer=delayed(E4M3)))) == []
+            assert fp8_lean_runs(cuda_kernel_names(lambda: call(True, x, w32, quantizer=delayed(E4M3)))) == 0
         use_backend("cuda", ENGINE_NORM_EXTERNAL_TRANSPOSE="0")
         with cuda_backend.dram_class(dram_class), cuda_backend.norm_fwd_fp8_lean(knob):
             names = cuda_kernel_names(lambda: call(True, x, w, quantizer=delayed(E4M3, columnwise=True)))
-            assert fp8_lean_nv_of(names) == [], names
+            assert fp8_lean_runs(names) == 0, names
     finally:
         engine.backend.reset_for_tests()
 

@@ -686,9 +686,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("n"));
   m.def("set_norm_fwd_fp8_lean", &engine_set_norm_fwd_fp8_lean,
         "The norm forward's lean FP8 kernel (16-bit x, no residual, FP8 output in delayed scaling): "
-        "2 every width it fits, 4 / 8 the same at that many vectors per thread, 0 (the default) or "
-        "1 never (engine/csrc/include/engine/common.h); returns the previous value, -1 for an "
-        "invalid n",
+        "0 (the default) at its measured widths, 1 never, 2 every width it fits "
+        "(engine/csrc/include/engine/common.h); returns the previous value, -1 for an invalid n",
         py::arg("n"));
   m.def("set_fp8_transpose_order", &engine_set_fp8_transpose_order,
         "The tile order of the tiled FP8 transpose: 1 first rows first, 2 last rows first with "

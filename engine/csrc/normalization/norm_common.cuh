@@ -136,9 +136,9 @@ struct LaunchCtx {
                              vectors per thread per chunk on the resident grid, 2 two vectors per
                              thread, 3 two vectors and 32 CTAs per SM, 4 four vectors and 32 CTAs
                              per SM (engine_set_norm_fwd_blocked_shape; P162) */
-  int fwd_fp8_lean;       /* forward, the lean FP8 kernel: 0 (the default) and 1 never, 2 every
-                             width it fits, 4 / 8 the same at that many vectors per thread
-                             (engine_set_norm_fwd_fp8_lean; P179) */
+  int fwd_fp8_lean;       /* forward, the lean FP8 kernel: 0 the default widths (fwd_fp8_lean_takes),
+                             1 never, 2 every width it fits (engine_set_norm_fwd_fp8_lean; P179,
+                             P181) */
 };
 
 /* Register-path limits (see the launchers): the forward keeps up to 8 vectors of 16 bytes of x

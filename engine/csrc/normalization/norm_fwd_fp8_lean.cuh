@@ -1,27 +1,29 @@
 /*
- * The lean FP8 forward (benchmarks/NOTES.md Q75, P179): a 16-bit x without a residual to an FP8
- * output in delayed scaling (mode kFull), no in-kernel transposed copy, in the shape that let a
- * stand-alone kernel (ci/fp8_lab.cu, Q75) read 87-93 % of copy on the H200 where engine's
- * register and streamed kernels read 74-88 (LayerNorm e4m3 4K-16K, RMSNorm e4m3 4K-32K).
- * Behind a knob only (engine_set_norm_fwd_fp8_lean 2 / 4 / 8), not a default: engine's form
- * reads the other kernels' numbers at RMSNorm (-0.5 to +3.5 points) and loses 1-15 at LayerNorm
- * (P179c), where the stand-alone twin of the same layout (ci/fp8_lab_engine.cu builds this kernel
- * without the extension, beside the lab's) still reads 3-19 points under the lab's. It is kept
- * for that work: the next step is to find the rest of that gap in the stand-alone harness.
+ * The lean FP8 forward (benchmarks/NOTES.md Q75, P179, P181): a 16-bit x without a residual to an
+ * FP8 output in delayed scaling (mode kFull), no in-kernel transposed copy, in the shape that let
+ * a stand-alone kernel (ci/fp8_lab.cu, Q75) read 87-93 % of copy on the H200 where engine's
+ * register and streamed kernels read 74-88 (LayerNorm e4m3 4K-16K, RMSNorm e4m3 4K-32K). The
+ * default (fwd_fp8_lean_takes) where it measured faster than those kernels on the H200 (P181,
+ * stand-alone, kernel time, % of copy; the other kernels' numbers from session 56's table):
+ * LayerNorm e4m3 4K / 8K 87.7 / 77.1 (80.4 / 74.1), RMSNorm e4m3 4K / 8K / 16K 90.5 / 88.5 / 85.8
+ * (88.9 / 87.4 / 81.8); not LayerNorm 16K (68.6 against 76.4). ci/fp8_lab_engine.cu builds it
+ * without the extension; Q76 put each of engine's additions into the lab's kernel to find what
+ * its first forms (P179: 79.7 / 69.3 / 61.9 at LayerNorm) lost.
  *
  * What the lab found carries the shape:
  *   - the next row's x loaded before this row's reductions (a register prefetch): 15-30 points
  *     (LayerNorm e4m3 8K 87 -> 64 without it);
  *   - one CTA of 512 threads per SM (up to 128 registers a thread, 16 warps per SM);
- *   - gamma (and beta) loaded once into fp32 registers before the row loop where a thread holds
- *     32 values of a row (NV = 4: LayerNorm e4m3 8K 87 against 81 re-read per row); at 64 values
- *     (NV = 8, RMSNorm's wider rows) there is no room: they are re-read per row through L1, each
- *     slot's one slot ahead of its use (the lean kernel's P153 form).
+ *   - gamma (and beta) loaded once into fp32 registers before the row loop, a thread holding 32
+ *     values of a row (4 vectors: LayerNorm e4m3 8K 87 against 81 re-read per row). 8 vectors a
+ *     thread (RMSNorm's rows of 32K, gamma re-read per row) were dropped: never faster than the
+ *     other kernels (P179c), and at 56-59 % with this prefetch (P181: spills, and the epilogue
+ *     waited on gamma's loads).
  * 16-byte FP8 stores (Triton's layout) were not a factor, so the layout is the register kernel's:
- * slot i of lane lr is the 16-byte vector lr + i * tpr of its row, tpr = cols / (8 NV) threads a
+ * slot i of lane lr is the 16-byte vector lr + i * tpr of its row, tpr = cols / 32 threads a
  * row (a multiple of 32, at most 512), G = 512 / tpr rows a CTA (its block G * tpr threads, so
  * that every row group is whole: a partial one would wait at its named barrier for threads that
- * do not exist), every slot in the row (no masks: fwd_fp8_lean_nv takes only widths that fill
+ * do not exist), every slot in the row (no masks: fwd_fp8_lean_takes takes only widths that fill
  * them). x, gamma and beta come through the read-only path (load_words_nc: the FP8 output cannot
  * alias them; it changed nothing measurable, Q75b).
  * The prefetch needs care (Q75c, Q76b): ptxas counts every x load, and gamma's, on one
@@ -37,8 +39,8 @@
  * LayerNorm's one-pass sums scaled by 1 / N per thread, ln_one_pass_var, else the centred pass;
  * ln_fma_row; norm_y; amax of y before the scale; q = cvt.rn.satfinite(y * scale)). gamma + the
  * zero-centred 1 is the same fp32 sum whether held or added at each use. The sums are added in
- * the register kernel's slot order at NV vectors a thread, reduced by the same RowGroupSum: its
- * bytes are the register kernel's at the same vectors per thread (tests/test_fp8.py::
+ * the register kernel's slot order at 4 vectors a thread, reduced by the same RowGroupSum: its
+ * bytes are the register kernel's at 4 vectors per thread (tests/test_fp8.py::
  * test_fwd_fp8_lean_kernel).
  */
 #ifndef ENGINE_CSRC_NORMALIZATION_NORM_FWD_FP8_LEAN_CUH_
@@ -51,25 +53,26 @@ namespace norm {
 
 constexpr int kFp8LeanThreads = 512; /* one CTA per SM */
 
-/* Vectors of x per thread (4 or 8) of the lean FP8 kernel for rows of `cols` columns, or 0 where
- * it does not run. `knob`: engine_set_norm_fwd_fp8_lean's value: 0 (the default) and 1 never (P179c:
- * no default measured faster); 2 every width it fits, at 4 vectors (RMSNorm past 8192 columns:
- * 8); 4 / 8 every width it fits at that many (8: RMSNorm only). A width fits where its row
- * groups are whole: tpr = cols / (8 NV) a multiple of 32, at most 512. */
-inline int fwd_fp8_lean_nv(int cols, bool rms, int knob) {
-  if (knob == 0 || knob == 1) return 0;
-  const int nv = knob == 4 || knob == 8 ? knob : (rms && cols > 8192 ? 8 : 4);
-  if (nv == 8 && !rms) return 0; /* 8 vectors: RMSNorm's builds only */
-  if (cols % (8 * nv) != 0) return 0;
-  const int tpr = cols / (8 * nv);
-  return tpr >= 32 && tpr <= kFp8LeanThreads && tpr % 32 == 0 ? nv : 0;
+constexpr int kFp8LeanNV = 4;         /* 16-byte vectors of x per thread */
+
+/* Whether the lean FP8 kernel takes rows of `cols` columns. `knob`: engine_set_norm_fwd_fp8_lean's
+ * value: 0 (the default) on a card that is not lean (`lean_card`: LaunchCtx::lean_dram, the H100,
+ * where it is not measured) at RMSNorm's 4096-16384 columns and LayerNorm's 4096-8192 (P181: the
+ * widths where it measured faster on the H200, and those between them); 1 never; 2 every width
+ * it fits. A width fits where its row groups are whole: tpr = cols / 32 a multiple of 32, at most
+ * 512 (a multiple of 1024 columns up to 16384). */
+inline bool fwd_fp8_lean_takes(int cols, bool rms, int knob, bool lean_card) {
+  if (knob == 1) return false;
+  const int tpr = cols / (8 * kFp8LeanNV);
+  if (cols % (8 * kFp8LeanNV) != 0 || tpr < 32 || tpr > kFp8LeanThreads || tpr % 32 != 0) return false;
+  return knob == 2 || (!lean_card && cols >= 4096 && cols <= (rms ? 16384 : 8192));
 }
 
-template <typename X, typename W, bool kRms, bool kBias, int NV, __nv_fp8_interpretation_t kFmt>
+template <typename X, typename W, bool kRms, bool kBias, __nv_fp8_interpretation_t kFmt>
 __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(const FwdArgs a) {
+  constexpr int NV = kFp8LeanNV;
   constexpr int VEC = 8;
   constexpr int ZW = PackedWords<X, VEC>::kWords;
-  constexpr bool kHoist = NV <= 4; /* gamma (and beta) held as floats across the row loop */
   static_assert(sizeof(X) == 2 && 16 / sizeof(X) == VEC, "a 16-bit x");
   __shared__ float red_buf[2 * 32 * (kRms ? 1 : 2)];
   __shared__ int amax_buf[32];
@@ -85,42 +88,39 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
   RowGroupSum<1> red(red_buf, tpr, group);
   RowGroupSum<2> red2(red_buf, tpr, group);
 
-  /* gamma (and beta) of slot i as raw words (x, gamma and beta through the read-only path:
-   * load_words_nc; nothing here writes them, and the FP8 output cannot alias them) */
+  /* gamma (and beta) of the thread's slots as floats, held across the row loop (x, gamma and
+   * beta through the read-only path: load_words_nc; nothing here writes them, and the FP8 output
+   * cannot alias them) */
   constexpr int GW = PackedWords<W, VEC>::kWords;
   const W* const wv = static_cast<const W*>(a.weight) + lr * VEC;
   const W* const bv = kBias ? static_cast<const W*>(a.bias) + lr * VEC : nullptr;
-  auto load_gb = [&](int i, uint32_t(&gi)[GW], uint32_t(&bi)[GW]) {
+  float gh[NV][VEC];
+  [[maybe_unused]] float bh[kBias ? NV : 1][VEC];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+    uint32_t gi[GW], bi[GW];
     load_words_nc<VEC * sizeof(W)>(wv + i * tpr * VEC, gi);
     if constexpr (kBias) load_words_nc<VEC * sizeof(W)>(bv + i * tpr * VEC, bi);
-  };
-  [[maybe_unused]] float gh[kHoist ? NV : 1][VEC];
-  [[maybe_unused]] float bh[kHoist && kBias ? NV : 1][VEC];
-  if constexpr (kHoist) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      uint32_t gi[GW], bi[GW];
-      load_gb(i, gi, bi);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        gh[i][j] = unpack_at<W, VEC>(gi, j) + g_add;
-        if constexpr (kBias) bh[i][j] = unpack_at<W, VEC>(bi, j);
-      }
+    for (int j = 0; j < VEC; ++j) {
+      gh[i][j] = unpack_at<W, VEC>(gi, j) + g_add;
+      if constexpr (kBias) bh[i][j] = unpack_at<W, VEC>(bi, j);
     }
-    /* Every held value used once here, in a branch never taken (rows >= 0), so that no loop
-     * instruction waits on their loads' scoreboard: under register pressure ptxas otherwise keeps
-     * some as the loaded 16-bit words and converts them at each use (Q76b). */
-    uint32_t acc = 0u;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        acc ^= __float_as_uint(gh[i][j]);
-        if constexpr (kBias) acc ^= __float_as_uint(bh[i][j]);
-      }
-    }
-    if (a.rows < 0 && acc == 0x12345u) *a.amax = 0.0f;
   }
+  /* Every held value (and the scale) used once here, in a branch never taken (rows >= 0), so
+   * that no loop instruction waits on their loads' scoreboard: under register pressure ptxas
+   * otherwise keeps some as the loaded 16-bit words and converts them at each use (Q76b), and
+   * LayerNorm without a bias waited for the scale's load at the epilogue's first product. */
+  uint32_t acc = __float_as_uint(scale);
+#pragma unroll
+  for (int i = 0; i < NV; ++i) {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      acc ^= __float_as_uint(gh[i][j]);
+      if constexpr (kBias) acc ^= __float_as_uint(bh[i][j]);
+    }
+  }
+  if (a.rows < 0 && acc == 0x12345u) *a.amax = 0.0f;
 
   /* a row past the matrix is zeros (its sums are computed and not used: below) */
   auto load_row = [&](int64_t blk, uint32_t(&zw)[NV][ZW]) {
@@ -194,11 +194,6 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
         }
         rs = 1.0f / sqrtf(var + a.eps);
       }
-      /* Without kHoist: gamma (and beta) of slot i loaded one slot ahead of their use
-       * (norm_fwd_lean.cuh, P153: a load written at its use waits for the previous slot's store,
-       * which may alias it). */
-      [[maybe_unused]] uint32_t gw[2][GW], bw[2][GW];
-      if constexpr (!kHoist) load_gb(0, gw[0], bw[0]);
       uint8_t* const orow = static_cast<uint8_t*>(a.out) + row * a.out_stride + lr * VEC;
       const float mu = mean; /* for the store after the epilogue */
       const bool fma_row = !kRms && ln_fma_row(rs, mean); /* mean = c on an FMA row */
@@ -206,21 +201,11 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
         constexpr bool kFma = decltype(fma_tag)::value;
 #pragma unroll
         for (int i = 0; i < NV; ++i) {
-          if constexpr (!kHoist) {
-            if (i + 1 < NV) load_gb(i + 1, gw[(i + 1) & 1], bw[(i + 1) & 1]);
-          }
           float y[VEC];
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            float g, b = 0.0f;
-            if constexpr (kHoist) {
-              g = gh[i][j];
-              if constexpr (kBias) b = bh[i][j];
-            } else {
-              g = unpack_at<W, VEC>(gw[i & 1], j) + g_add;
-              if constexpr (kBias) b = unpack_at<W, VEC>(bw[i & 1], j);
-            }
-            y[j] = norm_y<kFma>(zv(i, j), kRms ? 0.0f : mean, rs, g, b, kBias);
+            const float b = kBias ? bh[i][j] : 0.0f;
+            y[j] = norm_y<kFma>(zv(i, j), kRms ? 0.0f : mean, rs, gh[i][j], b, kBias);
             amax = amax_update(amax, y[j]);
             y[j] *= scale;
           }
@@ -249,52 +234,44 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
 
 /* One launch on the resident grid (one CTA per SM, fewer under an sm_margin, capped by the row
  * blocks): the build for the format, weight type and norm kind. */
-template <typename X, typename W, bool kRms, bool kBias, int NV>
+template <typename X, typename W, bool kRms, bool kBias>
 engine_status launch_fwd_fp8_lean_t(const FwdArgs& a, const LaunchCtx& ctx) {
-  auto* k = a.e5m2 ? &norm_fwd_fp8_lean_kernel<X, W, kRms, kBias, NV, __NV_E5M2>
-                   : &norm_fwd_fp8_lean_kernel<X, W, kRms, kBias, NV, __NV_E4M3>;
+  auto* k = a.e5m2 ? &norm_fwd_fp8_lean_kernel<X, W, kRms, kBias, __NV_E5M2>
+                   : &norm_fwd_fp8_lean_kernel<X, W, kRms, kBias, __NV_E4M3>;
   const int block = a.tpr * a.rows_per_iter;
   const int64_t work = ceil_div(a.rows, (int64_t)a.rows_per_iter);
   int64_t grid = 0;
   return launch_row_kernel(k, k, a, block, 0, work, ctx, 0, work, &grid, "norm_fwd_fp8_lean_kernel", 0);
 }
 
-template <typename X, int NV>
-engine_status launch_fwd_fp8_lean_nv(FwdArgs a, const LaunchCtx& ctx) {
-  a.tpr = a.cols / (8 * NV);
+/* Whether the lean FP8 kernel takes this launch (the caller's types: an FP8 output of a 16-bit x
+ * with x's own z): delayed scaling (kFull) without a residual, no transposed copy asked of the
+ * kernel (out_t null, or out_t_auto past the register path's tile, where the copy comes from the
+ * tiled transpose after the norm anyway), RMSNorm without a bias or LayerNorm, weights of x's
+ * dtype, a width fwd_fp8_lean_takes takes; not under the general-loop, stream or blocked knobs (so
+ * that they still reach their kernels). */
+inline bool fwd_fp8_lean_applies(const FwdArgs& a, const LaunchCtx& ctx, int tile_auto_max_cols) {
+  if (ctx.fwd_general || ctx.fwd_stream_from != 0 || ctx.fwd_blocked_from != 0) return false;
+  if (a.residual != nullptr || a.mode != kFull || (a.is_rms && a.bias != nullptr)) return false;
+  /* fp32 weights: their builds spilled (ptxas, sm_90: LayerNorm with a bias 160 bytes), and they
+   * are rare next to a 16-bit x; the other kernels keep them */
+  if (a.w_dtype == ENGINE_DTYPE_FLOAT32) return false;
+  if (a.out_t != nullptr && !(a.t_auto != 0 && a.cols > tile_auto_max_cols)) return false;
+  return fwd_fp8_lean_takes(a.cols, a.is_rms != 0, ctx.fwd_fp8_lean, ctx.lean_dram != 0);
+}
+
+/* The launch fwd_fp8_lean_applies took: weights of x's dtype. */
+template <typename X>
+engine_status launch_fwd_fp8_lean(FwdArgs a, const LaunchCtx& ctx) {
+  a.tpr = a.cols / (8 * kFp8LeanNV);
   a.rows_per_iter = kFp8LeanThreads / a.tpr;
   a.cluster = 1;
   a.tile_rows = 0;
   a.gb_off = -1;
   a.out_t = nullptr;
-  /* weights of x's dtype only (fwd_fp8_lean_applies) */
-  if (a.is_rms) return launch_fwd_fp8_lean_t<X, X, true, false, NV>(a, ctx);
-  if constexpr (NV <= 4) { /* LayerNorm: 4 vectors only (fwd_fp8_lean_nv) */
-    return a.bias != nullptr ? launch_fwd_fp8_lean_t<X, X, false, true, NV>(a, ctx)
-                             : launch_fwd_fp8_lean_t<X, X, false, false, NV>(a, ctx);
-  }
-  return set_error(ENGINE_ERROR_INVALID_ARGUMENT, "norm_fwd_fp8_lean: LayerNorm at %d vectors", NV);
-}
-
-/* Whether the lean FP8 kernel takes this launch (the caller's types: an FP8 output of a 16-bit x
- * with x's own z): delayed scaling (kFull) without a residual, no transposed copy asked of the
- * kernel (out_t null, or out_t_auto past the register path's tile, where the copy comes from the
- * tiled transpose after the norm anyway), RMSNorm without a bias or LayerNorm, weights of x's
- * dtype, a width fwd_fp8_lean_nv takes; not under the general-loop, stream or blocked knobs (so
- * that they still reach their kernels). */
-inline int fwd_fp8_lean_applies(const FwdArgs& a, const LaunchCtx& ctx, int tile_auto_max_cols) {
-  if (ctx.fwd_general || ctx.fwd_stream_from != 0 || ctx.fwd_blocked_from != 0) return 0;
-  if (a.residual != nullptr || a.mode != kFull || (a.is_rms && a.bias != nullptr)) return 0;
-  /* fp32 weights: their builds spilled (ptxas, sm_90: LayerNorm with a bias 160 bytes, RMSNorm
-   * at 8 vectors 12), and they are rare next to a 16-bit x; the other kernels keep them */
-  if (a.w_dtype == ENGINE_DTYPE_FLOAT32) return 0;
-  if (a.out_t != nullptr && !(a.t_auto != 0 && a.cols > tile_auto_max_cols)) return 0;
-  return fwd_fp8_lean_nv(a.cols, a.is_rms != 0, ctx.fwd_fp8_lean);
-}
-
-template <typename X>
-engine_status launch_fwd_fp8_lean(const FwdArgs& a, const LaunchCtx& ctx, int nv) {
-  return nv == 8 ? launch_fwd_fp8_lean_nv<X, 8>(a, ctx) : launch_fwd_fp8_lean_nv<X, 4>(a, ctx);
+  if (a.is_rms) return launch_fwd_fp8_lean_t<X, X, true, false>(a, ctx);
+  return a.bias != nullptr ? launch_fwd_fp8_lean_t<X, X, false, true>(a, ctx)
+                           : launch_fwd_fp8_lean_t<X, X, false, false>(a, ctx);
 }
 
 }  // namespace norm

@@ -379,12 +379,11 @@ engine_status launch_fwd(FwdArgs a, const LaunchCtx& ctx, bool* transposed) {
       return st;
     }
   }
-  /* the lean FP8 kernel under its knob (fwd_fp8_lean_applies: delayed scaling, no residual, the
-   * copy if any after the norm; NOTES P179), before the stream, the blocked kernel and the
+  /* the lean FP8 kernel (fwd_fp8_lean_applies: delayed scaling, no residual, the copy if any
+   * after the norm, its widths; NOTES P179, P181), before the stream, the blocked kernel and the
    * register path */
   if constexpr (is_fp8_v<O> && sizeof(X) == 2 && std::is_same<X, R>::value) {
-    const int nv = vec ? fwd_fp8_lean_applies(a, ctx, kTileAutoMaxCols) : 0;
-    if (nv != 0) return launch_fwd_fp8_lean<X>(a, ctx, nv);
+    if (vec && fwd_fp8_lean_applies(a, ctx, kTileAutoMaxCols)) return launch_fwd_fp8_lean<X>(a, ctx);
   }
   const bool wide_blocked =
       vec && fwd_blocked_packed<X, R, VEC>() &&

@@ -170,11 +170,11 @@ int engine_set_norm_fwd_lean(int n);
 /* The norm forward's lean FP8 kernel (normalization/norm_fwd_fp8_lean.cuh: a 16-bit x without a
  * residual, weights of x's dtype, to an FP8 output in delayed scaling, no in-kernel transposed
  * copy; one 512-thread CTA per SM, the next row prefetched, gamma held in registers at 4 vectors
- * per thread): n = 2 at every width whose row groups it fills (rows of a multiple of 1024 columns
- * up to 16384 at 4 vectors per thread; RMSNorm's past 8192 columns at 8: multiples of 2048 up to
- * 32768), 4 or 8 the same at that many vectors (8: RMSNorm only); 0 (the default) and 1 never:
- * no width measured faster than the other kernels (benchmarks/NOTES.md P179c). For tests and A/B
- * runs. Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
+ * per thread): n = 0 (the default) where it measured faster than the other kernels on the H200
+ * (benchmarks/NOTES.md P181), on a card that is not lean: RMSNorm's rows of 4096-16384 columns,
+ * LayerNorm's of 4096-8192; n = 1 never; n = 2 at every width whose row groups it fills (rows of
+ * a multiple of 1024 columns up to 16384), on either card. For tests and A/B runs. Process-wide;
+ * returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_fp8_lean(int n);
 
 /* The norm forward's blocked kernel on the rows with a fused residual add of a 16-bit x to a
