@@ -533,6 +533,9 @@ def test_fwd_lean_same_bits(is_rms, n, knob, case):
 LEAN_CLUSTER = ", 256, true>"
 
 
+LEAN_K = "norm_fwd_lean_kernel"  # the bf16 lean kernel's name (norm_fwd_lean.cuh)
+
+
 @pytest.mark.skipif(not ON_GPU, reason="a kernel of the CUDA forward")
 @pytest.mark.parametrize("is_rms", NORMS)
 def test_fwd_lean_taken(is_rms):
@@ -542,7 +545,8 @@ def test_fwd_lean_taken(is_rms):
     few rows (4 vectors per thread: FEW_ROWS_PER_SM), or (32768) under the stream's knob; under
     norm_fwd_lean(2) at 32768 for both norms on either card (one 512-thread CTA per row); over a
     2-CTA cluster under norm_fwd_lean(3) and by default for RMSNorm on a wide card (P155), not
-    with clusters capped at 1."""
+    with clusters capped at 1. (LEAN_K: its name, not the lean FP8 kernel's, which an FP8 output
+    of 8192 takes by default on a wide card: NOTES P181b.)"""
     from engine import cuda_backend
 
     use_backend("cuda")
@@ -554,13 +558,13 @@ def test_fwd_lean_taken(is_rms):
             return cuda_kernel_names(lambda: run_fwd(is_rms, x, w[:x.shape[1]], None if b is None else b[:x.shape[1]],
                                                     r, 1e-5, False, out_dtype))
 
-        assert "lean" in " ".join(names(x))
+        assert LEAN_K in " ".join(names(x))
         with cuda_backend.norm_fwd_lean(1):
-            assert "lean" not in " ".join(names(x))
-        assert "lean" not in " ".join(names(x, out_dtype=torch.float8_e4m3fn))
-        assert "lean" not in " ".join(names(x, r))
-        assert "lean" not in " ".join(names(x[:, :8184].contiguous()))
-        assert "lean" not in " ".join(names(x[:32]))
+            assert LEAN_K not in " ".join(names(x))
+        assert LEAN_K not in " ".join(names(x, out_dtype=torch.float8_e4m3fn))
+        assert LEAN_K not in " ".join(names(x, r))
+        assert LEAN_K not in " ".join(names(x[:, :8184].contiguous()))
+        assert LEAN_K not in " ".join(names(x[:32]))
         x4 = x[:, :4096].contiguous()
         x32, _, w32, b32 = bf16_rows(m, 32768, is_rms)
 
@@ -569,20 +573,20 @@ def test_fwd_lean_taken(is_rms):
 
         for dram_class in (1, 2):
             with cuda_backend.dram_class(dram_class):
-                assert "lean" in " ".join(names(x4)), dram_class
-                assert ("lean" in names32()) == (is_rms == (dram_class == 2)), dram_class
+                assert LEAN_K in " ".join(names(x4)), dram_class
+                assert (LEAN_K in names32()) == (is_rms == (dram_class == 2)), dram_class
                 with cuda_backend.norm_fwd_stream_from(32768):
-                    assert "lean" not in names32()
+                    assert LEAN_K not in names32()
                 for knob in (2, 3):
                     with cuda_backend.norm_fwd_lean(knob):
-                        assert "lean" in " ".join(names(x4))
-                        assert "lean" in names32()
+                        assert LEAN_K in " ".join(names(x4))
+                        assert LEAN_K in names32()
         # RMSNorm 32K on a wide card by default (P155), and both norms under knob 3: the 2-CTA
         # cluster build (the last template argument), not where clusters are capped at 1
         with cuda_backend.dram_class(2):
             assert (LEAN_CLUSTER in names32()) == is_rms
             with cuda_backend.max_cluster_size(1):
-                assert LEAN_CLUSTER not in names32() and ("lean" in names32()) == is_rms
+                assert LEAN_CLUSTER not in names32() and (LEAN_K in names32()) == is_rms
         with cuda_backend.norm_fwd_lean(3):
             assert LEAN_CLUSTER in names32()
         with cuda_backend.norm_fwd_lean(2):
@@ -1020,8 +1024,10 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
     from 16K and LayerNorm's from 8K (NOTES P116), and the path it takes with the stream off
     below (the register path; on a lean card for RMSNorm's FP8 output at 8K-16K the blocked
     kernel: test_fwd_fp8_default_path), and at 32K on a lean card for an FP8 output in delayed
-    scaling without a transposed copy, as here (the clusters: NOTES P133)."""
-    from test_fp8 import cuda_lean
+    scaling without a transposed copy, as here (the clusters: NOTES P133). On a card that is not
+    lean the FP8 output at the lean FP8 kernel's widths (RMSNorm 8K / 16K, LayerNorm 8K here)
+    takes that kernel, neither path (NOTES P181b; test_fwd_fp8_default_path)."""
+    from test_fp8 import cuda_lean, fp8_lean_takes
 
     fp8 = out_dtype != BF16
     stats = knob_stats(is_rms, n, "norm_fwd_stream_from", (n, 1 << 30, 0), out_dtype)
@@ -1034,6 +1040,8 @@ def test_fwd_stream_taken(is_rms, n, out_dtype):
         stream = False  # the clusters there (NOTES P133; test_fwd_fp8_alone_path)
     if not fp8 and n == 32768 and is_rms != cuda_lean():
         return  # the lean kernel's there, neither path's (P154; test_fwd_ln_32k_default_path)
+    if fp8 and fp8_lean_takes(is_rms, n, 0, cuda_lean()):
+        return  # the lean FP8 kernel's there, neither path's (P181b; test_fwd_fp8_default_path)
     assert torch.equal(stats[2], stats[0] if stream else stats[1])
 
 
@@ -1083,12 +1091,14 @@ def test_fwd_ln_32k_default_path(is_rms, n, dram_class):
 # H200; current scaling's statistics pass where it differs (FP8_CURRENT_PATH: P133 is delayed
 # scaling's without a transposed copy), the bf16 output's where it is not the register path.
 FP8_DEFAULT_PATH = {
-    (True, 4096): {1: "blocked", 2: "register"}, (True, 16384): {1: "blocked", 2: "stream"},
+    (True, 4096): {1: "blocked", 2: "fp8lean"}, (True, 16384): {1: "blocked", 2: "fp8lean"},
     (True, 16392): {1: "register", 2: "stream"}, (True, 32768): {1: "register", 2: "stream"},
-    (False, 8192): {1: "register", 2: "stream"}, (False, 16384): {1: "register", 2: "stream"},
+    (False, 8192): {1: "register", 2: "fp8lean"}, (False, 16384): {1: "register", 2: "stream"},
     (False, 32768): {1: "register", 2: "stream"}}
+# current scaling where it differs from delayed scaling (the lean FP8 kernel takes delayed only)
 FP8_CURRENT_PATH = {(True, 16392, 1): "stream", (True, 32768, 1): "stream",
-                    (False, 32768, 1): "stream"}
+                    (False, 32768, 1): "stream", (True, 4096, 2): "register", (True, 16384, 2): "stream",
+                    (False, 8192, 2): "stream"}
 # (RMSNorm 32K on a wide card: the lean kernel over a 2-CTA cluster, P155, whose bits are the register
 # path's clusters'.)
 BF16_PATH = {(True, 32768, 1): "stream", (True, 32768, 2): "register", (False, 32768, 1): "lean"}
@@ -1114,7 +1124,9 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     bf16 output takes the stream) delayed scaling the clusters (P133: 77.7 -> 82.7). On
     another card (the H200; NOTES P116: the blocked kernel 10-14 points behind there, the register
     path for LayerNorm 7-10) RMSNorm's keep the register path below 16K and take the stream from
-    16K, LayerNorm's the stream from 8K. Over many_rows() rows (past the few-rows layout of P146),
+    16K, LayerNorm's the stream from 8K, but in delayed scaling the lean FP8 kernel (``fp8lean``,
+    NOTES P181b: RMSNorm 4K-16K, LayerNorm 4K-8K) where it applies. Over many_rows() rows (past
+    the few-rows layout of P146),
     the default's statistics of an FP8 output, delayed scaling or current scaling's statistics
     pass, are that kernel's (its knob at n, the
     other one off) bit for bit, those of a bf16 output the register path's (both off; at 32K the
@@ -1132,21 +1144,28 @@ def test_fwd_fp8_default_path(is_rms, n, dram_class, out_dtype, current):
     if want != "blocked" and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("the streamed kernel needs thread-block clusters (sm_90)")
     off = 1 << 30
-    knobs = {"blocked": (n, off, 0), "stream": (off, n, 0), "register": (off, off, 0), "default": (0, 0, 0)}
+    # (blocked_from, stream_from, norm_fwd_lean, norm_fwd_fp8_lean): the blocked and stream knobs
+    # also turn the lean FP8 kernel off
+    knobs = {"blocked": (n, off, 0, 0), "stream": (off, n, 0, 0), "register": (off, off, 0, 0),
+             "default": (0, 0, 0, 0)}
     if want == "lean":  # the lean kernel (P154), which the other knobs turn off
-        knobs["lean"] = (0, 0, 2)
+        knobs["lean"] = (0, 0, 2, 0)
+    if want == "fp8lean":  # the lean FP8 kernel (P181b) at every width it fits
+        knobs["fp8lean"] = (0, 0, 0, 2)
     use_backend("cuda")
     try:
         x, _, w, b = bf16_rows(many_rows(), n, is_rms)
         stats = {}
-        for path, (blocked_from, stream_from, lean) in knobs.items():
+        for path, (blocked_from, stream_from, lean, fp8_lean) in knobs.items():
             with cuda_backend.norm_fwd_blocked_from(blocked_from), cuda_backend.norm_fwd_lean(lean), \
-                    cuda_backend.norm_fwd_stream_from(stream_from), cuda_backend.dram_class(dram_class):
+                    cuda_backend.norm_fwd_stream_from(stream_from), cuda_backend.dram_class(dram_class), \
+                    cuda_backend.norm_fwd_fp8_lean(fp8_lean):
                 _, _, mu, rsigma = run_fwd(is_rms, x, w, b, None, 1e-5, False, out_dtype, current)
             stats[path] = rsigma if is_rms else torch.cat([mu, rsigma])
     finally:
         engine.backend.reset_for_tests()
-    others = {"register": ("blocked", "stream"), "lean": ("register", "stream")}.get(want, ("register",))
+    others = {"register": ("blocked", "stream"), "lean": ("register", "stream"),
+              "fp8lean": ("register", "stream")}.get(want, ("register",))
     for other in others:
         torch.testing.assert_close(stats[other], stats[want], rtol=1e-5, atol=1e-6)
         assert not torch.equal(stats[other], stats[want]), other

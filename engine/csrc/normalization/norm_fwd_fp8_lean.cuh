@@ -3,10 +3,9 @@
  * FP8 output in delayed scaling (mode kFull), no in-kernel transposed copy, in the shape that let
  * a stand-alone kernel (ci/fp8_lab.cu, Q75) read 87-93 % of copy on the H200 where engine's
  * register and streamed kernels read 74-88 (LayerNorm e4m3 4K-16K, RMSNorm e4m3 4K-32K). The
- * default (fwd_fp8_lean_takes) where it measured faster than those kernels on the H200 (P181,
- * stand-alone, kernel time, % of copy; the other kernels' numbers from session 56's table):
- * LayerNorm e4m3 4K / 8K 87.7 / 77.1 (80.4 / 74.1), RMSNorm e4m3 4K / 8K / 16K 90.5 / 88.5 / 85.8
- * (88.9 / 87.4 / 81.8); not LayerNorm 16K (68.6 against 76.4). ci/fp8_lab_engine.cu builds it
+ * default (fwd_fp8_lean_takes) where it measured faster than those kernels on the H200 (P181b:
+ * LayerNorm e4m3 4K / 8K, RMSNorm e4m3 4K / 8K / 16K); not LayerNorm 16K (P181, stand-alone:
+ * 68.6 % of copy against 76.4 for the stream). ci/fp8_lab_engine.cu builds it
  * without the extension; Q76 put each of engine's additions into the lab's kernel to find what
  * its first forms (P179: 79.7 / 69.3 / 61.9 at LayerNorm) lost.
  *
@@ -57,15 +56,19 @@ constexpr int kFp8LeanNV = 4;         /* 16-byte vectors of x per thread */
 
 /* Whether the lean FP8 kernel takes rows of `cols` columns. `knob`: engine_set_norm_fwd_fp8_lean's
  * value: 0 (the default) on a card that is not lean (`lean_card`: LaunchCtx::lean_dram, the H100,
- * where it is not measured) at RMSNorm's 4096-16384 columns and LayerNorm's 4096-8192 (P181: the
- * widths where it measured faster on the H200, and those between them); 1 never; 2 every width
- * it fits. A width fits where its row groups are whole: tpr = cols / 32 a multiple of 32, at most
- * 512 (a multiple of 1024 columns up to 16384). */
+ * where it is not measured) at RMSNorm's 4096, 8192 and 16384 columns and LayerNorm's 4096 and
+ * 8192, the widths where it measured faster on the H200 (P181b, kernel time, % of copy, against
+ * knob 1 in one call: LayerNorm e4m3 4K 80.5 -> 87.0, 8K 74.3 -> 76.6; RMSNorm 4K 89.3 -> 90.2,
+ * 8K 88.1 -> 88.3, 16K 82.8 -> 85.4), whose CTAs are whole (512 / tpr row groups of tpr threads:
+ * 16 warps). Widths that leave part of the CTA empty measured slower but for one (RMSNorm 6144
+ * 88.1 -> 80.3, LayerNorm 12288 71.9 -> 64.4; LayerNorm 6144 68.0 -> 70.3): not taken. 1 never;
+ * 2 every width it fits: tpr = cols / 32 a multiple of 32, at most 512 (a multiple of 1024
+ * columns up to 16384). */
 inline bool fwd_fp8_lean_takes(int cols, bool rms, int knob, bool lean_card) {
   if (knob == 1) return false;
   const int tpr = cols / (8 * kFp8LeanNV);
   if (cols % (8 * kFp8LeanNV) != 0 || tpr < 32 || tpr > kFp8LeanThreads || tpr % 32 != 0) return false;
-  return knob == 2 || (!lean_card && cols >= 4096 && cols <= (rms ? 16384 : 8192));
+  return knob == 2 || (!lean_card && (cols == 4096 || cols == 8192 || (rms && cols == 16384)));
 }
 
 template <typename X, typename W, bool kRms, bool kBias, __nv_fp8_interpretation_t kFmt>
