@@ -99,6 +99,10 @@ constexpr int kEIeee = 1, kEGuard = 2, kEStats = 4, kEForms = 8, kEOrder = 16, k
  * row guard and zero-filled rows past the matrix; the guard's two reductions as one loop; the
  * stats stored after the epilogue */
 constexpr int kETop = 64, kEGuardLoop = 128, kEStatsEnd = 256;
+/* the guard after the epilogue (Q78): the row written with the one-pass variance first; where the
+ * guard fails, the centred pass, its reduction and the row written again, the amax of the first
+ * writing dropped */
+constexpr int kESpec = 512;
 
 template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB, bool NC, int ENG>
 __global__ void __launch_bounds__(BLOCK, MINB)
@@ -306,7 +310,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
     if (!(ENG & (kEOrder | kETop)) || blk * per_blk + group < rows) {
 #pragma unroll
       for (int r = 0; r < RPT; ++r) {
-        if ((ENG & (kEGuard | kEGuardLoop)) && LN) {
+        if ((ENG & (kEGuard | kEGuardLoop | kESpec)) && LN) {
 #pragma unroll
           for (int q = 0; q < NS; ++q) s[r][q] *= inv_n;
         }
@@ -316,6 +320,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       for (int r = 0; r < RPT; ++r) {
         const long long row = blk * per_blk + r * G + group;
         float mean = 0.0f, rs, var;
+        [[maybe_unused]] bool spec_ok = true;
         if constexpr (LN) {
           if constexpr ((ENG & kEGuardLoop) != 0) { /* one reduction in a loop of at most 2 */
 #pragma unroll 1
@@ -342,6 +347,11 @@ __global__ void __launch_bounds__(BLOCK, MINB)
                 }
               }
             }
+          } else if constexpr ((ENG & kESpec) != 0) {
+            mean = s[r][0];
+            const float c = mean * mean;
+            var = s[r][1] - c;
+            spec_ok = c <= 0.75f * s[r][1];
           } else if constexpr ((ENG & kEGuard) != 0) {
             mean = s[r][0];
             const float c = mean * mean;
@@ -379,6 +389,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
           if constexpr (LN) stats[rows + row] = mean;
         }
         uint8_t* orow = y + row * (long long)nvec * 8;
+        [[maybe_unused]] const float amax0 = amax;
         auto epilogue = [&](auto fma_tag) {
           constexpr bool kFma = decltype(fma_tag)::value;
           const float c = -mean * rs;
@@ -416,6 +427,27 @@ __global__ void __launch_bounds__(BLOCK, MINB)
           }
         } else {
           epilogue(std::false_type{});
+        }
+        if constexpr (LN && (ENG & kESpec) != 0) {
+          if (!spec_ok) { /* uniform over the row group: the centred pass, the row again */
+            amax = amax0;
+            float q[RPT][NS];
+            q[r][0] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NV; ++i) {
+              float f[8];
+              unpack8(cur[r][i], f);
+#pragma unroll
+              for (int j = 0; j < 8; ++j) {
+                const float d = f[j] - mean;
+                q[r][0] = fmaf(d, d, q[r][0]);
+              }
+            }
+            reduce(q, 1);
+            var = q[r][0] * inv_n;
+            rs = (ENG & kEIeee) ? 1.0f / sqrtf(var + eps) : rsqrtf(var + eps);
+            epilogue(std::false_type{});
+          }
         }
         if ((ENG & kEStatsEnd) && lr == 0) {
           stats[row] = rs;
@@ -461,7 +493,7 @@ struct Cfg {
  * W* a row over 512 threads at 32 values each (Triton's 16K tile), each with one factor changed;
  * W64* 64 values per thread (rows of 32K over 512 threads); *-pl the same with plain (coherent)
  * loads of x and gamma (Q75b); W-c1-eK W-c1 (the layout of engine's lean FP8 kernel at 4 vectors
- * a thread) with engine's additions ENG = K (Q76, Q76b). */
+ * a thread) with engine's additions ENG = K (Q76, Q76b, Q78). */
 #define LAB_CONFIGS(X)                                 \
   X(0, "E-glob", 256, 32, 1, 1, 0, kGGlobal, 2, 1, 0) \
   X(1, "E-smem", 256, 32, 1, 1, 0, kGSmem, 3, 1, 0) \
@@ -497,7 +529,9 @@ struct Cfg {
   X(31, "W-c1-e128", 512, 32, 1, 1, 1, kGReg, 1, 1, 128) \
   X(32, "W-c1-e256", 512, 32, 1, 1, 1, kGReg, 1, 1, 256) \
   X(33, "W-c1-e489", 512, 32, 1, 1, 1, kGReg, 1, 1, 489) \
-  X(34, "W-c1-e488", 512, 32, 1, 1, 1, kGReg, 1, 1, 488)
+  X(34, "W-c1-e488", 512, 32, 1, 1, 1, kGReg, 1, 1, 488) \
+  X(35, "W-c1-e512", 512, 32, 1, 1, 1, kGReg, 1, 1, 512) \
+  X(36, "W-c1-e873", 512, 32, 1, 1, 1, kGReg, 1, 1, 873)
 
 #define LAB_CFG_ROW(ID, NAME, B, V, C, R, P, G, M, NC, E) {NAME, B, V, C, R, P, G, M, NC, E},
 constexpr Cfg kCfgs[] = {LAB_CONFIGS(LAB_CFG_ROW)};

@@ -4,6 +4,10 @@ call, the median of 15 calls; % of the copy bandwidth at ``harness.bytes_norm_fw
 bf16 x, y and weights, M * N = 64M, the builds alternated ``--reps`` times.
 
     PYTHONPATH=$PWD python3 ci/lean_lab.py --so /tmp/lean_old.so /tmp/lean_new.so [--n 4096 8192 16384]
+        [--per-sm 16 0]
+
+``--per-sm``: the grids timed, CTAs per SM (16: the launcher's; 0: the resident CTAs, a persistent
+grid whose row loop runs the next row's prefetch), each build at each.
 
 Every launch writes into a NaN-poisoned output; the first build's y, rsigma (and mu) are checked
 against float64 (bf16 rounding of y: within 2 bf16 ulps where |y| > 1e-2; rsigma / mu to 1e-5
@@ -46,6 +50,7 @@ def main(argv=None) -> int:
     ap.add_argument("--n", type=int, nargs="*", default=[4096, 8192, 16384])
     ap.add_argument("--norms", nargs="*", default=["ln", "rms"], choices=["rms", "ln"])
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--per-sm", type=int, nargs="*", default=[16])
     args = ap.parse_args(argv)
     if not H.on_gpu():
         print("lean_lab: needs a GPU")
@@ -55,8 +60,8 @@ def main(argv=None) -> int:
         lib = ctypes.CDLL(os.path.abspath(path))
         lib.lean_engine_launch.restype = ctypes.c_longlong
         lib.lean_engine_launch.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 5 + [
-            ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
-        libs.append((Path(path).stem, lib))
+            ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        libs += [(f"{Path(path).stem}/{p}", lib, p) for p in args.per_sm]
     copy = H.copy_bandwidth()["gbps"]
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy:.0f} GB/s; kernel time, % of copy")
     failed = 0
@@ -73,10 +78,11 @@ def main(argv=None) -> int:
             nbytes = H.bytes_norm_fwd(m, n, bias=ln)
             first = None
             for rep in range(args.reps):
-                for tag, lib in libs:
+                for tag, lib, per_sm in libs:
                     def launch():
                         return lib.lean_engine_launch(int(ln), x.data_ptr(), gb.data_ptr(), y.data_ptr(),
-                                                      stats[m:].data_ptr(), stats[:m].data_ptr(), m, n, stream)
+                                                      stats[m:].data_ptr(), stats[:m].data_ptr(), m, n, per_sm,
+                                                      stream)
 
                     y.fill_(float("nan"))
                     stats.fill_(float("nan"))
@@ -107,7 +113,7 @@ def main(argv=None) -> int:
                     failed += not ok
                     us = device_us_per_call(launch)
                     pct = 100.0 * nbytes / (us * 1e3) / copy
-                    print(f"N={n:6d} {kind:3s} rep {rep} {tag:12s} grid {grid:5d} {us:8.2f} us {pct:6.1f} %"
+                    print(f"N={n:6d} {kind:3s} rep {rep} {tag:15s} grid {grid:5d} {us:8.2f} us {pct:6.1f} %"
                           f"{'  ' + msg if msg else ''}{'  FAIL' if not ok else ''}")
     print(f"lean_lab: {failed} failed checks")
     return 1 if failed else 0

@@ -10,7 +10,8 @@
  *
  * The launch is the launcher's for a bf16 x, y and weights (launch_fwd_lean, fwd_grid_per_sm):
  * tpr = cols / 64 threads a row, 256 / tpr rows a CTA of 256 threads, 16 CTAs per SM (capped by
- * the row blocks); rows of 4096-16384 columns, RMSNorm without or LayerNorm with a bias. */
+ * the row blocks; per_sm: another count, 0 the resident CTAs, a persistent grid); rows of
+ * 4096-16384 columns, RMSNorm without or LayerNorm with a bias. */
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,7 +22,7 @@ using engine::norm::FwdArgs;
 
 template <bool kRms>
 static long long launch_t(const void* x, const void* gb, void* y, float* mu, float* rsigma, long long rows, int n,
-                          cudaStream_t s) {
+                          int per_sm, cudaStream_t s) {
   const int tpr = n / (8 * engine::norm::kLeanNV);
   if (n % (8 * engine::norm::kLeanNV) != 0 || tpr < 32 || tpr > 256 || (tpr & (tpr - 1)) != 0) return -1;
   FwdArgs a{};
@@ -48,18 +49,24 @@ static long long launch_t(const void* x, const void* gb, void* y, float* mu, flo
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   const long long work = (rows + a.rows_per_iter - 1) / a.rows_per_iter;
-  const long long grid = std::min<long long>(16LL * sms, work);
-  a.grid_clusters = (int)grid;
   auto* k = &engine::norm::norm_fwd_lean_kernel<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, kRms, !kRms,
                                                  engine::norm::kLeanThreads>;
+  if (per_sm == 0 && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, engine::norm::kLeanThreads, 0) !=
+                         cudaSuccess) {
+    return -2;
+  }
+  const long long grid = std::min<long long>((long long)per_sm * sms, work);
+  a.grid_clusters = (int)grid;
   k<<<(unsigned)grid, engine::norm::kLeanThreads, 0, s>>>(a);
   return cudaGetLastError() == cudaSuccess ? grid : -2;
 }
 
-/* One launch (ln: LayerNorm with a bias, gb = gamma then beta; else RMSNorm, gb = gamma); returns
- * the grid, -1 where the width is not the lean kernel's, -2 on a launch error. */
+/* One launch (ln: LayerNorm with a bias, gb = gamma then beta; else RMSNorm, gb = gamma; per_sm CTAs
+ * per SM, 0 the resident ones); returns the grid, -1 where the width is not the lean kernel's, -2 on
+ * a launch error. */
 extern "C" long long lean_engine_launch(int ln, const void* x, const void* gb, void* y, float* mu, float* rsigma,
-                                        long long rows, int n, void* stream) {
+                                        long long rows, int n, int per_sm, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  return ln ? launch_t<false>(x, gb, y, mu, rsigma, rows, n, s) : launch_t<true>(x, gb, y, mu, rsigma, rows, n, s);
+  return ln ? launch_t<false>(x, gb, y, mu, rsigma, rows, n, per_sm, s)
+            : launch_t<true>(x, gb, y, mu, rsigma, rows, n, per_sm, s);
 }
