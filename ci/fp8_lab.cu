@@ -103,6 +103,11 @@ constexpr int kETop = 64, kEGuardLoop = 128, kEStatsEnd = 256;
  * guard fails, the centred pass, its reduction and the row written again, the amax of the first
  * writing dropped */
 constexpr int kESpec = 512;
+/* every row-uniform test (the guard's, the row guard's, the two forms') made warp-uniform by a
+ * vote (__all_sync), so that ptxas knows the branch is uniform (Q78b: the guard's branch brought
+ * BSSY / BSYNC / WARPSYNC, and under register pressure ptxas re-derived held gamma / beta from
+ * their 16-bit words: 16 unpacks a warp and row) */
+constexpr int kEVote = 1024;
 
 template <bool LN, int BLOCK, int VPT, int CONTIG, int RPT, bool PF, int GM, int MINB, bool NC, int ENG>
 __global__ void __launch_bounds__(BLOCK, MINB)
@@ -261,6 +266,15 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       parity ^= 1;
     }
   };
+  /* the guard's test, warp-uniform by a vote with kEVote (the test is uniform over the row group
+   * anyway: the reduced sums) */
+  auto guard_ok = [&](bool t) -> bool {
+    if constexpr ((ENG & kEVote) != 0) {
+      return __all_sync(0xffffffffu, t);
+    } else {
+      return t;
+    }
+  };
   long long blk = blockIdx.x;
   if constexpr ((ENG & kETop) != 0) { /* the first row through nxt and the same opaque copy as the
                                          loop's, so that cur is never a load's register */
@@ -307,7 +321,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       pf = pf && !(ss < 0.0f);
       if (pf) load(nb, nxt);
     }
-    if (!(ENG & (kEOrder | kETop)) || blk * per_blk + group < rows) {
+    if (!(ENG & (kEOrder | kETop)) || guard_ok(blk * per_blk + group < rows)) {
 #pragma unroll
       for (int r = 0; r < RPT; ++r) {
         if ((ENG & (kEGuard | kEGuardLoop | kESpec)) && LN) {
@@ -333,7 +347,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
               mean = s[r][0];
               const float c = mean * mean;
               var = s[r][1] - c;
-              if (c <= 0.75f * s[r][1]) break;
+              if (guard_ok(c <= 0.75f * s[r][1])) break;
               s[r][0] = 0.0f; /* the centred pass */
               s[r][1] = 0.0f;
 #pragma unroll
@@ -356,7 +370,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
             mean = s[r][0];
             const float c = mean * mean;
             var = s[r][1] - c;
-            if (!(c <= 0.75f * s[r][1])) { /* the centred pass (engine's ln_one_pass_var) */
+            if (!guard_ok(c <= 0.75f * s[r][1])) { /* the centred pass (engine's ln_one_pass_var) */
               float q[RPT][NS];
               q[r][0] = 0.0f;
 #pragma unroll
@@ -420,7 +434,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
           }
         };
         if constexpr (LN && (ENG & kEForms) != 0) {
-          if (fabsf(-mean * rs) <= 4.0f) {
+          if (guard_ok(fabsf(-mean * rs) <= 4.0f)) {
             epilogue(std::true_type{});
           } else {
             epilogue(std::false_type{});
@@ -531,7 +545,10 @@ struct Cfg {
   X(33, "W-c1-e489", 512, 32, 1, 1, 1, kGReg, 1, 1, 489) \
   X(34, "W-c1-e488", 512, 32, 1, 1, 1, kGReg, 1, 1, 488) \
   X(35, "W-c1-e512", 512, 32, 1, 1, 1, kGReg, 1, 1, 512) \
-  X(36, "W-c1-e873", 512, 32, 1, 1, 1, kGReg, 1, 1, 873)
+  X(36, "W-c1-e873", 512, 32, 1, 1, 1, kGReg, 1, 1, 873) \
+  X(37, "W-c1-e1026", 512, 32, 1, 1, 1, kGReg, 1, 1, 1026) \
+  X(38, "W-c1-e1513", 512, 32, 1, 1, 1, kGReg, 1, 1, 1513) \
+  X(39, "W-c1-e1385", 512, 32, 1, 1, 1, kGReg, 1, 1, 1385)
 
 #define LAB_CFG_ROW(ID, NAME, B, V, C, R, P, G, M, NC, E) {NAME, B, V, C, R, P, G, M, NC, E},
 constexpr Cfg kCfgs[] = {LAB_CONFIGS(LAB_CFG_ROW)};
