@@ -275,6 +275,21 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       return t;
     }
   };
+  /* this thread's sum of (z - mean)^2 over row r's values: LayerNorm's centred pass */
+  auto centred = [&](int r, float mean) -> float {
+    float q = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      float f[8];
+      unpack8(cur[r][i], f);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float d = f[j] - mean;
+        q = fmaf(d, d, q);
+      }
+    }
+    return q;
+  };
   long long blk = blockIdx.x;
   if constexpr ((ENG & kETop) != 0) { /* the first row through nxt and the same opaque copy as the
                                          loop's, so that cur is never a load's register */
@@ -348,18 +363,8 @@ __global__ void __launch_bounds__(BLOCK, MINB)
               const float c = mean * mean;
               var = s[r][1] - c;
               if (guard_ok(c <= 0.75f * s[r][1])) break;
-              s[r][0] = 0.0f; /* the centred pass */
+              s[r][0] = centred(r, mean); /* the centred pass */
               s[r][1] = 0.0f;
-#pragma unroll
-              for (int i = 0; i < NV; ++i) {
-                float f[8];
-                unpack8(cur[r][i], f);
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                  const float d = f[j] - mean;
-                  s[r][0] = fmaf(d, d, s[r][0]);
-                }
-              }
             }
           } else if constexpr ((ENG & kESpec) != 0) {
             mean = s[r][0];
@@ -372,17 +377,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
             var = s[r][1] - c;
             if (!guard_ok(c <= 0.75f * s[r][1])) { /* the centred pass (engine's ln_one_pass_var) */
               float q[RPT][NS];
-              q[r][0] = 0.0f;
-#pragma unroll
-              for (int i = 0; i < NV; ++i) {
-                float f[8];
-                unpack8(cur[r][i], f);
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                  const float d = f[j] - mean;
-                  q[r][0] = fmaf(d, d, q[r][0]);
-                }
-              }
+              q[r][0] = centred(r, mean);
               reduce(q, 1);
               var = q[r][0] * inv_n;
             }
@@ -446,17 +441,7 @@ __global__ void __launch_bounds__(BLOCK, MINB)
           if (!spec_ok) { /* uniform over the row group: the centred pass, the row again */
             amax = amax0;
             float q[RPT][NS];
-            q[r][0] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < NV; ++i) {
-              float f[8];
-              unpack8(cur[r][i], f);
-#pragma unroll
-              for (int j = 0; j < 8; ++j) {
-                const float d = f[j] - mean;
-                q[r][0] = fmaf(d, d, q[r][0]);
-              }
-            }
+            q[r][0] = centred(r, mean);
             reduce(q, 1);
             var = q[r][0] * inv_n;
             rs = (ENG & kEIeee) ? 1.0f / sqrtf(var + eps) : rsqrtf(var + eps);

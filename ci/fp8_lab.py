@@ -66,6 +66,23 @@ def check(y8: torch.Tensor, amax: float, ref: torch.Tensor) -> tuple[bool, str]:
     return ok, f"{nd} bytes off (worst {worst:.1f} steps), amax rel {amax_rel:.1e}"
 
 
+def lab_inputs(n: int):
+    """(m, x, gb) of a width: m = 64M / n bf16 rows of N(0, 1), seeded by n; gb = gamma in
+    [0.5, 1.5) then beta of N(0, 0.2^2), bf16 (also ci/lean_lab.py's)."""
+    m = (64 << 20) // n
+    torch.manual_seed(n)
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    gb = torch.cat([torch.rand(n, device="cuda") + 0.5, torch.randn(n, device="cuda") * 0.2]).to(torch.bfloat16)
+    return m, x, gb
+
+
+def copy_header() -> float:
+    """The copy bandwidth of this process (GB/s), printed as the log's first line."""
+    copy = H.copy_bandwidth()["gbps"]
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy:.0f} GB/s; kernel time, % of copy")
+    return copy
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--so", required=True, help="the library built from ci/fp8_lab.cu")
@@ -104,15 +121,11 @@ def main(argv=None) -> int:
         buf = ctypes.create_string_buffer(96)
         lib.fp8_lab_describe(i, buf, 96)
         names.append(buf.value.decode())
-    copy = H.copy_bandwidth()["gbps"]
-    print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy:.0f} GB/s; kernel time, % of copy")
+    copy = copy_header()
     failed = 0
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     for n in args.n:
-        m = (64 << 20) // n
-        torch.manual_seed(n)
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-        gb = torch.cat([torch.rand(n, device="cuda") + 0.5, torch.randn(n, device="cuda") * 0.2]).to(torch.bfloat16)
+        m, x, gb = lab_inputs(n)
         g, b = gb[:n], gb[n:]
         y8 = torch.empty(m, n, device="cuda", dtype=torch.float8_e4m3fn)
         amax = torch.zeros(1, device="cuda")

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include "lab_fwd_args.cuh"
 #include "normalization/norm_fwd_fp8_lean.cuh"
 
 using engine::norm::FwdArgs;
@@ -24,33 +25,12 @@ static long long launch_t(const void* x, const void* gb, void* y, float* mu, flo
   if (n % 32 != 0) return -1;
   const int tpr = n / 32;
   if (tpr < 32 || tpr > 512 || tpr % 32 != 0) return -1;
-  FwdArgs a{};
-  a.rows = rows;
-  a.cols = n;
-  a.x = x;
-  a.x_stride = n;
-  a.weight = gb;
-  a.bias = kRms ? nullptr : static_cast<const __nv_bfloat16*>(gb) + n;
-  a.w_dtype = ENGINE_DTYPE_BFLOAT16;
-  a.out = y;
-  a.out_stride = n;
-  a.mu = kRms ? nullptr : mu;
-  a.rsigma = rsigma;
+  FwdArgs a = lab_fwd_args(kRms, x, gb, y, mu, rsigma, rows, n, tpr, 512 / tpr);
   a.scale = scale;
   a.amax = amax;
   a.scale_inv = scale_inv;
-  a.eps = 1e-5f;
-  a.inv_n = 1.0f / (float)n;
   a.fp8_max = 448.0f;
-  a.mode = engine::norm::kFull;
-  a.is_rms = kRms ? 1 : 0;
-  a.tpr = tpr;
-  a.rows_per_iter = 512 / tpr;
-  a.cluster = 1;
-  a.gb_off = -1;
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  const int sms = lab_sm_count();
   const long long work = (rows + a.rows_per_iter - 1) / a.rows_per_iter;
   const long long grid = std::min<long long>(sms, work);
   a.grid_clusters = (int)grid;

@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from benchmarks import harness as H  # noqa: E402
 from benchmarks.profile_kernels import device_us_per_call  # noqa: E402
+from ci.fp8_lab import copy_header, lab_inputs  # noqa: E402
 
 EPS = 1e-5
 
@@ -62,15 +63,11 @@ def main(argv=None) -> int:
         lib.lean_engine_launch.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 5 + [
             ctypes.c_longlong, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         libs += [(f"{Path(path).stem}/{p}", lib, p) for p in args.per_sm]
-    copy = H.copy_bandwidth()["gbps"]
-    print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy:.0f} GB/s; kernel time, % of copy")
+    copy = copy_header()
     failed = 0
     stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
     for n in args.n:
-        m = (64 << 20) // n
-        torch.manual_seed(n)
-        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
-        gb = torch.cat([torch.rand(n, device="cuda") + 0.5, torch.randn(n, device="cuda") * 0.2]).to(torch.bfloat16)
+        m, x, gb = lab_inputs(n)
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         stats = torch.empty(2 * m, device="cuda")
         for kind in args.norms:

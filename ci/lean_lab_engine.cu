@@ -16,6 +16,7 @@
 
 #include <algorithm>
 
+#include "lab_fwd_args.cuh"
 #include "normalization/norm_fwd_lean.cuh"
 
 using engine::norm::FwdArgs;
@@ -25,29 +26,8 @@ static long long launch_t(const void* x, const void* gb, void* y, float* mu, flo
                           int per_sm, cudaStream_t s) {
   const int tpr = n / (8 * engine::norm::kLeanNV);
   if (n % (8 * engine::norm::kLeanNV) != 0 || tpr < 32 || tpr > 256 || (tpr & (tpr - 1)) != 0) return -1;
-  FwdArgs a{};
-  a.rows = rows;
-  a.cols = n;
-  a.x = x;
-  a.x_stride = n;
-  a.weight = gb;
-  a.bias = kRms ? nullptr : static_cast<const __nv_bfloat16*>(gb) + n;
-  a.w_dtype = ENGINE_DTYPE_BFLOAT16;
-  a.out = y;
-  a.out_stride = n;
-  a.mu = kRms ? nullptr : mu;
-  a.rsigma = rsigma;
-  a.eps = 1e-5f;
-  a.inv_n = 1.0f / (float)n;
-  a.mode = engine::norm::kFull;
-  a.is_rms = kRms ? 1 : 0;
-  a.tpr = tpr;
-  a.rows_per_iter = engine::norm::kLeanThreads / tpr;
-  a.cluster = 1;
-  a.gb_off = -1;
-  int dev = 0, sms = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  FwdArgs a = lab_fwd_args(kRms, x, gb, y, mu, rsigma, rows, n, tpr, engine::norm::kLeanThreads / tpr);
+  const int sms = lab_sm_count();
   const long long work = (rows + a.rows_per_iter - 1) / a.rows_per_iter;
   auto* k = &engine::norm::norm_fwd_lean_kernel<__nv_bfloat16, __nv_bfloat16, __nv_bfloat16, kRms, !kRms,
                                                  engine::norm::kLeanThreads>;
