@@ -172,9 +172,9 @@ int engine_set_norm_fwd_lean(int n);
  * copy; one 512-thread CTA per SM, the next row prefetched, gamma held in registers at 4 vectors
  * per thread): n = 0 (the default) where it measured faster than the other kernels on the H200
  * (benchmarks/NOTES.md P181b), on a card that is not lean: RMSNorm's rows of 4096, 8192 and 16384
- * columns, LayerNorm's of 4096 and 8192; n = 1 never; n = 2 at every width whose row groups it fills (rows of
- * a multiple of 1024 columns up to 16384), on either card. For tests and A/B runs. Process-wide;
- * returns the previous value, or -1 (and changes nothing) for any other n. */
+ * columns, LayerNorm's of 4096 and 8192; n = 1 never; n = 2 at every width whose row groups it
+ * fills (rows of a multiple of 1024 columns up to 16384), on either card. For tests and A/B runs.
+ * Process-wide; returns the previous value, or -1 (and changes nothing) for any other n. */
 int engine_set_norm_fwd_fp8_lean(int n);
 
 /* The norm forward's blocked kernel on the rows with a fused residual add of a 16-bit x to a
