@@ -630,8 +630,9 @@ def norm_fwd_fp8_lean(n: int):
     rows of 4096, 8192 and 16384 columns, LayerNorm's of 4096 and 8192; ``n = 1`` never;
     ``n = 2`` at every width whose row groups it fills (a multiple of 1024 columns up to 16384),
     on either card, before the register, streamed and blocked kernels. Its bytes are the register
-    kernel's at 4 vectors per thread (the same order of each row's sums). For tests and A/B
-    benchmarks. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n``
+    kernel's at 4 vectors per thread (the same order of each row's sums), so where it runs an FP8
+    output is within one FP8 step of the cast of the same call's fp32 output (8 vectors per
+    thread), at rounding boundaries only. For tests and A/B benchmarks. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n``
     raises ValueError at the call."""
     if type(n) is not int or n not in (0, 1, 2):
         raise ValueError(f"norm_fwd_fp8_lean: n must be 0, 1 or 2, got {n!r}")
