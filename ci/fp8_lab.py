@@ -8,8 +8,10 @@ Triton FP8 forwards, in the tables' measure (profile_kernels: summed kernel time
         [--engine-so /tmp/fp8_lab_engine.so] [--impls triton cuda]
 
 ``--engine-so``: engine's lean FP8 kernel built stand-alone (ci/fp8_lab_engine.cu, Q75c), timed and
-checked like the lab's kernels at 4 and 8 vectors per thread. ``--impls``: engine's own forwards
-timed beside them (cuda needs the built extension; without it the first call JIT-compiles it).
+checked like the lab's kernels at 4 vectors per thread (its only layout since P181). An A/B of two
+trees builds this tree's ci/fp8_lab_engine.cu twice, the older header first on the include path
+(-I/tmp/old), so that both builds share this launcher. ``--impls``: engine's own forwards timed
+beside them (cuda needs the built extension; without it the first call JIT-compiles it).
 
 Every lab launch is checked: its bytes against a float64 norm cast to e4m3 (saturating; bytes that
 differ must be one e4m3 step apart: a rounding boundary of the fp32 arithmetic), its amax against the
@@ -112,7 +114,7 @@ def main(argv=None) -> int:
     for path in args.engine_so:
         eng = ctypes.CDLL(os.path.abspath(path))
         eng.fp8_engine_launch.restype = ctypes.c_longlong
-        eng.fp8_engine_launch.argtypes = [ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 8 + [
+        eng.fp8_engine_launch.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 8 + [
             ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
         engs.append((Path(path).stem, eng))
     ncfg = lib.fp8_lab_num_configs()
@@ -171,16 +173,16 @@ def main(argv=None) -> int:
                     except Exception as e:  # e.g. no CUDA extension built: the lab rows still run
                         print(f"N={n:6d} {kind:3s} rep {rep} engine {impl:6s} unavailable: {H.short_error(e)}")
                 engine.backend.reset_for_tests()
-                for (tag, eng), nv in ((e, nv) for e in engs for nv in (4, 8)):
+                for tag, eng in engs:
                     sc, sinv = torch.full((1,), SCALE, device="cuda"), torch.empty(1, device="cuda")
 
                     def launch_engine():
-                        return eng.fp8_engine_launch(nv, int(ln), x.data_ptr(), gb.data_ptr(), y8.data_ptr(),
+                        return eng.fp8_engine_launch(int(ln), x.data_ptr(), gb.data_ptr(), y8.data_ptr(),
                                                      stats[m:].data_ptr(), stats[:m].data_ptr(), sc.data_ptr(),
                                                      amax.data_ptr(), sinv.data_ptr(), m, n, stream)
 
                     label = "engine-lean" if len(engs) == 1 else f"engine-lean {tag}"
-                    run(launch_engine, f"N={n:6d} {kind:3s} rep {rep} {label} nv {nv}", rep == 0)
+                    run(launch_engine, f"N={n:6d} {kind:3s} rep {rep} {label} nv 4", rep == 0)
                 for cid in (args.configs if args.configs is not None else range(ncfg)):
                     for per_sm in args.per_sm:
                         regs = ctypes.c_int(0)

@@ -39,13 +39,12 @@ static long long launch_t(const void* x, const void* gb, void* y, float* mu, flo
   return cudaGetLastError() == cudaSuccess ? grid : -2;
 }
 
-/* One launch (nv: vectors per thread, 4 only since P181: -1 for any other); gb = gamma then (LayerNorm)
- * beta. */
-extern "C" long long fp8_engine_launch(int nv, int ln, const void* x, const void* gb, void* y, float* mu,
+/* One launch at 4 vectors per thread (the kernel's only layout since P181); gb = gamma then
+ * (LayerNorm) beta. */
+extern "C" long long fp8_engine_launch(int ln, const void* x, const void* gb, void* y, float* mu,
                                        float* rsigma, float* scale, float* amax, float* scale_inv,
                                        long long rows, int n, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (nv != 4) return -1;
   return ln ? launch_t<false>(x, gb, y, mu, rsigma, scale, amax, scale_inv, rows, n, s)
             : launch_t<true>(x, gb, y, mu, rsigma, scale, amax, scale_inv, rows, n, s);
 }
