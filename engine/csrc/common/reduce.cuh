@@ -25,6 +25,13 @@ namespace engine {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
+/* p, which the caller knows to be the same in every lane of the warp (a row group's when the
+ * group spans whole warps, tpr >= 32), through a vote, so that ptxas sees a branch on it as
+ * uniform: no reconvergence bookkeeping (BSSY / BSYNC) and, measured in the lean FP8 kernel's lab
+ * twin (benchmarks/NOTES.md, Q78c / P183), registers enough to keep the held gamma / beta values
+ * as floats. All 32 lanes must be active. */
+__device__ __forceinline__ bool warp_uniform(bool p) { return __all_sync(kFullMask, p); }
+
 /* Sum of K values over row groups of `tpr` threads; every thread gets its group's sums.
  * `buf` is shared memory of 2 * 32 * K floats; the two halves alternate between calls so that one
  * barrier per call suffices (a half is rewritten only after the next call's barrier, which

@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
         }
       }
     }
-    if (ok) {
+    if (warp_uniform(ok)) {
       float mean = 0.0f;
       float rs;
       if constexpr (kRms) {
@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
         red2(sq);
         mean = sq[0];
         float var;
-        if (!ln_one_pass_var(mean, sq[1], var)) { /* uniform over the row group */
+        if (!warp_uniform(ln_one_pass_var(mean, sq[1], var))) { /* uniform over the row group */
           float q[2] = {0.0f, 0.0f};
 #pragma unroll
           for (int i = 0; i < NV; ++i) {
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
       if constexpr (kRms) {
         epilogue(std::false_type{});
       } else {
-        with_ln_form(fma_row, epilogue);
+        with_ln_form(warp_uniform(fma_row), epilogue);
       }
       if (lr == 0) { /* after the epilogue (Q76b) */
         a.rsigma[row] = rs;
