@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
     const int64_t next = blk + bstride;
     if (next < nblk) load_row(next, nxt);
     const int64_t row = blk * G + group;
-    if (warp_uniform(row < a.rows)) { /* uniform over the row group, whose barriers are its own */
+    if (row < a.rows) { /* uniform over the row group, whose barriers are its own */
       auto zv = [&](int i, int j) -> float { return unpack_at<X, VEC>(cur[i], j); };
       float mean = 0.0f;
       float rs;
@@ -155,7 +155,7 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
         cluster_sum<2>(sq, xchg);
         mean = sq[0];
         float var;
-        if (!warp_uniform(ln_one_pass_var(mean, sq[1], var))) { /* uniform over the row group */
+        if (!ln_one_pass_var(mean, sq[1], var)) { /* uniform over the row group */
           float q[2] = {0.0f, 0.0f};
 #pragma unroll
           for (int i = 0; i < NV; ++i) {
@@ -217,7 +217,7 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
       if constexpr (kRms) {
         epilogue(std::false_type{});
       } else {
-        with_ln_form(warp_uniform(fma_row), epilogue);
+        with_ln_form(fma_row, epilogue);
       }
       if constexpr (!kRms) store_stats();
     }
