@@ -74,7 +74,7 @@ def nvcc_flags(archs: Optional[str] = None) -> List[str]:
     """nvcc flags: -O3, C++17, line info, the torch-compatible half/bfloat16 defines, gencodes.
 
     ``archs`` is a ``;``-separated list such as ``"8.0;9.0"`` (default ``"9.0"``). Deliberately no
-    ``--use_fast_math``: it would turn IEEE division / sqrt (used for scale, scale_inv and rsigma)
+    ``--use_fast_math``: it would turn IEEE division (used for scale and scale_inv)
     into approximations and flush denormals, changing results against the reference.
     """
     return [

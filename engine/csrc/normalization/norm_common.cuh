@@ -206,6 +206,15 @@ struct StageRing {
   }
 };
 
+/* rsigma of a row from its mean square (about the mean for LayerNorm) plus eps: the hardware
+ * reciprocal square root (rsqrtf, MUFU.RSQ: within 2 ulp, subnormal inputs scaled; 1 / 0 = inf,
+ * as 1 / sqrtf(0)), as Transformer Engine's and Apex's norms and Triton's tl.math.rsqrt (this
+ * product's Triton backend) compute it, in place of the IEEE sqrt and division (NOTES P186: their
+ * slow paths and their latency sit on every row's path between the reductions and the epilogue).
+ * One function for every forward kernel, so that every path's rsigma, and so its outputs, have the
+ * same bits (kStats / kApply, the stream against the register path). */
+__device__ __forceinline__ float row_rsigma(float ms_eps) { return rsqrtf(ms_eps); }
+
 /* LayerNorm's statistics in one pass (NOTES P80): from mean = E[z] and e2 = E[z^2] (one pass's
  * sums of z and z^2 over the row, times 1 / N), var = e2 - mean^2 wherever mean^2 <= 3/4 e2
  * (mean^2 <= 3 var): there var >= e2 / 4, so the subtraction costs at most 2 bits against the

@@ -53,7 +53,7 @@
  * scalar fallback for unaligned operands or cols % VEC != 0.
  *
  * Numerics shared by every path and mode (so kStats and kApply agree bit for bit):
- *   z = round_R(x + residual), rsigma = 1 / sqrtf(var + eps) (IEEE sqrt and division),
+ *   z = round_R(x + residual), rsigma = rsqrtf(var + eps) (row_rsigma, norm_common.cuh),
  *   t = (z - mean) * rsigma, or fma(z, rsigma, -mean * rsigma) where |mean * rsigma| <= 4
  *   (LayerNorm, ln_fma_row; not for the streamed kernel's 16-bit outputs),
  *   y = fma(t, g, b) with a bias, t * g without one,
@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
             cluster_sum<1>(c, xchg);
             var = c[0] * a.inv_n;
           }
-          rs = 1.0f / sqrtf(var + a.eps);
+          rs = row_rsigma(var + a.eps);
         } else {
           float q[1] = {0.0f};
 #pragma unroll
@@ -430,7 +430,7 @@ __global__ void __launch_bounds__(kMaxThreads, (fwd_min_blocks<R, NV, kMaxThread
           }
           red(q);
           cluster_sum<1>(q, xchg);
-          rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
+          rs = row_rsigma(q[0] * a.inv_n + a.eps);
         }
         if (ok && glane == 0) {
           a.rsigma[row] = rs;
@@ -757,7 +757,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, (fwd_blocked_packed<X, R, VEC>
           var = q[0];
         }
       }
-      rs = 1.0f / sqrtf(var + a.eps);
+      rs = row_rsigma(var + a.eps);
       if (threadIdx.x == 0) {
         a.rsigma[row] = rs;
         if (!is_rms) a.mu[row] = mean;

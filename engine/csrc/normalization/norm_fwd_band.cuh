@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(kBandThreads, kMinBlocks) norm_fwd_band_kernel
       }
 #pragma unroll
       for (int j = 0; j < RPW; ++j) {
-        rs_b[j] = row0 + j < M ? 1.0f / sqrtf(v[j] * a.inv_n + a.eps) : 0.0f;
+        rs_b[j] = row0 + j < M ? row_rsigma(v[j] * a.inv_n + a.eps) : 0.0f;
       }
     } else {
       /* Chan: mean = sum / N; M2 = sum_r (M2_r + n_r (sum_r / n_r - mean)^2) */
@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(kBandThreads, kMinBlocks) norm_fwd_band_kernel
 #pragma unroll
       for (int j = 0; j < RPW; ++j) {
         const bool in = row0 + j < M;
-        const float rs = in ? 1.0f / sqrtf(m2[j] * a.inv_n + a.eps) : 0.0f;
+        const float rs = in ? row_rsigma(m2[j] * a.inv_n + a.eps) : 0.0f;
         if (rank == 0 && lane == j && in) a.mu[row0 + j] = mean[j];
         mean_b[j] = in ? mean[j] : 0.0f;
         rs_b[j] = rs;

@@ -34,7 +34,7 @@
  * prefetch working but issued it late: 7 points at LayerNorm e4m3 8K in the lab (Q76). rsigma
  * and mu are stored after the row's epilogue (before it they cost 1.7-3.5 points there: Q76b).
  *
- * Numerics: those of norm_fwd.cuh (z = x; RMSNorm rsigma = 1 / sqrtf(sum z^2 / N + eps);
+ * Numerics: those of norm_fwd.cuh (z = x; RMSNorm rsigma = rsqrtf(sum z^2 / N + eps): row_rsigma;
  * LayerNorm's one-pass sums scaled by 1 / N per thread, ln_one_pass_var, else the centred pass;
  * ln_fma_row; norm_y; amax of y before the scale; q = cvt.rn.satfinite(y * scale)). gamma + the
  * zero-centred 1 is the same fp32 sum whether held or added at each use. The sums are added in
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
       if constexpr (kRms) {
         float q[1] = {sq[0]};
         red(q);
-        rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
+        rs = row_rsigma(q[0] * a.inv_n + a.eps);
       } else {
         sq[0] *= a.inv_n;
         sq[1] *= a.inv_n;
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kFp8LeanThreads, 1) norm_fwd_fp8_lean_kernel(c
           red2(q);
           var = q[0] * a.inv_n;
         }
-        rs = 1.0f / sqrtf(var + a.eps);
+        rs = row_rsigma(var + a.eps);
       }
       uint8_t* const orow = static_cast<uint8_t*>(a.out) + row * a.out_stride + lr * VEC;
       const float mu = mean; /* for the store after the epilogue */

@@ -28,7 +28,7 @@
  * the per-CTA fill cost LayerNorm 8K 8 points there); engine's form gains less (above). The grid
  * is fwd_grid_per_sm's (16 CTAs per SM by default for these outputs): the row loop strides by it.
  *
- * Numerics: those of norm_fwd.cuh (z = x; RMSNorm rsigma = 1 / sqrtf(sum z^2 / N + eps);
+ * Numerics: those of norm_fwd.cuh (z = x; RMSNorm rsigma = rsqrtf(sum z^2 / N + eps): row_rsigma;
  * LayerNorm's one-pass sums scaled by 1 / N per thread, ln_one_pass_var, else the centred pass;
  * ln_fma_row; norm_y), each thread's values summed in the register kernel's slot order and the row
  * group reduced by the same RowGroupSum, so the sums, and every output, are its bits. The sums'
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
         }
         red(q);
         cluster_sum<1>(q, xchg);
-        rs = 1.0f / sqrtf(q[0] * a.inv_n + a.eps);
+        rs = row_rsigma(q[0] * a.inv_n + a.eps);
       } else {
         float sq[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kThreads, kMaxRowThreads / kThreads) norm_fwd_
           cluster_sum<1>(c, xchg);
           var = c[0] * a.inv_n;
         }
-        rs = 1.0f / sqrtf(var + a.eps);
+        rs = row_rsigma(var + a.eps);
       }
       /* gamma (and beta) of slot i as raw words, loaded one slot ahead of their use (P153): the
        * compiler keeps a load after every store that precedes it in the source (the pointers may

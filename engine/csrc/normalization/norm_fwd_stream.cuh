@@ -416,11 +416,11 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
       if constexpr (kRms) {
         float s[2];
         pair_xchg_gather<false>(recv, xa, q, parity, s);
-        rs_b = 1.0f / sqrtf(s[0] * a.inv_n + a.eps);
+        rs_b = row_rsigma(s[0] * a.inv_n + a.eps);
       } else {
         float m2;
         pair_xchg_gather_chan(recv, xa, q, parity, n_ent, inv_ent, a.inv_n, mean_b, m2);
-        rs_b = 1.0f / sqrtf(m2 * a.inv_n + a.eps);
+        rs_b = row_rsigma(m2 * a.inv_n + a.eps);
         if (writer) a.mu[cid + (int64_t)kw * stride] = mean_b;
         if constexpr (kFmaOut) fma_b = ln_fma_row(rs_b, mean_b); /* mean_b = c on an FMA row */
       }
