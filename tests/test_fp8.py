@@ -125,15 +125,15 @@ def cuda_fp8_own_path(is_rms, n, x_dtype=BF16, residual=False, lean=None, alone=
 def fp8_lean_takes(is_rms, n, knob, lean):
     """norm_fwd_fp8_lean.cuh's fwd_fp8_lean_takes: whether CUDA's lean FP8 kernel takes rows of n
     under its knob (engine.cuda_backend.norm_fwd_fp8_lean) on a lean card (``lean``) or not: 0,
-    the default, on a card that is not lean at RMSNorm's 4096, 8192 and 16384 and LayerNorm's
-    4096 and 8192 (NOTES P181b: its whole CTAs of 512 threads); 1 never; 2 every width it fits
+    the default, on a card that is not lean at RMSNorm's 4096, 8192, 12288 and 16384 and
+    LayerNorm's 4096, 6144 and 8192 (NOTES P181b, P186c); 1 never; 2 every width it fits
     (tpr = n / 32 a multiple of 32, at most 512).
     It takes delayed scaling of a 16-bit x without a residual, weights of x's dtype, with no
     transposed copy asked of the kernel (RMSNorm without a bias, LayerNorm)."""
     tpr = n // 32
     if knob == 1 or n % 32 or not (32 <= tpr <= 512 and tpr % 32 == 0):
         return False
-    return knob == 2 or (not lean and n in ((4096, 8192, 16384) if is_rms else (4096, 8192)))
+    return knob == 2 or (not lean and n in ((4096, 8192, 12288, 16384) if is_rms else (4096, 6144, 8192)))
 
 
 def same_row_sums(backend, is_rms, n, x_dtype=BF16, residual=False, alone=True):
@@ -815,9 +815,10 @@ def test_fwd_fp8_lean_kernel(kind, m, n, fp8_dtype):
 @pytest.mark.parametrize("dram_class", [1, 2], ids=["lean", "wide"])
 def test_fwd_fp8_lean_widths(knob, dram_class):
     """Where the lean FP8 kernel runs (fp8_lean_takes): by default (knob 0) on a card that is not
-    lean at RMSNorm's 4096, 8192 and 16384 and LayerNorm's 4096 and 8192 (NOTES P181b; not 12288
-    or 6144), never on a lean one; never under knob 1; under knob 2, on either card class,
-    wherever its row groups are whole: not 1000, 4104 or 32768 and up. Delayed scaling of a bf16 x without a residual, with a transposed
+    lean at RMSNorm's 4096, 8192, 12288 and 16384 and LayerNorm's 4096, 6144 and 8192 (NOTES
+    P181b, P186c; not RMSNorm's 6144 or LayerNorm's 12288), never on a lean one; never under
+    knob 1; under knob 2, on either card class, wherever its row groups are whole: not 1000, 4104
+    or 32768 and up. Delayed scaling of a bf16 x without a residual, with a transposed
     copy made after the norm too (the copy the rowwise bytes transposed). Never current scaling, a
     residual, fp32 weights, or a copy asked of the kernel (ENGINE_NORM_EXTERNAL_TRANSPOSE=0)."""
     from engine import cuda_backend
@@ -826,9 +827,10 @@ def test_fwd_fp8_lean_widths(knob, dram_class):
     lean = dram_class == 1
     try:
         with cuda_backend.dram_class(dram_class), cuda_backend.norm_fwd_fp8_lean(knob):
-            for is_rms, n in [(True, 1000), (True, 2048), (True, 4096), (True, 8192), (True, 12288),
-                              (True, 16384), (True, 32768), (True, 65536), (True, 4104), (False, 2048),
-                              (False, 4096), (False, 6144), (False, 8192), (False, 16384), (False, 32768)]:
+            for is_rms, n in [(True, 1000), (True, 2048), (True, 4096), (True, 6144), (True, 8192),
+                              (True, 12288), (True, 16384), (True, 32768), (True, 65536), (True, 4104),
+                              (False, 2048), (False, 4096), (False, 6144), (False, 8192), (False, 12288),
+                              (False, 16384), (False, 32768)]:
                 x, w, b = inputs(8, n, is_rms)
                 want = fp8_lean_takes(is_rms, n, knob, lean)
                 names = cuda_kernel_names(lambda: call(is_rms, x, w, b, quantizer=delayed(E4M3)))
