@@ -21,7 +21,7 @@
  *           coherent loads (ld.global: LDG.E.128, engine's load_words), Q75b
  *   ENG     engine's additions to the lab's loop (Q76, a bitmask; 0 = the lab's own form):
  *           1 rsigma = 1 / sqrtf (IEEE division and square root) for rsqrtf (engine's until
- *           P186; its kernels use rsqrtf since, so bit 1 is no longer one of its additions); 2 LayerNorm's
+ *           P186, rsqrtf since: bit 1 is no longer one of its additions); 2 LayerNorm's
  *           guarded one-pass variance (the sums scaled by 1 / N per thread, var = E[z^2] - mean^2
  *           where mean^2 <= 3/4 E[z^2], else a centred pass and a second reduction); 4 the
  *           rsigma (and mu) stores by the row's lane 0; 8 LayerNorm's two epilogue forms

@@ -628,9 +628,8 @@ def norm_fwd_fp8_lean(n: int):
     ``n = 0`` (the default): where it measured faster than the register and streamed kernels on
     the H200 (benchmarks/NOTES.md P181b, P186c), on a card that is not lean (``dram_class`` 2):
     RMSNorm's rows of 4096, 8192, 12288 and 16384 columns, LayerNorm's of 4096, 6144 and 8192;
-    ``n = 1`` never;
-    ``n = 2`` at every width whose row groups it fills (a multiple of 1024 columns up to 16384),
-    on either card, before the register, streamed and blocked kernels. Its bytes are the register
+    ``n = 1`` never; ``n = 2`` at every width whose row groups it fills (a multiple of 1024 columns
+    up to 16384), on either card, before the register, streamed and blocked kernels. Its bytes are the register
     kernel's at 4 vectors per thread (the same order of each row's sums), so where it runs an FP8
     output is within one FP8 step of the cast of the same call's fp32 output (8 vectors per
     thread), at rounding boundaries only. For tests and A/B benchmarks. Process-wide, not thread-safe; restores the previous value on exit. A bad ``n``

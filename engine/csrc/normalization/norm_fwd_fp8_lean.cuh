@@ -3,9 +3,11 @@
  * FP8 output in delayed scaling (mode kFull), no in-kernel transposed copy, in the shape that let
  * a stand-alone kernel (ci/fp8_lab.cu, Q75) read 87-93 % of copy on the H200 where engine's
  * register and streamed kernels read 74-88 (LayerNorm e4m3 4K-16K, RMSNorm e4m3 4K-32K). The
- * default (fwd_fp8_lean_takes) where it measured faster than those kernels on the H200 (P181b:
- * LayerNorm e4m3 4K / 8K, RMSNorm e4m3 4K / 8K / 16K); not LayerNorm 16K (P181, stand-alone:
- * 68.6 % of copy against 76.4 for the stream). ci/fp8_lab_engine.cu builds it
+ * default (fwd_fp8_lean_takes) where it measured faster than those kernels on the H200 (P181b,
+ * P186c: LayerNorm e4m3 4K / 6144 / 8K, RMSNorm e4m3 4K / 8K / 12288 / 16K); not LayerNorm 16K
+ * (P186c: 74.6 % of copy against 80.2 for the stream). The row guard and LayerNorm's two
+ * row-uniform tests go through warp_uniform (P183: LayerNorm e4m3 8K +2.3, 16K +4.1 stand-alone).
+ * ci/fp8_lab_engine.cu builds it
  * without the extension; Q76 put each of engine's additions into the lab's kernel to find what
  * its first forms (P179: 79.7 / 69.3 / 61.9 at LayerNorm) lost.
  *
@@ -57,20 +59,20 @@ constexpr int kFp8LeanNV = 4;         /* 16-byte vectors of x per thread */
 /* Whether the lean FP8 kernel takes rows of `cols` columns. `knob`: engine_set_norm_fwd_fp8_lean's
  * value: 0 (the default) on a card that is not lean (`lean_card`: LaunchCtx::lean_dram, the H100,
  * where it is not measured) at RMSNorm's 4096, 8192, 12288 and 16384 columns and LayerNorm's 4096,
- * 6144 and 8192, the widths where it measured faster on the H200 (kernel time, % of copy, against
- * knob 1 in one call, two alternations; P181b, then P186c after P186's rsqrtf): LayerNorm e4m3 4K
- * 82.2 -> 87.4, 6144 69.3 -> 75.8, 8K 77.7 -> 81.4; RMSNorm 4K 88.9 -> 91.6, 8K 87.0 -> 90.2,
- * 12288 79.1 -> 81.0 (knob 2; the default was knob 1's then), 16K 83.7 -> 87.3. A width with part
- * of its CTA empty (6144, 12288: 512 / tpr row groups of tpr threads fill 384 of its 512
- * threads) goes either way: RMSNorm 6144 87.5 -> 81.6 and LayerNorm 12288 75.4 -> 69.8 lost, so
- * the default is per norm and width. 1 never; 2 every width it fits: tpr = cols / 32 a multiple
+ * 6144 and 8192, the widths where it measured faster on the H200 (kernel time, % of copy, knob 1
+ * against knob 2 in one call, two alternations; P181b, then P186c after P186's rsqrtf): LayerNorm
+ * e4m3 4K 82.2 -> 87.4, 6144 69.3 -> 75.8, 8K 77.7 -> 81.4; RMSNorm 4K 88.9 -> 91.6, 8K 87.0 ->
+ * 90.2, 12288 79.1 -> 81.0, 16K 83.7 -> 87.3. A width with part of its CTA empty (6144, 12288:
+ * 512 / tpr row groups of tpr threads fill 384 of its 512 threads) goes either way: RMSNorm 6144
+ * 87.5 -> 81.6 and LayerNorm 12288 75.4 -> 69.8 lost, so the default is per norm and width. 1 never; 2 every width it fits: tpr = cols / 32 a multiple
  * of 32, at most 512 (a multiple of 1024 columns up to 16384). */
 inline bool fwd_fp8_lean_takes(int cols, bool rms, int knob, bool lean_card) {
   if (knob == 1) return false;
   const int tpr = cols / (8 * kFp8LeanNV);
   if (cols % (8 * kFp8LeanNV) != 0 || tpr < 32 || tpr > kFp8LeanThreads || tpr % 32 != 0) return false;
   if (knob == 2) return true;
-  return !lean_card && (cols == 4096 || cols == 8192 || (rms ? cols == 12288 || cols == 16384 : cols == 6144));
+  return !lean_card &&
+         (cols == 4096 || cols == 8192 || (rms ? cols == 12288 || cols == 16384 : cols == 6144));
 }
 
 template <typename X, typename W, bool kRms, bool kBias, __nv_fp8_interpretation_t kFmt>
