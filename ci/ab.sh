@@ -11,9 +11,11 @@
 # AB_BUILD=0 skips both builds (an A/B of Triton code: AB_ARGS="--impls triton ...");
 # AB_BUILD=carry takes both from an earlier call's output carried as .carry/{A,B}_C*.so.xz.NN;
 # AB_BUILD=carryA takes A's from there and builds B.
-# The built extensions come back in xz-compressed pieces ($OUT/{A,B}_C*.so.xz.NN, ci/_carry.sh),
-# so that a later call can carry B's as .carry/_C*.so.xz.NN for ci/gpu_session.sh (with
-# $OUT/_C.srchash).
+# AB_PACK (A, B or AB; none by default): the built extensions of those sides come back in
+# xz-compressed pieces ($OUT/{A,B}_C*.so.xz.NN, ci/_carry.sh, two of 7-15 MB a side), so that a
+# later call can carry B's as .carry/_C*.so.xz.NN for ci/gpu_session.sh (with $OUT/_C.srchash).
+# The device tool hands back at most 8 files a call: with both sides packed, the pieces and the
+# hash took 5 and pushed the test log out (session 59, call 3).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-build/ab}; mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)  # absolute: build_side cd's
@@ -34,11 +36,14 @@ rm -rf "$A" && mkdir -p "$A" && tar xzf .carry/base.tgz -C "$A" || { log "no .ca
 cp benchmarks/*.py "$A/benchmarks/"
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv > "$OUT/ab_session.log"
 # build_side SIDE DIR JOBS: setup.py build_ext in DIR, logged to $OUT/build_SIDE.log (last line
-# "SIDE build rc N"), the extension handed back as $OUT/SIDE_<name>.xz.NN.
+# "SIDE build rc N"), the extension handed back as $OUT/SIDE_<name>.xz.NN where AB_PACK names
+# the side.
 build_side() {
   ( cd "$2" && MAX_JOBS=$3 python3 setup.py -q build_ext --inplace > "$OUT/build_$1.log" 2>&1
     rc=$?; echo "$1 build rc $rc" >> "$OUT/build_$1.log"; [ $rc = 0 ] || exit 1
-    for f in engine/_C*.so; do pack_so "$f" "$OUT/$1_$(basename "$f")"; done )
+    case "${AB_PACK:-}" in *"$1"*)
+      for f in engine/_C*.so; do pack_so "$f" "$OUT/$1_$(basename "$f")"; done ;;
+    esac )
 }
 # unpack_side SIDE DIR: the extension carried from an earlier call (.carry/SIDE_<name>.xz.NN)
 # into DIR.
@@ -57,7 +62,7 @@ case "${AB_BUILD:-1}" in
 esac  # AB_BUILD=0: no CUDA builds (Triton-only A/B: --impls triton)
 case "${AB_BUILD:-1}" in carry|carryA|1)
   tail -q -n 1 "$OUT"/build_*.log 2>/dev/null; ls -l "$A"/engine/_C*.so engine/_C*.so
-  src_hash > "$OUT/_C.srchash" ;;
+  [ -n "${AB_PACK:-}" ] && src_hash > "$OUT/_C.srchash" ;;
 esac
 if [ -n "${AB_TESTS:-}" ]; then
   # shellcheck disable=SC2086
