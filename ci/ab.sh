@@ -9,8 +9,8 @@
 #   AB_TESTS="tests/test_norm_contract.py" AB_K="stream or cluster" AB_SANITIZE="memcheck racecheck" bash ci/ab.sh
 #
 # AB_BUILD=0 skips both builds (an A/B of Triton code: AB_ARGS="--impls triton ...");
-# AB_BUILD=carry takes both from an earlier call's output carried as .carry/{A,B}_C*.so.xz.NN;
-# AB_BUILD=carryA takes A's from there and builds B.
+# AB_BUILD=carry takes both from an earlier call's output carried as .carry/{A,B}_C*.so.xz.NN
+# (that call run with AB_PACK=AB); AB_BUILD=carryA takes A's from there and builds B.
 # AB_PACK (A, B or AB; none by default): the built extensions of those sides come back in
 # xz-compressed pieces ($OUT/{A,B}_C*.so.xz.NN, ci/_carry.sh, two of 7-15 MB a side), so that a
 # later call can carry B's as .carry/_C*.so.xz.NN for ci/gpu_session.sh (with $OUT/_C.srchash).
