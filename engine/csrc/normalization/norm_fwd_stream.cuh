@@ -130,7 +130,7 @@ __device__ __forceinline__ void pair_xchg_gather_chan(const PairRecv<kSlots>& re
                       },
                       s);
   mean = fmaf(s[0], inv_n, r);
-  if (ln_one_pass_m2(s[0], s[1], inv_n, m2)) return;
+  if (warp_uniform(ln_one_pass_m2(s[0], s[1], inv_n, m2))) return; /* the same bits in every lane */
   const float mu = mean; /* round 2: the centred terms about the mean */
   pair_xchg_add<false>(flat, x.n,
                        [&](int e, float2 v, float (&a)[2]) {
@@ -363,7 +363,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
          * uniform over the warp), else a second, centred pass over the stage (past the row: the
          * copy's zeros about a zero mean add exact zeros) */
         float m2;
-        if (!ln_one_pass_m2(s[0], s[1], inv_nw, m2)) {
+        if (!warp_uniform(ln_one_pass_m2(s[0], s[1], inv_nw, m2))) {
           const float mw = s[0] * inv_nw;
           float q[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(kFwdStreamMaxThreads, 1) norm_fwd_stream_kerne
         if constexpr (!kFmaOut) {
           phase_b(out_kind, std::false_type{});
         } else {
-          with_ln_form(fma_b, [&](auto form) { phase_b(out_kind, form); });
+          with_ln_form(warp_uniform(fma_b), [&](auto form) { phase_b(out_kind, form); });
         }
       };
       if constexpr (!kFp8) {
