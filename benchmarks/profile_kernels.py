@@ -140,6 +140,10 @@ def main(argv=None) -> int:
                     help="rows per cell: M = 2^26 // N + this (default 0; e.g. -12 gives M %% 16 = 4 "
                          "and -14 M %% 16 = 2 at power-of-two widths: transposed copies whose runs "
                          "are not 16-byte aligned, NOTES P134 / P135)")
+    ap.add_argument("--m-align", type=int, default=1,
+                    help="rows per cell rounded down to a multiple of this, after --m-adjust (default 1: "
+                         "M = 2^26 // N as it is; e.g. 128 at widths between the powers of two, whose M "
+                         "is otherwise odd or 2 mod 16, as a training job's batch x sequence is not)")
     ap.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16",
                     help="the 16-bit type of x, weight, bias, residual and dy (fp16: the cases' bf16 "
                          "inputs converted; outputs follow x's type)")
@@ -199,6 +203,8 @@ def main(argv=None) -> int:
                          "fp8_transpose_order, engine.triton_kernels.transpose.FP8_TRANSPOSE_ORDER), "
                          "for A/B runs of the + T rows")
     args = ap.parse_args(argv)
+    if args.m_align < 1:
+        ap.error(f"--m-align must be at least 1, got {args.m_align}")
     from engine.triton_kernels import norms as triton_norms
 
     if args.dram_class is not None:
@@ -269,6 +275,7 @@ def run(args) -> int:
                 for n, m_rows in [(n, r) for n in args.n for r in (args.rows or [None])]:
                     m, n = H.large_shape(n)
                     m = max(1, m + args.m_adjust) if m_rows is None else m_rows
+                    m = max(args.m_align, m // args.m_align * args.m_align) if m_rows is None else m
                     spec = C.Spec(norm, mode, impl, args.sm_margin)
                     inp = C.make_inputs(norm, mode, m, n, H.device())
                     if args.dtype == "fp16":  # every bf16 input as fp16 (scale and amax stay fp32)
@@ -293,7 +300,7 @@ def run(args) -> int:
                                      kernels=names))
                     g_txt = "" if not args.graph else (
                         "   graph      -" if g_ms is None else f"   graph {g_ms * 1e3:8.1f} us = {graph:5.1f} %")
-                    m_txt = "" if not (args.m_adjust or args.rows) else f" M={m:6d}"
+                    m_txt = "" if not (args.m_adjust or args.rows or args.m_align > 1) else f" M={m:6d}"
                     print(f"{spec.label:14s} {impl:7s} N={n:6d}{m_txt}: timed {ms * 1e3:8.1f} us = {timed:5.1f} %   "
                           f"kernels {dev_us:8.1f} us = {kern:5.1f} %{g_txt}", flush=True)
                     if args.names:

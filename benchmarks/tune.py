@@ -145,6 +145,11 @@ def candidates(op: str, n: int, dry: bool, kinds: str = "all") -> list:
                         # points at RMSNorm e4m3 16K and LayerNorm e4m3 2K over the entries)
                         out += [dataclasses.replace(c, prefetch=True) for c in tiles]
         chunks = (64, 128) if dry else (2048, 4096, 8192, 16384, 32768)
+        # a width between the powers of two also gets the largest power of two that divides it
+        # (5120: 1024, 18432: 2048), so that some blocked tile has no masked lanes (NOTES Q89)
+        even = n & -n
+        if not dry and even < p2 and even >= 1024:
+            chunks = tuple(sorted({even, *chunks}))
         if n >= (256 if dry else 4096):
             for chunk in (c for c in chunks if c <= p2):
                 # the backward's blocked tiles also with 4-8 rows: its dW/dB partials are read and

@@ -111,6 +111,31 @@ def test_rows_option_times_each_row_count_at_every_width(monkeypatch, capsys):
     assert [ln.split(":")[0].split("M=")[1].strip() for ln in lines] == ["3", "5", "3", "5"]
 
 
+def test_m_align_option_rounds_the_rows_down(monkeypatch, capsys):
+    """``--m-align 128`` rounds M = 2^26 // N down to a multiple of 128 (5120: 13107 -> 13056;
+    a power of two's M stays), reports the M it took, and refuses an alignment under 1; the
+    default keeps M = 2^26 // N (odd at 5120)."""
+    from benchmarks import profile_kernels as P
+
+    shapes = []
+
+    def make_inputs(norm, mode, m, n, dev):
+        shapes.append((m, n))
+        return {}
+
+    _stub_gpu(monkeypatch, make_inputs)
+    base = ["--impls", "triton", "--norms", "rmsnorm", "--modes", "fwd", "--n", "5120", "8192"]
+    assert P.main(base + ["--m-align", "128"]) == 0
+    assert shapes == [(13056, 5120), (8192, 8192)]
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "kernels" in ln]
+    assert [ln.split(":")[0].split("M=")[1].strip() for ln in lines] == ["13056", "8192"]
+    shapes.clear()
+    assert P.main(base) == 0
+    assert shapes == [(13107, 5120), (8192, 8192)]
+    with pytest.raises(SystemExit):
+        P.main(base + ["--m-align", "0"])
+
+
 def test_dtype_option_converts_the_bf16_inputs(monkeypatch, capsys):
     """``--dtype fp16`` hands the cases fp16 x, weight, bias and dy (the cases' bf16 inputs
     converted), keeps the FP8 scale and amax fp32, and says so in the header; the default keeps
