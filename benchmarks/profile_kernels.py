@@ -190,6 +190,10 @@ def main(argv=None) -> int:
     ap.add_argument("--triton-band-cols", type=int, choices=[64, 128, 256, 512, 1024, 2048],
                     help="Triton: columns per chunk of a band's transposition (engine.triton_kernels."
                          "norms.BAND_COLS), for A/B runs of triton-int")
+    ap.add_argument("--triton-chunk-fill", type=float,
+                    help="Triton: the least share of a blocked forward tile's lanes a row must fill, "
+                         "else the chunk halves and the tile takes twice the rows (0: off; "
+                         "engine.triton_kernels.norms_common.FWD_CHUNK_FILL), for A/B runs")
     ap.add_argument("--triton-pass2-reverse", type=int, choices=[0, 1],
                     help="Triton: the blocked forward's pass 2 from the last chunk to the first (1) or "
                          "in column order (0) (engine.triton_kernels.norms.PASS2_REVERSE), for A/B runs")
@@ -219,6 +223,11 @@ def main(argv=None) -> int:
         from engine.triton_kernels import norms_common as triton_norms_common
 
         triton_norms_common.REDUCE_SPREAD = args.triton_reduce_spread
+    if args.triton_chunk_fill is not None:
+        from engine.triton_kernels import norms_common as triton_nc
+
+        triton_nc.FWD_CHUNK_FILL = args.triton_chunk_fill
+        triton_nc.fwd_config.cache_clear()
     if args.triton_pass2_reverse is not None:
         triton_norms.PASS2_REVERSE = bool(args.triton_pass2_reverse)
     if args.fp8_transpose_order is not None:

@@ -58,7 +58,8 @@ def test_lean_card_entries():
     on the H200); without a residual, rows of 64K in two blocked chunks of 32K, both norms and
     outputs (NOTES P110); every other width and form takes the same config on both cards, among
     them the entries first measured on an H100 that won on the H200 too (P113: LayerNorm +
-    residual 64K, RMSNorm + residual 128K, LayerNorm FP8 128K)."""
+    residual 64K, RMSNorm + residual 128K, LayerNorm FP8 128K). The tables' configs, before the
+    card-independent chunk fill (test_fwd_config_applies_the_chunk_fill)."""
     own = {(8192, False, True, False): nc.NormConfig(2, 8192, True, 32, 32, 2)}
     for rms, fp8 in itertools.product([True, False], [False, True]):
         for n in (65536, 40009):  # 40009: next_pow2 65536
@@ -69,10 +70,10 @@ def test_lean_card_entries():
               (131072, False, False, True): nc.NormConfig(1, 32768, True, 32, 2, 3)}  # P110
     for (n, rms, residual, fp8), cfg in shared.items():
         for lean in (True, False):
-            assert nc.fwd_config(n, torch.bfloat16, False, fp8, rms, residual, lean) == cfg
+            assert nc.table_fwd_config(n, torch.bfloat16, False, fp8, rms, residual, lean) == cfg
     for n, rms, residual, fp8 in itertools.product(WIDTHS, [True, False], [False, True], [False, True]):
-        lean = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, residual, True)
-        wide = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, residual, False)
+        lean = nc.table_fwd_config(n, torch.bfloat16, False, fp8, rms, residual, True)
+        wide = nc.table_fwd_config(n, torch.bfloat16, False, fp8, rms, residual, False)
         key = (n, rms, residual, fp8)
         if key in own:
             assert lean == own[key] and wide != lean, key
@@ -188,3 +189,47 @@ def test_pass2_reverse_where_measured(lean):
             two = nc.fwd_config(65536, torch.bfloat16, False, True, rms, False, True)
             assert two.block_n == 32768 and not norms._pass2_reverse(two, 65536, True)
 
+
+
+def test_fill_chunks_halves_a_mostly_empty_chunk():
+    """:func:`nc.fill_chunks` (FWD_CHUNK_FILL, NOTES Q89-Q91): a row of 18432 on 32K's chunks of
+    16384 fills 56 % of their lanes, so it takes two rows of 8192-column chunks (75 %), the warps,
+    programs and stages unchanged; 20480 the same (62.5 % -> 83 %); rows that fill enough (24576:
+    75 %), rows of one chunk (no re-read to add), register tiles and split configs stay as they
+    are; a fill no chunk reaches stops at MIN_FILL_CHUNK_N."""
+    cfg = nc.NormConfig(1, 16384, True, 16, 2, 4)
+    assert nc.fill_chunks(cfg, 18432, 0.75) == nc.NormConfig(2, 8192, True, 16, 2, 4)
+    assert nc.fill_chunks(cfg, 20480, 0.75) == nc.NormConfig(2, 8192, True, 16, 2, 4)
+    assert nc.fill_chunks(cfg, 24576, 0.75) == cfg
+    assert nc.fill_chunks(cfg, 16384, 0.75) == cfg  # one chunk
+    assert nc.fill_chunks(cfg, 12000, 0.75) == cfg  # one chunk, masked
+    assert nc.fill_chunks(cfg, 18432, 0.0) == cfg
+    assert nc.fill_chunks(cfg, 18433, 1.0).block_n == nc.MIN_FILL_CHUNK_N
+    assert nc.fill_chunks(cfg, 18433, 1.0).block_m == 8
+    reg = nc.NormConfig(1, 32768, False, 16, 2)
+    assert nc.fill_chunks(reg, 18432, 0.75) == reg
+    split = nc.NormConfig(1, 8192, False, 8, 1, split=True)
+    assert nc.fill_chunks(split, 18432, 0.75) == split
+
+
+@pytest.mark.parametrize("fill", [0.0, 0.75])
+def test_fwd_config_applies_the_chunk_fill(monkeypatch, fill):
+    """fwd_config is the table's config with FWD_CHUNK_FILL applied (0: the table's own); the
+    powers of two fill their chunks and never change, the transposed tiles keep theirs."""
+    monkeypatch.setattr(nc, "FWD_CHUNK_FILL", fill)
+    nc.fwd_config.cache_clear()
+    try:
+        for n in (4096, 16384, 18432, 20480, 32768, 40960, 65536, 131072):
+            for fp8, rms, res in itertools.product([False, True], [True, False], [False, True]):
+                if fp8 and res:
+                    continue
+                table = nc.table_fwd_config(n, torch.bfloat16, False, fp8, rms, res)
+                got = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, res)
+                assert got == (nc.fill_chunks(table, n, fill) if fill else table)
+                if _pow2(n):
+                    assert got == table
+                _check(got, n, nc.MAX_FUSED_N)
+        assert nc.fwd_config(18432, torch.bfloat16, True) == nc.table_fwd_config(18432, torch.bfloat16, True)
+    finally:
+        monkeypatch.undo()
+        nc.fwd_config.cache_clear()

@@ -1752,6 +1752,55 @@ def test_layernorm_unmasked_tiles(backend, n, out_dtype):
     torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
 
 
+@pytest.mark.parametrize("is_rms", [True, False])
+def test_triton_forward_filled_chunks(is_rms, monkeypatch):
+    """The Triton forward at N = 18432 on the config FWD_CHUNK_FILL makes of 32K's chunks (two
+    rows per tile in three chunks of 8192, the last a quarter full; M = 3, so the second row tile
+    is half empty), fp32 and e4m3 outputs, against the float64 oracle (NOTES Q91)."""
+    from reference import fp8_quantize
+    from test_fp8 import fp8_steps
+
+    from engine.triton_kernels import norms
+    from engine.triton_kernels import norms_common as nc
+
+    monkeypatch.setattr(nc, "FWD_CHUNK_FILL", 0.75)
+    nc.fwd_config.cache_clear()
+    norms.FWD_PLANS.clear()
+    use_backend("triton")
+    try:
+        m, n = 3, 18432
+        x = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+        w = (torch.randn(n, device=DEVICE) * 0.5 + 1.0).to(torch.bfloat16)
+        b = None if is_rms else torch.randn(n, device=DEVICE).to(torch.bfloat16)
+        ref = ref_fwd(x, w, b, 1e-5, is_rms)
+        for fp8 in (False, True):
+            cfg = nc.fwd_config(n, torch.bfloat16, False, fp8, is_rms)
+            assert (cfg.block_m, cfg.block_n, cfg.blocked) == (2, 8192, True)
+            out = poisoned((m, n), torch.float8_e4m3fn if fp8 else F32)
+            mu = poisoned((m,), F32) if not is_rms else None
+            rsigma = poisoned((m,), F32)
+            scale = torch.full((1,), 2.0, device=DEVICE) if fp8 else None
+            amax = torch.zeros(1, device=DEVICE) if fp8 else None
+            scale_inv = poisoned((1,), F32) if fp8 else None
+            norms.launch_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv, None,
+                             is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
+                             amax_epsilon=0.0, sm_margin=0)
+            torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+            if not is_rms:
+                torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+            if not fp8:
+                torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
+                continue
+            assert amax.item() == pytest.approx(ref["y"].abs().max().item(), rel=1e-4)
+            assert scale_inv.item() == 0.5
+            assert fp8_steps(out, fp8_quantize(ref["y"], 2.0, torch.float8_e4m3fn)).max().item() <= 1
+    finally:
+        monkeypatch.undo()
+        nc.fwd_config.cache_clear()
+        norms.FWD_PLANS.clear()
+        engine.backend.reset_for_tests()
+
+
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("cfg", [
     pytest.param((2, 512, False, F32, 300), id="register"),

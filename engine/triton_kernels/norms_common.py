@@ -8,7 +8,7 @@ serves every batch size. The heuristic is a table measured on an H200 with bench
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -297,9 +297,42 @@ def band_fwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
     return _BAND_FWD_FP8.get(triton.next_power_of_2(n)) or fwd_config(n, dtype, False, True, rms)
 
 
+#: The least share of a blocked forward tile's lanes a row between the powers of two must fill
+#: (0: off). The tables are keyed by next_pow2(N), so a row of 18432 takes 32K's chunks of 16384
+#: and its second chunk is 1/8 full. Where the row fills less than this share of its chunks, the
+#: chunk halves and the tile takes twice the rows (the same values per tile, warps and programs),
+#: down to MIN_FILL_CHUNK_N. (NOTES Q89-Q91: tune.py at 18432, H200, 2 x 8192 over 1 x 16384.)
+FWD_CHUNK_FILL = 0.75
+MIN_FILL_CHUNK_N = 2048
+
+
+def fill_chunks(cfg: NormConfig, n: int, fill: float) -> NormConfig:
+    """``cfg`` with its column chunk halved (and its rows per tile doubled) while a row of ``n``
+    fills less than ``fill`` of the lanes of its chunks, down to :data:`MIN_FILL_CHUNK_N`: the
+    rule of :data:`FWD_CHUNK_FILL`. Register tiles, split configs and rows of one chunk (one pass
+    over x, no re-read: halving it would add one) are returned as they are."""
+    if not cfg.blocked or cfg.split or n <= cfg.block_n:
+        return cfg
+    while cfg.block_n // 2 >= MIN_FILL_CHUNK_N:
+        c = cfg.block_n
+        if n / (-(-n // c) * c) >= fill:
+            break
+        cfg = replace(cfg, block_m=2 * cfg.block_m, block_n=c // 2)
+    return cfg
+
+
 @functools.lru_cache(maxsize=None)
 def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
                rms: bool = True, residual: bool = False, lean: bool = False) -> NormConfig:
+    """Forward config for rows of ``n`` elements of ``dtype``: :func:`table_fwd_config`, its
+    chunks filled by :data:`FWD_CHUNK_FILL` (:func:`fill_chunks`; the transposed tiles keep
+    theirs)."""
+    cfg = table_fwd_config(n, dtype, transpose, fp8, rms, residual, lean)
+    return cfg if transpose or not FWD_CHUNK_FILL else fill_chunks(cfg, n, FWD_CHUNK_FILL)
+
+
+def table_fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
+                     rms: bool = True, residual: bool = False, lean: bool = False) -> NormConfig:
     """Forward config for rows of ``n`` elements of ``dtype`` (from the measured tables above).
 
     ``transpose``: the FP8 transposed copy is written by the norm kernel, so a tile is
