@@ -214,8 +214,9 @@ def test_fill_chunks_halves_a_mostly_empty_chunk():
 
 @pytest.mark.parametrize("fill", [0.0, 0.75])
 def test_fwd_config_applies_the_chunk_fill(monkeypatch, fill):
-    """fwd_config is the table's config with FWD_CHUNK_FILL applied (0: the table's own); the
-    powers of two fill their chunks and never change, the transposed tiles keep theirs."""
+    """fwd_config is the table's config with FWD_CHUNK_FILL applied to the 16-bit / fp32 outputs
+    (0: the table's own); the FP8 outputs and the transposed tiles keep the tables' (the halving
+    lost RMSNorm e4m3 5 points at 18432, NOTES P189); the powers of two never change."""
     monkeypatch.setattr(nc, "FWD_CHUNK_FILL", fill)
     nc.fwd_config.cache_clear()
     try:
@@ -225,7 +226,7 @@ def test_fwd_config_applies_the_chunk_fill(monkeypatch, fill):
                     continue
                 table = nc.table_fwd_config(n, torch.bfloat16, False, fp8, rms, res)
                 got = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, res)
-                assert got == (nc.fill_chunks(table, n, fill) if fill else table)
+                assert got == (nc.fill_chunks(table, n, fill) if fill and not fp8 else table)
                 if _pow2(n):
                     assert got == table
                 _check(got, n, nc.MAX_FUSED_N)

@@ -1756,7 +1756,9 @@ def test_layernorm_unmasked_tiles(backend, n, out_dtype):
 def test_triton_forward_filled_chunks(is_rms, monkeypatch):
     """The Triton forward at N = 18432 on the config FWD_CHUNK_FILL makes of 32K's chunks (two
     rows per tile in three chunks of 8192, the last a quarter full; M = 3, so the second row tile
-    is half empty), fp32 and e4m3 outputs, against the float64 oracle (NOTES Q91)."""
+    is half empty) against the float64 oracle: the fp32 output through the heuristic, which takes
+    it, and e4m3 on the same shape of config given explicitly (its heuristic keeps the table's,
+    NOTES P189)."""
     from reference import fp8_quantize
     from test_fp8 import fp8_steps
 
@@ -1774,8 +1776,9 @@ def test_triton_forward_filled_chunks(is_rms, monkeypatch):
         b = None if is_rms else torch.randn(n, device=DEVICE).to(torch.bfloat16)
         ref = ref_fwd(x, w, b, 1e-5, is_rms)
         for fp8 in (False, True):
-            cfg = nc.fwd_config(n, torch.bfloat16, False, fp8, is_rms)
+            cfg = nc.fill_chunks(nc.table_fwd_config(n, torch.bfloat16, False, fp8, is_rms), n, 0.75)
             assert (cfg.block_m, cfg.block_n, cfg.blocked) == (2, 8192, True)
+            assert (nc.fwd_config(n, torch.bfloat16, False, fp8, is_rms) == cfg) == (not fp8)
             out = poisoned((m, n), torch.float8_e4m3fn if fp8 else F32)
             mu = poisoned((m,), F32) if not is_rms else None
             rsigma = poisoned((m,), F32)
@@ -1784,7 +1787,7 @@ def test_triton_forward_filled_chunks(is_rms, monkeypatch):
             scale_inv = poisoned((1,), F32) if fp8 else None
             norms.launch_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv, None,
                              is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
-                             amax_epsilon=0.0, sm_margin=0)
+                             amax_epsilon=0.0, sm_margin=0, config=cfg if fp8 else None)
             torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
             if not is_rms:
                 torch.testing.assert_close(mu.double(), ref["mu"], **STATS)

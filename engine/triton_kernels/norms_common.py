@@ -298,10 +298,14 @@ def band_fwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
 
 
 #: The least share of a blocked forward tile's lanes a row between the powers of two must fill
-#: (0: off). The tables are keyed by next_pow2(N), so a row of 18432 takes 32K's chunks of 16384
-#: and its second chunk is 1/8 full. Where the row fills less than this share of its chunks, the
-#: chunk halves and the tile takes twice the rows (the same values per tile, warps and programs),
-#: down to MIN_FILL_CHUNK_N. (NOTES Q89-Q91: tune.py at 18432, H200, 2 x 8192 over 1 x 16384.)
+#: (0: off), for the 16-bit and fp32 outputs. The tables are keyed by next_pow2(N), so a row of
+#: 18432 takes 32K's chunks of 16384 and its second chunk is 1/8 full. Where the row fills less
+#: than this share of its chunks, the chunk halves and the tile takes twice the rows (the same
+#: values per tile, warps and programs), down to MIN_FILL_CHUNK_N. H200, kernel time, % of copy,
+#: two alternations (NOTES P189): fwd RMSNorm 18432 / 20480 74.8 / 77.1 -> 83.8 / 82.9,
+#: LayerNorm 66.0 / 68.8 -> 79.3 / 82.2; + residual 40960 RMSNorm 85.1 -> 86.7, LayerNorm 80.0 ->
+#: 84.9; no power of two moves. The FP8 outputs keep their tables' configs: the same halving lost
+#: RMSNorm e4m3 5 points at 18432 / 20480 (LayerNorm +0.5-0.8).
 FWD_CHUNK_FILL = 0.75
 MIN_FILL_CHUNK_N = 2048
 
@@ -325,10 +329,10 @@ def fill_chunks(cfg: NormConfig, n: int, fill: float) -> NormConfig:
 def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
                rms: bool = True, residual: bool = False, lean: bool = False) -> NormConfig:
     """Forward config for rows of ``n`` elements of ``dtype``: :func:`table_fwd_config`, its
-    chunks filled by :data:`FWD_CHUNK_FILL` (:func:`fill_chunks`; the transposed tiles keep
-    theirs)."""
+    chunks filled by :data:`FWD_CHUNK_FILL` (:func:`fill_chunks`) for the 16-bit and fp32
+    outputs; the FP8 outputs and the transposed tiles keep the tables' configs."""
     cfg = table_fwd_config(n, dtype, transpose, fp8, rms, residual, lean)
-    return cfg if transpose or not FWD_CHUNK_FILL else fill_chunks(cfg, n, FWD_CHUNK_FILL)
+    return cfg if transpose or fp8 or not FWD_CHUNK_FILL else fill_chunks(cfg, n, FWD_CHUNK_FILL)
 
 
 def table_fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
