@@ -29,6 +29,13 @@ def impl_for(is_rms_norm: bool):
     return engine.backend.select(OpFamily.RMSNORM if is_rms_norm else OpFamily.LAYERNORM, DEVICE)
 
 
+def assert_stats(mu, rsigma, ref, is_rms):
+    """rsigma (and LayerNorm's mu) against the float64 oracle's."""
+    torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
+    if not is_rms:
+        torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+
+
 def poisoned(shape, dtype):
     t = torch.empty(shape, dtype=dtype, device=DEVICE)
     if dtype.is_floating_point and t.element_size() > 1:
@@ -1504,9 +1511,7 @@ def test_triton_blocked_residual(is_rms, x_dtype, res_dtype, block_m, block_n):
                              is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=fp8,
                              amax_epsilon=0.0, sm_margin=0, config=cfg)
             assert torch.equal(res_out, z)
-            torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
-            if not is_rms:
-                torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+            assert_stats(mu, rsigma, ref, is_rms)
             if not fp8:
                 torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
                 continue
@@ -1788,9 +1793,7 @@ def test_triton_forward_filled_chunks(is_rms, monkeypatch):
             norms.launch_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv, None,
                              is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
                              amax_epsilon=0.0, sm_margin=0, config=cfg if fp8 else None)
-            torch.testing.assert_close(rsigma.double(), ref["rsigma"], **STATS)
-            if not is_rms:
-                torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
+            assert_stats(mu, rsigma, ref, is_rms)
             if not fp8:
                 torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])
                 continue
