@@ -276,19 +276,23 @@ __global__ void __launch_bounds__(BLOCK, MINB)
       return t;
     }
   };
-  /* this thread's sum of (z - mean)^2 over row r's values: LayerNorm's centred pass */
-  auto centred = [&](int r, float mean) -> float {
-    float q = 0.0f;
+  /* fn(v) for each of this thread's values of row r in cur, in order */
+  auto for_values = [&](int r, auto&& fn) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       float f[8];
       unpack8(cur[r][i], f);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float d = f[j] - mean;
-        q = fmaf(d, d, q);
-      }
+      for (int j = 0; j < 8; ++j) fn(f[j]);
     }
+  };
+  /* this thread's sum of (z - mean)^2 over row r's values: LayerNorm's centred pass */
+  auto centred = [&](int r, float mean) -> float {
+    float q = 0.0f;
+    for_values(r, [&](float v) {
+      const float d = v - mean;
+      q = fmaf(d, d, q);
+    });
     return q;
   };
   long long blk = blockIdx.x;
@@ -313,20 +317,14 @@ __global__ void __launch_bounds__(BLOCK, MINB)
 #pragma unroll
     for (int r = 0; r < RPT; ++r) {
       float s0 = 0.0f, s1 = 0.0f;
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        float f[8];
-        unpack8(cur[r][i], f);
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          if constexpr (LN) {
-            s0 += f[j];
-            s1 = fmaf(f[j], f[j], s1);
-          } else {
-            s0 = fmaf(f[j], f[j], s0);
-          }
+      for_values(r, [&](float v) {
+        if constexpr (LN) {
+          s0 += v;
+          s1 = fmaf(v, v, s1);
+        } else {
+          s0 = fmaf(v, v, s0);
         }
-      }
+      });
       s[r][0] = s0;
       if constexpr (LN) s[r][1] = s1;
     }
