@@ -25,6 +25,9 @@ stage 3 num_stages in {1, 2, 4} (3 is the default) for the best one. Candidates:
 * fwd-fp8T: by bands (``--band-rows``, default ``norms.BAND_ROWS``) the fwd-fp8 candidates with
   ``block_m`` dividing the band; with ``--band-rows 0`` (the tile's own transposed stores)
   ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8};
+* the backward's head + tail register tiles (N between the powers of two, ``--kinds tail`` alone):
+  ``block_n = next_pow2(N) / 2`` and a tail tile of the rest (``norms._tail_n``; "2x4096" at
+  N = 5120 is this tile), ``block_m`` in {1, 2, 4}, 4-32 values per thread;
 * the split backward (bwd from 16K; ``split=True``): slices of 4096, 8192 or 16384
   columns at 8-64 elements per thread, one program per SM (no stage 2); ``--kinds split`` tries
   only these.
@@ -78,8 +81,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "BAND_ROWS; 0: the tile's own transposed stores, the path before bands)")
     p.add_argument("--warmup-ms", type=float, default=5.0)
     p.add_argument("--rep-ms", type=float, default=20.0)
-    p.add_argument("--kinds", choices=("all", "split"), default="all",
-                   help="split: only the split backward's candidates (bwd from 16K)")
+    p.add_argument("--kinds", choices=("all", "split", "tail"), default="all",
+                   help="split: only the split backward's candidates (bwd from 16K); tail: only the "
+                        "backward's head + tail register tiles (N between the powers of two)")
     p.add_argument("--max-seconds", type=float, default=220.0,
                    help="try no new candidate after this many seconds")
     return p.parse_args(argv)
@@ -116,13 +120,31 @@ def split_candidates(n: int, dry: bool) -> list:
             for sl in (4096, 8192, 16384) if sl < n for w in _warps(sl, 8, 64, False)]
 
 
+def tail_candidates(op: str, n: int, dry: bool) -> list:
+    """The backward's register tiles of a head of next_pow2(N) / 2 columns and a tail tile of the
+    rest (norms._tail_n), for N between the powers of two: 1-4 rows at 4-32 values per thread (of
+    the lanes that head and tail hold); none for a power of two or another op."""
+    p2 = triton.next_power_of_2(n)
+    if op != "bwd" or n == p2:
+        return []
+    head = p2 // 2
+    lanes = head + triton.next_power_of_2(n - head)
+    return [NormConfig(bm, head, False, w, _stage1_pps(w))
+            for bm in ((1, 2) if dry else (1, 2, 4)) if bm * lanes <= 32768
+            for w in _warps(bm * lanes, 4, 32, dry)]
+
+
 def candidates(op: str, n: int, dry: bool, kinds: str = "all") -> list:
     """Stage-1 configs (two programs per SM) of ``op`` at row width ``n``; the split backward's
-    (:func:`split_candidates`) from 16K, and only those with ``kinds == "split"``."""
+    (:func:`split_candidates`) from 16K, and only those with ``kinds == "split"``; the head + tail
+    tiles (:func:`tail_candidates`), and only those with ``kinds == "tail"``."""
     p2 = triton.next_power_of_2(n)
     split = split_candidates(n, dry) if op == "bwd" and n >= (256 if dry else 16384) else []
+    tail = tail_candidates(op, n, dry)
     if kinds == "split":
         return split
+    if kinds == "tail":
+        return tail
     out = []
     if op == "fwd-fp8T" and not norms.BAND_ROWS:  # the tile's own transposed stores
         for bm in (16, 32, 64):
@@ -160,7 +182,7 @@ def candidates(op: str, n: int, dry: bool, kinds: str = "all") -> list:
     out = list(dict.fromkeys(out))
     if dry:  # the interpreter is slow: one of each kind
         out = [c for c in out if not c.blocked][:1] + [c for c in out if c.blocked][:1]
-    return out + split
+    return out + tail[:1 if dry else None] + split
 
 
 def heuristic(op: str, n: int, rms: bool, lean: bool = False) -> NormConfig:

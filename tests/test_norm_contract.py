@@ -1757,6 +1757,72 @@ def test_layernorm_unmasked_tiles(backend, n, out_dtype):
     torch.testing.assert_close(mu.double(), ref["mu"], **STATS)
 
 
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("cfg", [
+    pytest.param((2, 256, 300, False), id="2-rows-masked-tail"),  # 256 + 64, 44 of its lanes used
+    pytest.param((1, 256, 320, True), id="1-row-even-tail"),  # 256 + 64: no masks (EVEN, EVEN_T)
+    pytest.param((1, 256, 384, False), id="1-row-even-tail-128"),  # 256 + 128, with dres
+    pytest.param((4, 128, 200, True), id="4-rows-masked-tail"),  # 128 + 128, 72 of its lanes used
+])
+def test_triton_backward_head_and_tail(is_rms, cfg):
+    """The Triton backward's register tile narrower than the row: a head of ``block_n`` columns
+    and a tail tile of the next power of two of the rest (norms._tail_n), against the float64
+    oracle, with M = 37 (several row tiles per program, the last part-empty for 2 and 4 rows),
+    bias, zero-centred gamma, and the residual's gradient added (dresidual) and stored again in
+    its own dtype (dres) on half the cases."""
+    from engine.triton_kernels import norms as nm
+    from engine.triton_kernels.norms_common import NormConfig
+
+    use_backend("triton")
+    bm, bn, n, with_res = cfg
+    config = NormConfig(bm, bn, False, 4, 2)
+    assert nm._tail_n(config, n) == {300: 64, 320: 64, 384: 128, 200: 128}[n]
+    m, eps = 37, 1e-5
+    x = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+    w = (torch.randn(n, device=DEVICE) * 0.5).to(F32)
+    b = None if is_rms else torch.randn(n, device=DEVICE).to(F32)
+    dy = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+    dres_in = torch.randn(m, n, device=DEVICE).to(torch.bfloat16) if with_res else None
+    ref_f = ref_fwd(x, w, b, eps, is_rms, True)
+    mu = None if is_rms else ref_f["mu"].float()
+    rsigma = ref_f["rsigma"].float()
+    dx = poisoned((m, n), torch.bfloat16)
+    dres = poisoned((m, n), F32) if with_res else None
+    dw = poisoned((n,), F32)
+    db = None if is_rms else poisoned((n,), F32)
+    nm.launch_bwd(dy, x, mu, rsigma, w, dres_in, dx, dres, dw, db, is_rms_norm=is_rms, zero_centered_gamma=True,
+                  sm_margin=0, config=config)
+    ref = ref_bwd(dy, x, w, b, eps, is_rms, True, dres_in)
+    torch.testing.assert_close(dx.double(), ref["dx"], **BWD[torch.bfloat16])
+    if with_res:
+        torch.testing.assert_close(dres.double(), ref["dx"], **BWD[F32])
+    assert rel_err(dw, ref["dweight"]) < REDUCTION[F32]
+    if b is not None:
+        assert rel_err(db, ref["dbias"]) < REDUCTION[F32]
+
+
+def test_register_tile_narrower_than_the_row_raises():
+    """A register config whose head and tail cannot hold the row raises in the backward (N > 2
+    block_n), and the forward, which has no tail tile, raises for any register tile narrower than
+    the row: such a config computed a part of the row before (no check)."""
+    from engine.triton_kernels import norms as nm
+    from engine.triton_kernels.norms_common import NormConfig
+
+    use_backend("triton")
+    m, n = 4, 300
+    x = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+    w = torch.ones(n, device=DEVICE)
+    rsigma = torch.ones(m, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 256"):
+        nm.launch_bwd(x, x, None, rsigma, w, None, torch.empty_like(x), None, torch.empty_like(w), None,
+                      is_rms_norm=True, zero_centered_gamma=False, sm_margin=0,
+                      config=NormConfig(1, 128, False, 4, 2))
+    with pytest.raises(ValueError, match="cannot hold rows of 300"):
+        nm.launch_fwd(x, w, None, None, 1e-5, torch.empty_like(x), None, None, torch.empty_like(rsigma), None,
+                      None, None, None, is_rms_norm=True, zero_centered_gamma=False, current_scaling=False,
+                      amax_epsilon=0.0, sm_margin=0, config=NormConfig(1, 256, False, 4, 2))
+
+
 @pytest.mark.parametrize("is_rms", [True, False])
 def test_triton_forward_filled_chunks(is_rms, monkeypatch):
     """The Triton forward at N = 18432 on the config FWD_CHUNK_FILL makes of 32K's chunks (two

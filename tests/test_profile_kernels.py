@@ -280,6 +280,20 @@ def test_tune_grid_holds_the_prefetch_tiles():
     assert not any(c.prefetch for c in candidates("fwd-res", 16384, False))
 
 
+def test_tune_grid_holds_the_backward_head_and_tail_tiles():
+    """tune.py's backward grid at a width between the powers of two holds register tiles of a head
+    of next_pow2(N) / 2 columns (and a tail: norms._tail_n), which ``--kinds tail`` tries alone;
+    a power of two and the forward get none."""
+    from benchmarks.tune import candidates, tail_candidates
+
+    tail = tail_candidates("bwd", 5120, False)
+    assert tail and all(c.block_n == 4096 and not c.blocked and not c.split for c in tail)
+    assert {c.block_m for c in tail} == {1, 2, 4}
+    assert set(tail) <= set(candidates("bwd", 5120, False))
+    assert candidates("bwd", 5120, False, "tail") == tail
+    assert not tail_candidates("bwd", 8192, False) and not tail_candidates("fwd", 5120, False)
+
+
 @pytest.mark.skipif(not INTERPRET, reason="patches a Triton function: the interpreter only")
 def test_cfg_exp_amax_slots_keep_the_amax(monkeypatch):
     """ci/cfg_exp.py --amax-slots (NOTES Q68) spreads the FP8 forward's per-program amax atomics

@@ -198,6 +198,28 @@ def _store_dx(dz, DRES_IN, DX, DRES, rows64, cols, mask, stride_dri, stride_dx, 
 
 
 @triton.jit
+def _bwd_load(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, EVEN: tl.constexpr):
+    """A register tile of the backward: ``(dy, xhat, dy * g)`` at ``cols`` of the row tile."""
+    dy = _ld(DY + rows64[:, None] * stride_dy + cols[None, :], mask, "", EVEN, True)
+    z = _ld(X + rows64[:, None] * stride_x + cols[None, :], mask, "", EVEN, True)
+    return dy, _xhat(z, mean, rstd, mask, EVEN), dy * g[None, :]
+
+
+@triton.jit
+def _bwd_emit(dy, xhat, dyg, rstd, c2, c1, dw, db, DRES_IN, DX, DRES, rows64, cols, mask, stride_dri,
+              stride_dx, stride_dres, IS_RMS_NORM: tl.constexpr, HAS_DRES_IN: tl.constexpr,
+              HAS_DRES: tl.constexpr, HAS_DB: tl.constexpr, INTERPRETER: tl.constexpr, EVEN: tl.constexpr):
+    """Store a register tile's dx (and dres) from the row constants; return ``(dw, db)`` with the
+    tile's column sums added."""
+    _store_dx(_dz(dyg, xhat, rstd, c2, c1, IS_RMS_NORM), DRES_IN, DX, DRES, rows64, cols, mask,
+              stride_dri, stride_dx, stride_dres, HAS_DRES_IN, HAS_DRES, INTERPRETER, EVEN)
+    dw += tl.sum(dy * xhat, axis=0)
+    if HAS_DB:
+        db += tl.sum(dy, axis=0)
+    return dw, db
+
+
+@triton.jit
 def _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM: tl.constexpr):
     """Stored (mean, rstd) of a row tile; mean is 0 for RMSNorm."""
     rstd = tl.load(RSTD + rows, mask=rmask, other=0.0)
@@ -594,9 +616,15 @@ def _norm_bwd_kernel(
     BLOCKED: tl.constexpr,
     ONE_CHUNK: tl.constexpr,  # BLOCKED with N <= BLOCK_N (launch_bwd)
     EVEN: tl.constexpr,  # one row per tile and N a multiple of BLOCK_N: no masked access (_even)
+    TAIL_N: tl.constexpr,  # register tile: columns BLOCK_N.. in a tile of TAIL_N (0: none; _tail_n)
+    EVEN_T: tl.constexpr,  # the tail tile without masks (one row per tile, N = BLOCK_N + TAIL_N)
 ):
     """dz = rstd * (dy*g - c2*xhat - c1) with per-row constants c2 = mean(dy*g*xhat) and
-    c1 = mean(dy*g) (LayerNorm only), computed once per row; dW/dB partials per program."""
+    c1 = mean(dy*g) (LayerNorm only), computed once per row; dW/dB partials per program.
+
+    The register tile (not BLOCKED) holds a row of up to BLOCK_N columns, or with TAIL_N a head of
+    BLOCK_N columns and a tail tile of TAIL_N (both powers of two): a width between the powers of
+    two then fills its lanes (5120 = 4096 + 1024 where one 8192 tile left 3/8 of them masked)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
@@ -619,6 +647,12 @@ def _norm_bwd_kernel(
         g = _load_gamma(W, cols, N, ZERO_CENTERED, EVEN, True)
         dw = tl.zeros([BLOCK_N], dtype=tl.float32)
         db = tl.zeros([BLOCK_N], dtype=tl.float32)
+    if TAIL_N > 0:
+        tcols = BLOCK_N + tl.arange(0, TAIL_N)
+        tmask = tcols < N
+        g_t = _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
+        dw_t = tl.zeros([TAIL_N], dtype=tl.float32)
+        db_t = tl.zeros([TAIL_N], dtype=tl.float32)
     for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         rows64 = tl.cast(rows, tl.int64)
@@ -626,17 +660,24 @@ def _norm_bwd_kernel(
         mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
         if not BLOCKED:
             mask = rmask[:, None] & cmask[None, :]
-            dy = _ld(DY + rows64[:, None] * stride_dy + cols[None, :], mask, "", EVEN, True)
-            z = _ld(X + rows64[:, None] * stride_x + cols[None, :], mask, "", EVEN, True)
-            xhat = _xhat(z, mean, rstd, mask, EVEN)
-            dyg = dy * g[None, :]
+            dy, xhat, dyg = _bwd_load(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, EVEN)
             s2, s1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
-            dz = _dz(dyg, xhat, rstd, s2 * inv_n, s1 * inv_n, IS_RMS_NORM)
-            _store_dx(dz, DRES_IN, DX, DRES, rows64, cols, mask, stride_dri, stride_dx, stride_dres,
-                      HAS_DRES_IN, HAS_DRES, INTERPRETER, EVEN)
-            dw += tl.sum(dy * xhat, axis=0)
-            if HAS_DB:
-                db += tl.sum(dy, axis=0)
+            if TAIL_N > 0:
+                mask_t = rmask[:, None] & tmask[None, :]
+                dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean,
+                                                rstd, g_t, EVEN_T)
+                t2, t1 = _row_sums(dyg_t * xhat_t, dyg_t, IS_RMS_NORM, INTERPRETER)
+                s2 += t2
+                s1 += t1
+            c2 = s2 * inv_n
+            c1 = s1 * inv_n
+            dw, db = _bwd_emit(dy, xhat, dyg, rstd, c2, c1, dw, db, DRES_IN, DX, DRES, rows64, cols, mask,
+                               stride_dri, stride_dx, stride_dres, IS_RMS_NORM, HAS_DRES_IN, HAS_DRES,
+                               HAS_DB, INTERPRETER, EVEN)
+            if TAIL_N > 0:
+                dw_t, db_t = _bwd_emit(dy_t, xhat_t, dyg_t, rstd, c2, c1, dw_t, db_t, DRES_IN, DX, DRES,
+                                       rows64, tcols, mask_t, stride_dri, stride_dx, stride_dres,
+                                       IS_RMS_NORM, HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN_T)
         else:
             # Pass 1: the per-row constants over column chunks.
             s2 = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -688,6 +729,10 @@ def _norm_bwd_kernel(
         _st(DW_PART + part_row + cols, dw, cmask, EVEN)
         if HAS_DB:
             _st(DB_PART + part_row + cols, db, cmask, EVEN)
+    if TAIL_N > 0:
+        _st(DW_PART + part_row + tcols, dw_t, tmask, EVEN_T)
+        if HAS_DB:
+            _st(DB_PART + part_row + tcols, db_t, tmask, EVEN_T)
 
 
 
@@ -1032,6 +1077,9 @@ def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling
         config = nc.band_fwd_config(n, x_dtype, is_rms_norm)
     cfg = config or nc.fwd_config(n, x_dtype, store_t and not BAND_ROWS, fp8, is_rms_norm, has_res,
                                   lean_dram(device))
+    if not cfg.blocked and n > cfg.block_n:
+        raise ValueError(f"norm forward config {cfg}: a register tile of {cfg.block_n} columns "
+                         f"cannot hold rows of {n} (blocked=True walks them in chunks)")
     band = max(BAND_ROWS, cfg.block_m) if store_t and BAND_ROWS else 0
     tile_t = store_t and not band  # _emit's transposed stores (_norm_fwd_kernel_t)
     lean = _lean(is_rms_norm, has_res)
@@ -1138,6 +1186,18 @@ def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scal
         fp8_transpose(out, out_t, sm_margin)
 
 
+def _tail_n(cfg: nc.NormConfig, n: int) -> int:
+    """The tail tile of a register config narrower than the row (:attr:`NormConfig.block_n` < N,
+    not blocked: a head of ``block_n`` columns and a tail of the next power of two of the rest);
+    0 where the tile holds the row. Raises where head and tail cannot hold it (N > 2 block_n)."""
+    if cfg.blocked or cfg.split or n <= cfg.block_n:
+        return 0
+    if n > 2 * cfg.block_n:
+        raise ValueError(f"norm config {cfg}: a register tile of {cfg.block_n} columns and its tail "
+                         f"hold at most {2 * cfg.block_n}, not N = {n}")
+    return triton.next_power_of_2(n - cfg.block_n)
+
+
 def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_rms_norm,
               zero_centered_gamma, config):
     """What a backward launch needs beyond the tensors and the row count: ``(config, programs
@@ -1146,11 +1206,14 @@ def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_r
     if cfg.split:
         return _split_plan(cfg, n, has_dres_in, has_dres, has_db, device, sm_margin, is_rms_norm,
                            zero_centered_gamma, config is None)
+    tail = _tail_n(cfg, n)
     constexprs = _BWD.constexprs(
         IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma, HAS_DRES_IN=has_dres_in,
         HAS_DRES=has_dres, HAS_DB=has_db, INTERPRETER=interpreter_rounding(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
-        ONE_CHUNK=cfg.blocked and n <= cfg.block_n, EVEN=_even(cfg, n, False))
+        ONE_CHUNK=cfg.blocked and n <= cfg.block_n,
+        EVEN=cfg.block_m == 1 if tail else _even(cfg, n, False),
+        TAIL_N=tail, EVEN_T=bool(tail) and cfg.block_m == 1 and n == cfg.block_n + tail)
     return cfg, persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm), constexprs
 
 

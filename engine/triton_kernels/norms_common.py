@@ -35,7 +35,9 @@ TRANSPOSE_WARPS = 8
 class NormConfig:
     """How one norm kernel is launched.
 
-    block_m: rows per tile; block_n: columns per tile (>= N unless ``blocked``);
+    block_m: rows per tile; block_n: columns per tile (>= N unless ``blocked``; a backward
+    register tile narrower than the row, N <= 2 block_n, holds the rest in a tail tile of the next
+    power of two: norms._tail_n);
     blocked: two passes over column chunks per row tile; num_warps; programs_per_sm: persistent
     programs per multiprocessor; num_stages: software-pipelining depth Triton may apply to the
     persistent row loop. split (backward only): each row split over the programs of a row group,
