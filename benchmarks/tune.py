@@ -26,8 +26,9 @@ stage 3 num_stages in {1, 2, 4} (3 is the default) for the best one. Candidates:
   ``block_m`` dividing the band; with ``--band-rows 0`` (the tile's own transposed stores)
   ``block_m`` in {16, 32, 64}, ``block_n`` in {64, 128, 256}, ``num_warps`` in {4, 8};
 * the backward's head + tail register tiles (N between the powers of two, ``--kinds tail`` alone):
-  ``block_n = next_pow2(N) / 2`` and a tail tile of the rest (``norms._tail_n``; "2x4096" at
-  N = 5120 is this tile), ``block_m`` in {1, 2, 4}, 4-32 values per thread;
+  ``block_n = next_pow2(N) / 2`` and a tail tile of the rest (``tail=True``, ``norms._tail_n``;
+  "2x4096+t" at N = 5120), as a register tile or one blocked chunk ("2x4096+tB"), ``block_m`` in
+  {1, 2, 4}, 4-32 values per thread;
 * the split backward (bwd from 16K; ``split=True``): slices of 4096, 8192 or 16384
   columns at 8-64 elements per thread, one program per SM (no stage 2); ``--kinds split`` tries
   only these.
@@ -90,7 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def cfg_str(c: NormConfig) -> str:
-    return f"{c.block_m}x{c.block_n}{'B' if c.blocked else ''}{'S' if c.split else ''} w{c.num_warps} p{c.programs_per_sm}" + (
+    return f"{c.block_m}x{c.block_n}{'+t' if getattr(c, 'tail', False) else ''}{'B' if c.blocked else ''}{'S' if c.split else ''} w{c.num_warps} p{c.programs_per_sm}" + (
         f" s{c.num_stages}" if hasattr(c, "num_stages") else "") + (" P" if getattr(c, "prefetch", False) else "")
 
 
@@ -121,16 +122,17 @@ def split_candidates(n: int, dry: bool) -> list:
 
 
 def tail_candidates(op: str, n: int, dry: bool) -> list:
-    """The backward's register tiles of a head of next_pow2(N) / 2 columns and a tail tile of the
-    rest (norms._tail_n), for N between the powers of two: 1-4 rows at 4-32 values per thread (of
-    the lanes that head and tail hold); none for a power of two or another op."""
+    """The backward's tiles of a head of next_pow2(N) / 2 columns and a tail tile of the rest
+    (``tail=True``, norms._tail_n) for N between the powers of two, as a register tile or the
+    blocked path's one chunk: 1-4 rows at 4-32 values per thread (of the lanes that head and tail
+    hold); none for a power of two or another op."""
     p2 = triton.next_power_of_2(n)
     if op != "bwd" or n == p2:
         return []
     head = p2 // 2
     lanes = head + triton.next_power_of_2(n - head)
-    return [NormConfig(bm, head, False, w, _stage1_pps(w))
-            for bm in ((1, 2) if dry else (1, 2, 4)) if bm * lanes <= 32768
+    return [NormConfig(bm, head, blocked, w, _stage1_pps(w), tail=True)
+            for blocked in (False, True) for bm in ((1, 2) if dry else (1, 2, 4)) if bm * lanes <= 32768
             for w in _warps(bm * lanes, 4, 32, dry)]
 
 

@@ -1759,28 +1759,32 @@ def test_layernorm_unmasked_tiles(backend, n, out_dtype):
 
 @pytest.mark.parametrize("is_rms", NORMS)
 @pytest.mark.parametrize("cfg", [
-    pytest.param((2, 256, 300, False), id="2-rows-masked-tail"),  # 256 + 64, 44 of its lanes used
-    pytest.param((1, 256, 320, True), id="1-row-even-tail"),  # 256 + 64: no masks (EVEN, EVEN_T)
-    pytest.param((1, 256, 384, False), id="1-row-even-tail-128"),  # 256 + 128, with dres
-    pytest.param((4, 128, 200, True), id="4-rows-masked-tail"),  # 128 + 128, 72 of its lanes used
+    pytest.param((2, 256, False, F32, 300, False), id="register-2-rows-masked-tail"),  # 256 + 64, 44 used
+    pytest.param((1, 256, False, F32, 320, True), id="register-1-row-even-tail"),  # 256 + 64: no masks
+    pytest.param((1, 256, False, BF16, 384, False), id="register-1-row-even-tail-128"),  # 256 + 128
+    pytest.param((4, 128, False, F32, 200, True), id="register-4-rows-masked-tail"),  # 128 + 128, 72 used
+    pytest.param((2, 256, True, F32, 300, True), id="blocked-2-rows-masked-tail"),
+    pytest.param((1, 256, True, BF16, 320, False), id="blocked-1-row-even-tail-bf16-gamma"),  # RELOAD_G
+    pytest.param((1, 256, True, F32, 300, True), id="blocked-1-row-masked-tail"),
 ])
 def test_triton_backward_head_and_tail(is_rms, cfg):
-    """The Triton backward's register tile narrower than the row: a head of ``block_n`` columns
-    and a tail tile of the next power of two of the rest (norms._tail_n), against the float64
-    oracle, with M = 37 (several row tiles per program, the last part-empty for 2 and 4 rows),
-    bias, zero-centred gamma, and the residual's gradient added (dresidual) and stored again in
-    its own dtype (dres) on half the cases."""
+    """The Triton backward's tail tile (NormConfig.tail): a head of ``block_n`` columns, as a
+    register tile or the blocked path's one chunk, and a tail tile of the next power of two of the
+    rest (norms._tail_n), against the float64 oracle, with M = 37 (several row tiles per program,
+    the last part-empty for 2 and 4 rows), bias, zero-centred gamma, and the residual's gradient
+    added (dresidual) and stored again in its own dtype (dres) on half the cases. A 16-bit gamma
+    on one-row blocked tiles takes LayerNorm's gamma re-read per pass (RELOAD_G)."""
     from engine.triton_kernels import norms as nm
     from engine.triton_kernels.norms_common import NormConfig
 
     use_backend("triton")
-    bm, bn, n, with_res = cfg
-    config = NormConfig(bm, bn, False, 4, 2)
+    bm, bn, blocked, w_dtype, n, with_res = cfg
+    config = NormConfig(bm, bn, blocked, 4, 2, tail=True)
     assert nm._tail_n(config, n) == {300: 64, 320: 64, 384: 128, 200: 128}[n]
     m, eps = 37, 1e-5
     x = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
-    w = (torch.randn(n, device=DEVICE) * 0.5).to(F32)
-    b = None if is_rms else torch.randn(n, device=DEVICE).to(F32)
+    w = (torch.randn(n, device=DEVICE) * 0.5).to(w_dtype)
+    b = None if is_rms else torch.randn(n, device=DEVICE).to(w_dtype)
     dy = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
     dres_in = torch.randn(m, n, device=DEVICE).to(torch.bfloat16) if with_res else None
     ref_f = ref_fwd(x, w, b, eps, is_rms, True)
@@ -1801,10 +1805,11 @@ def test_triton_backward_head_and_tail(is_rms, cfg):
         assert rel_err(db, ref["dbias"]) < REDUCTION[F32]
 
 
-def test_register_tile_narrower_than_the_row_raises():
-    """A register config whose head and tail cannot hold the row raises in the backward (N > 2
-    block_n), and the forward, which has no tail tile, raises for any register tile narrower than
-    the row: such a config computed a part of the row before (no check)."""
+def test_configs_that_cannot_hold_the_row_raise():
+    """A register config narrower than the row raises unless it has a tail (backward) and in the
+    forward (which has none); so does a tail where head and tail cannot hold the row (N > 2
+    block_n), one with nothing to hold (N <= block_n), and one on the split kernel. Such register
+    configs computed a part of the row before (no check)."""
     from engine.triton_kernels import norms as nm
     from engine.triton_kernels.norms_common import NormConfig
 
@@ -1813,14 +1818,19 @@ def test_register_tile_narrower_than_the_row_raises():
     x = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
     w = torch.ones(n, device=DEVICE)
     rsigma = torch.ones(m, device=DEVICE)
-    with pytest.raises(ValueError, match="at most 256"):
-        nm.launch_bwd(x, x, None, rsigma, w, None, torch.empty_like(x), None, torch.empty_like(w), None,
-                      is_rms_norm=True, zero_centered_gamma=False, sm_margin=0,
-                      config=NormConfig(1, 128, False, 4, 2))
-    with pytest.raises(ValueError, match="cannot hold rows of 300"):
-        nm.launch_fwd(x, w, None, None, 1e-5, torch.empty_like(x), None, None, torch.empty_like(rsigma), None,
-                      None, None, None, is_rms_norm=True, zero_centered_gamma=False, current_scaling=False,
-                      amax_epsilon=0.0, sm_margin=0, config=NormConfig(1, 256, False, 4, 2))
+    for cfg, match in ((NormConfig(1, 256, False, 4, 2), "cannot hold rows of 300"),
+                       (NormConfig(1, 128, False, 4, 2, tail=True), "N <= 256, not N = 300"),
+                       (NormConfig(1, 128, True, 4, 2, tail=True), "N <= 256, not N = 300"),
+                       (NormConfig(1, 512, True, 4, 2, tail=True), "N <= 1024, not N = 300"),
+                       (NormConfig(1, 256, False, 4, 1, split=True, tail=True), "not N = 300")):
+        with pytest.raises(ValueError, match=match):
+            nm.launch_bwd(x, x, None, rsigma, w, None, torch.empty_like(x), None, torch.empty_like(w), None,
+                          is_rms_norm=True, zero_centered_gamma=False, sm_margin=0, config=cfg)
+    for cfg in (NormConfig(1, 256, False, 4, 2), NormConfig(1, 256, False, 4, 2, tail=True)):
+        with pytest.raises(ValueError, match="cannot hold rows of 300"):
+            nm.launch_fwd(x, w, None, None, 1e-5, torch.empty_like(x), None, None, torch.empty_like(rsigma),
+                          None, None, None, None, is_rms_norm=True, zero_centered_gamma=False,
+                          current_scaling=False, amax_epsilon=0.0, sm_margin=0, config=cfg)
 
 
 @pytest.mark.parametrize("is_rms", [True, False])

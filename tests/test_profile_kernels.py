@@ -251,6 +251,8 @@ def test_cfg_exp_reads_tune_py_config_strings():
         with pytest.raises(ValueError):
             cfg_exp.parse_cfg(bad)
     # a trailing " P": the register forward's prefetch (NormConfig.prefetch, NOTES P175)
+    tail = NormConfig(2, 4096, True, 16, 1, 2, tail=True)  # a tail tile (NormConfig.tail)
+    assert cfg_str(tail) == "2x4096+tB w16 p1 s2" and cfg_exp.parse_cfg(cfg_str(tail)) == tail
     pre = NormConfig(1, 16384, False, 16, 1, 3, prefetch=True)
     assert cfg_str(pre) == "1x16384 w16 p1 s3 P" and cfg_exp.parse_cfg(cfg_str(pre)) == pre
     with pytest.raises(ValueError):
@@ -287,8 +289,8 @@ def test_tune_grid_holds_the_backward_head_and_tail_tiles():
     from benchmarks.tune import candidates, tail_candidates
 
     tail = tail_candidates("bwd", 5120, False)
-    assert tail and all(c.block_n == 4096 and not c.blocked and not c.split for c in tail)
-    assert {c.block_m for c in tail} == {1, 2, 4}
+    assert tail and all(c.block_n == 4096 and c.tail and not c.split for c in tail)
+    assert {c.block_m for c in tail} == {1, 2, 4} and {c.blocked for c in tail} == {False, True}
     assert set(tail) <= set(candidates("bwd", 5120, False))
     assert candidates("bwd", 5120, False, "tail") == tail
     assert not tail_candidates("bwd", 8192, False) and not tail_candidates("fwd", 5120, False)

@@ -198,10 +198,11 @@ def _store_dx(dz, DRES_IN, DX, DRES, rows64, cols, mask, stride_dri, stride_dx, 
 
 
 @triton.jit
-def _bwd_load(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, EVEN: tl.constexpr):
-    """A register tile of the backward: ``(dy, xhat, dy * g)`` at ``cols`` of the row tile."""
-    dy = _ld(DY + rows64[:, None] * stride_dy + cols[None, :], mask, "", EVEN, True)
-    z = _ld(X + rows64[:, None] * stride_x + cols[None, :], mask, "", EVEN, True)
+def _bwd_load(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, EVICT: tl.constexpr,
+              EVEN: tl.constexpr):
+    """A tile of the backward: ``(dy, xhat, dy * g)`` at ``cols`` of the row tile."""
+    dy = _ld(DY + rows64[:, None] * stride_dy + cols[None, :], mask, EVICT, EVEN, True)
+    z = _ld(X + rows64[:, None] * stride_x + cols[None, :], mask, EVICT, EVEN, True)
     return dy, _xhat(z, mean, rstd, mask, EVEN), dy * g[None, :]
 
 
@@ -650,7 +651,8 @@ def _norm_bwd_kernel(
     if TAIL_N > 0:
         tcols = BLOCK_N + tl.arange(0, TAIL_N)
         tmask = tcols < N
-        g_t = _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
+        if not RELOAD_G:
+            g_t = _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
         dw_t = tl.zeros([TAIL_N], dtype=tl.float32)
         db_t = tl.zeros([TAIL_N], dtype=tl.float32)
     for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
@@ -660,12 +662,12 @@ def _norm_bwd_kernel(
         mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
         if not BLOCKED:
             mask = rmask[:, None] & cmask[None, :]
-            dy, xhat, dyg = _bwd_load(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, EVEN)
+            dy, xhat, dyg = _bwd_load(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, "", EVEN)
             s2, s1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
             if TAIL_N > 0:
                 mask_t = rmask[:, None] & tmask[None, :]
                 dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean,
-                                                rstd, g_t, EVEN_T)
+                                                rstd, g_t, "", EVEN_T)
                 t2, t1 = _row_sums(dyg_t * xhat_t, dyg_t, IS_RMS_NORM, INTERPRETER)
                 s2 += t2
                 s1 += t1
@@ -679,19 +681,30 @@ def _norm_bwd_kernel(
                                        rows64, tcols, mask_t, stride_dri, stride_dx, stride_dres,
                                        IS_RMS_NORM, HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN_T)
         else:
-            # Pass 1: the per-row constants over column chunks.
+            # Pass 1: the per-row constants over column chunks (with a tail: one chunk, then the
+            # tail tile).
+            head_end = N
+            if TAIL_N > 0:
+                head_end = BLOCK_N
+                mask_t = rmask[:, None] & tmask[None, :]
             s2 = tl.zeros([BLOCK_M], dtype=tl.float32)
             s1 = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for c0 in range(0, N, BLOCK_N):
+            for c0 in range(0, head_end, BLOCK_N):
                 cc = c0 + cols
                 mask = rmask[:, None] & (cc[None, :] < N)
                 # evict_last: keep the lines in L2 for pass 2's re-read (evict_first there).
-                dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_last", EVEN, True)
-                z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_last", EVEN, True)
                 gc = g if HOLD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
-                xhat = _xhat(z, mean, rstd, mask, EVEN)
-                dyg = dy * gc[None, :]
+                dy, xhat, dyg = _bwd_load(DY, X, rows64, cc, mask, stride_dy, stride_x, mean, rstd, gc,
+                                          "evict_last", EVEN)
                 t2, t1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
+                s2 += t2
+                if not IS_RMS_NORM:
+                    s1 += t1
+            if TAIL_N > 0:
+                gt = g_t if HOLD_G else _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
+                dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean, rstd,
+                                                gt, "evict_last", EVEN_T)
+                t2, t1 = _row_sums(dyg_t * xhat_t, dyg_t, IS_RMS_NORM, INTERPRETER)
                 s2 += t2
                 if not IS_RMS_NORM:
                     s1 += t1
@@ -700,27 +713,32 @@ def _norm_bwd_kernel(
             # Pass 2: dz per chunk; this program's partials accumulate in its own row of DW_PART
             # (the first row tile of the program writes, later ones add).
             not_first = tl.full([BLOCK_N], rb, tl.int32) != pid
-            for c0 in range(0, N, BLOCK_N):
+            for c0 in range(0, head_end, BLOCK_N):
                 cc = c0 + cols
                 ccm = cc < N
                 mask = rmask[:, None] & ccm[None, :]
-                dy = _ld(DY + rows64[:, None] * stride_dy + cc[None, :], mask, "evict_first", EVEN, True)
-                z = _ld(X + rows64[:, None] * stride_x + cc[None, :], mask, "evict_first", EVEN, True)
                 gc = g if HOLD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
-                xhat = _xhat(z, mean, rstd, mask, EVEN)
-                dz = _dz(dy * gc[None, :], xhat, rstd, c2, c1, IS_RMS_NORM)
-                _store_dx(dz, DRES_IN, DX, DRES, rows64, cc, mask, stride_dri, stride_dx, stride_dres,
-                          HAS_DRES_IN, HAS_DRES, INTERPRETER, EVEN)
+                dy, xhat, dyg = _bwd_load(DY, X, rows64, cc, mask, stride_dy, stride_x, mean, rstd, gc,
+                                          "evict_first", EVEN)
                 if ONE_CHUNK:
-                    dw += tl.sum(dy * xhat, axis=0)
-                    if HAS_DB:
-                        db += tl.sum(dy, axis=0)
+                    dw, db = _bwd_emit(dy, xhat, dyg, rstd, c2, c1, dw, db, DRES_IN, DX, DRES, rows64, cc, mask,
+                                       stride_dri, stride_dx, stride_dres, IS_RMS_NORM, HAS_DRES_IN, HAS_DRES,
+                                       HAS_DB, INTERPRETER, EVEN)
                 else:
+                    _store_dx(_dz(dyg, xhat, rstd, c2, c1, IS_RMS_NORM), DRES_IN, DX, DRES, rows64, cc, mask,
+                              stride_dri, stride_dx, stride_dres, HAS_DRES_IN, HAS_DRES, INTERPRETER, EVEN)
                     pw = tl.load(DW_PART + part_row + cc, mask=ccm & not_first, other=0.0)
                     tl.store(DW_PART + part_row + cc, pw + tl.sum(dy * xhat, axis=0), mask=ccm)
                     if HAS_DB:
                         pb = tl.load(DB_PART + part_row + cc, mask=ccm & not_first, other=0.0)
                         tl.store(DB_PART + part_row + cc, pb + tl.sum(dy, axis=0), mask=ccm)
+            if TAIL_N > 0:
+                gt = g_t if HOLD_G else _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
+                dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean, rstd,
+                                                gt, "evict_first", EVEN_T)
+                dw_t, db_t = _bwd_emit(dy_t, xhat_t, dyg_t, rstd, c2, c1, dw_t, db_t, DRES_IN, DX, DRES, rows64, tcols,
+                                       mask_t, stride_dri, stride_dx, stride_dres, IS_RMS_NORM, HAS_DRES_IN,
+                                       HAS_DRES, HAS_DB, INTERPRETER, EVEN_T)
             if not ONE_CHUNK:
                 # Each element of the partial row is read back by the thread that wrote it (same
                 # layout), but make the ordering explicit before the next row tile reads it.
@@ -1077,9 +1095,10 @@ def _fwd_plan(n, x_dtype, out_dtype, has_bias, has_res, store_t, current_scaling
         config = nc.band_fwd_config(n, x_dtype, is_rms_norm)
     cfg = config or nc.fwd_config(n, x_dtype, store_t and not BAND_ROWS, fp8, is_rms_norm, has_res,
                                   lean_dram(device))
-    if not cfg.blocked and n > cfg.block_n:
+    if cfg.tail or (not cfg.blocked and n > cfg.block_n):
         raise ValueError(f"norm forward config {cfg}: a register tile of {cfg.block_n} columns "
-                         f"cannot hold rows of {n} (blocked=True walks them in chunks)")
+                         f"cannot hold rows of {n} (blocked=True walks them in chunks; tail is "
+                         f"the backward's)")
     band = max(BAND_ROWS, cfg.block_m) if store_t and BAND_ROWS else 0
     tile_t = store_t and not band  # _emit's transposed stores (_norm_fwd_kernel_t)
     lean = _lean(is_rms_norm, has_res)
@@ -1187,14 +1206,19 @@ def norm_fwd(x, weight, bias, residual, eps, out, residual_out, mu, rsigma, scal
 
 
 def _tail_n(cfg: nc.NormConfig, n: int) -> int:
-    """The tail tile of a register config narrower than the row (:attr:`NormConfig.block_n` < N,
-    not blocked: a head of ``block_n`` columns and a tail of the next power of two of the rest);
-    0 where the tile holds the row. Raises where head and tail cannot hold it (N > 2 block_n)."""
-    if cfg.blocked or cfg.split or n <= cfg.block_n:
+    """The backward's tail tile (:attr:`NormConfig.tail`): the next power of two of the columns
+    past ``block_n``; 0 without one. Raises where the config cannot hold the row: a tail that
+    would be empty or narrower than the rest (not block_n < N <= 2 block_n), a tail on the split
+    kernel, or a register tile narrower than the row without one."""
+    if not cfg.tail:
+        if not cfg.blocked and not cfg.split and n > cfg.block_n:
+            raise ValueError(f"norm backward config {cfg}: a register tile of {cfg.block_n} columns "
+                             f"cannot hold rows of {n} (tail=True: up to {2 * cfg.block_n})")
         return 0
-    if n > 2 * cfg.block_n:
-        raise ValueError(f"norm config {cfg}: a register tile of {cfg.block_n} columns and its tail "
-                         f"hold at most {2 * cfg.block_n}, not N = {n}")
+    if cfg.split or not cfg.block_n < n <= 2 * cfg.block_n:
+        raise ValueError(f"norm backward config {cfg}: a tail holds the columns past block_n of a "
+                         f"register tile or one blocked chunk, block_n < N <= {2 * cfg.block_n}, "
+                         f"not N = {n}")
     return triton.next_power_of_2(n - cfg.block_n)
 
 
@@ -1203,15 +1227,15 @@ def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_r
     """What a backward launch needs beyond the tensors and the row count: ``(config, programs
     cap, constexprs)``."""
     cfg = config or nc.bwd_config(n, x_dtype, is_rms_norm)
+    tail = _tail_n(cfg, n)
     if cfg.split:
         return _split_plan(cfg, n, has_dres_in, has_dres, has_db, device, sm_margin, is_rms_norm,
                            zero_centered_gamma, config is None)
-    tail = _tail_n(cfg, n)
     constexprs = _BWD.constexprs(
         IS_RMS_NORM=is_rms_norm, ZERO_CENTERED=zero_centered_gamma, HAS_DRES_IN=has_dres_in,
         HAS_DRES=has_dres, HAS_DB=has_db, INTERPRETER=interpreter_rounding(),
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
-        ONE_CHUNK=cfg.blocked and n <= cfg.block_n,
+        ONE_CHUNK=cfg.blocked and (n <= cfg.block_n or bool(tail)),
         EVEN=cfg.block_m == 1 if tail else _even(cfg, n, False),
         TAIL_N=tail, EVEN_T=bool(tail) and cfg.block_m == 1 and n == cfg.block_n + tail)
     return cfg, persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm), constexprs

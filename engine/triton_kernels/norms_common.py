@@ -35,15 +35,16 @@ TRANSPOSE_WARPS = 8
 class NormConfig:
     """How one norm kernel is launched.
 
-    block_m: rows per tile; block_n: columns per tile (>= N unless ``blocked``; a backward
-    register tile narrower than the row, N <= 2 block_n, holds the rest in a tail tile of the next
-    power of two: norms._tail_n);
+    block_m: rows per tile; block_n: columns per tile (>= N unless ``blocked`` or ``tail``);
     blocked: two passes over column chunks per row tile; num_warps; programs_per_sm: persistent
     programs per multiprocessor; num_stages: software-pipelining depth Triton may apply to the
     persistent row loop. split (backward only): each row split over the programs of a row group,
     ``block_n`` columns each (``_norm_bwd_split_kernel``; ``block_m`` 1, not blocked, one program
     per SM). prefetch (forward, register tiles without a residual or bands; norms._prefetch): each
-    iteration of the row loop loads the next tile's x before this tile's reductions.
+    iteration of the row loop loads the next tile's x before this tile's reductions. tail
+    (backward only; block_n < N <= 2 block_n): the columns past ``block_n`` in one more tile of the
+    next power of two of the rest (norms._tail_n), beside the register tile or the blocked path's
+    one chunk: a width between the powers of two fills its lanes (5120 = 4096 + 1024).
     """
 
     block_m: int
@@ -54,6 +55,7 @@ class NormConfig:
     num_stages: int = 3
     split: bool = False
     prefetch: bool = False
+    tail: bool = False
 
 
 # Measured on an H200 (benchmarks/tune.py, bf16, M*N = 64M; benchmarks/results/ and NOTES.md):
