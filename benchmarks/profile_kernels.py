@@ -194,6 +194,10 @@ def main(argv=None) -> int:
                     help="Triton: the least share of a blocked forward tile's lanes a row must fill, "
                          "else the chunk halves and the tile takes twice the rows (0: off; "
                          "engine.triton_kernels.norms_common.FWD_CHUNK_FILL), for A/B runs")
+    ap.add_argument("--triton-bwd-tail", type=int, choices=[0, 1],
+                    help="Triton: the backward's head + tail tiles at widths between the powers of "
+                         "two (1) or the next power of two's config (0) (engine.triton_kernels."
+                         "norms_common.BWD_TAIL), for A/B runs of the fwd+bwd rows")
     ap.add_argument("--triton-pass2-reverse", type=int, choices=[0, 1],
                     help="Triton: the blocked forward's pass 2 from the last chunk to the first (1) or "
                          "in column order (0) (engine.triton_kernels.norms.PASS2_REVERSE), for A/B runs")
@@ -228,6 +232,11 @@ def main(argv=None) -> int:
 
         triton_nc.FWD_CHUNK_FILL = args.triton_chunk_fill
         triton_nc.fwd_config.cache_clear()
+    if args.triton_bwd_tail is not None:
+        from engine.triton_kernels import norms_common as triton_nc
+
+        triton_nc.BWD_TAIL = bool(args.triton_bwd_tail)
+        triton_nc.bwd_config.cache_clear()
     if args.triton_pass2_reverse is not None:
         triton_norms.PASS2_REVERSE = bool(args.triton_pass2_reverse)
     if args.fp8_transpose_order is not None:

@@ -107,8 +107,9 @@ def drive(rec: Recorder) -> None:
         return torch.empty(shape, dtype=dtype)
 
     m = 3
-    # 18432 and 40960: rows between the powers of two, whose blocked chunks FWD_CHUNK_FILL halves
-    widths = [760, 1024, 2048, 4096, 8192, 16384, 18432, 32768, 40960, 65536, 131072]
+    # 18432 and 40960: rows between the powers of two, whose blocked chunks FWD_CHUNK_FILL halves;
+    # 5120 and 12288: the backward's head + tail tiles (BWD_TAIL) of both heads
+    widths = [760, 1024, 2048, 4096, 5120, 8192, 12288, 16384, 18432, 32768, 40960, 65536, 131072]
     # each card class's launch defaults (utils.DRAM_CLASS: 2 wide, the H200's; 1 lean, the H100's;
     # NOTES P109 / P110), the plans emptied between them (their keys hold no class)
     for dram_class in (2, 1):

@@ -7,13 +7,14 @@ import itertools
 
 import pytest
 import torch
+import triton
 
 from engine.triton_kernels import norms_common as nc
 from engine.triton_kernels import utils
 from engine.triton_kernels.utils import persistent_grid
 
-WIDTHS = [1, 17, 760, 1000, 1024, 1025, 2048, 3571, 4096, 8192, 16384, 17389, 32768, 40009, 65536,
-          131072, 262144]
+WIDTHS = [1, 17, 760, 1000, 1024, 1025, 2048, 3571, 4096, 5120, 6000, 8192, 10240, 12288, 16384, 17389,
+          32768, 40009, 65536, 131072, 262144]
 
 
 def _pow2(v: int) -> bool:
@@ -26,6 +27,10 @@ def _check(cfg: nc.NormConfig, n: int, max_tile: int) -> None:
     if cfg.split:  # the split backward: one-row slices, at least two per row, one program per SM
         assert not cfg.blocked and cfg.block_m == 1 and cfg.programs_per_sm == 1
         assert cfg.block_n < n, f"split slice of {cfg.block_n} for N={n}: {cfg}"
+    elif cfg.tail:  # a head of block_n columns and a tail tile of the rest (norms._tail_n)
+        assert cfg.block_n < n <= 2 * cfg.block_n, f"tail config {cfg} for N={n}"
+        lanes = cfg.block_n + triton.next_power_of_2(n - cfg.block_n)
+        assert cfg.block_m * lanes <= max_tile, f"tile over {max_tile} elements: {cfg}"
     elif cfg.blocked:  # one chunk may cover the row (pass 2 re-reads it from L2), never more
         assert cfg.block_n < 2 * n, f"blocked chunk of {cfg.block_n} for N={n}: {cfg}"
     else:
@@ -60,7 +65,7 @@ def test_lean_card_entries():
     them the entries first measured on an H100 that won on the H200 too (P113: LayerNorm +
     residual 64K, RMSNorm + residual 128K, LayerNorm FP8 128K). The tables' configs, before the
     card-independent chunk fill (test_fwd_config_applies_the_chunk_fill)."""
-    own = {(8192, False, True, False): nc.NormConfig(2, 8192, True, 32, 32, 2)}
+    own = {(n, False, True, False): nc.NormConfig(2, 8192, True, 32, 32, 2) for n in (5120, 6000, 8192)}
     for rms, fp8 in itertools.product([True, False], [False, True]):
         for n in (65536, 40009):  # 40009: next_pow2 65536
             own[(n, rms, False, fp8)] = nc._FWD_OVERRIDES_LEAN[(rms, fp8)][65536]
@@ -139,6 +144,28 @@ def test_transposed_forward_config(n):
 @pytest.mark.parametrize("rms", [True, False])
 def test_backward_configs_are_runnable(n, rms):
     _check(nc.bwd_config(n, torch.bfloat16, rms), n, nc.MAX_FUSED_N_BWD)
+
+
+def test_backward_tail_rule(monkeypatch):
+    """bwd_config takes the head + tail entry (NormConfig.tail, NOTES P190) at widths in (p2 / 2,
+    3 p2 / 4] whose head has an entry, and the power of two's config elsewhere (7168 and 14336 fill
+    7/8 of the p2 tile, and a tail of the next power of two of the rest would hold as many lanes)
+    or with BWD_TAIL off."""
+    for rms in (True, False):
+        for n in (4097, 5120, 6144, 8193, 10240, 12288):
+            cfg = nc.bwd_config(n, torch.bfloat16, rms)
+            assert cfg.tail and cfg.block_n == triton.next_power_of_2(n) // 2, (rms, n, cfg)
+        for n in (4096, 6145, 7168, 8192, 12289, 14336, 16384, 18432, 24576):
+            assert not nc.bwd_config(n, torch.bfloat16, rms).tail, (rms, n)
+    monkeypatch.setattr(nc, "BWD_TAIL", False)
+    nc.bwd_config.cache_clear()
+    try:
+        for rms in (True, False):
+            assert nc.bwd_config(5120, torch.bfloat16, rms) == nc.bwd_config(8192, torch.bfloat16, rms)
+            assert nc.bwd_config(10240, torch.bfloat16, rms) == nc.bwd_config(16384, torch.bfloat16, rms)
+    finally:
+        monkeypatch.undo()
+        nc.bwd_config.cache_clear()
 
 
 def test_overrides_differ_from_the_base_table():

@@ -375,10 +375,30 @@ def table_fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = Fa
     return NormConfig(bm, p2, False, w, p)
 
 
+#: The backward at widths between the powers of two, N in (p2 / 2, 3 p2 / 4] (p2 = next_pow2(N)):
+#: a head of p2 / 2 columns and a tail tile of the rest (NormConfig.tail), whose lanes N fills
+#: (5120 = 4096 + 1024, 6144, 10240, 12288 exactly) where the p2 tile left 1/4-3/8 masked; by
+#: (RMSNorm, head). tune.py --kinds tail on the H200, the backward alone (% of copy, the heuristic
+#: before -> this entry; h200_tune_tail_s61.log, NOTES P190): RMSNorm 5120 / 6144 52.4 / 57.1 ->
+#: 64.1 / 68.7 (register tile), 10240 / 12288 49.7 / 53.7 -> 57.5 / 61.9; LayerNorm 5120 / 6144
+#: 50.8 / 58.0 -> 59.3 / 63.4 (one blocked chunk and the tail), 10240 / 12288 46.7 / 54.9 (the
+#: split kernel) -> 52.9 / 56.4. From 16K the split kernel keeps the rows (the tail tiles lost
+#: there: 18432, 24576). False: off (profile_kernels.py --triton-bwd-tail 0).
+BWD_TAIL = True
+_BWD_TAIL_TABLE = {
+    (True, 4096): NormConfig(1, 4096, False, 8, 2, 4, tail=True),
+    (True, 8192): NormConfig(1, 8192, False, 16, 1, 4, tail=True),
+    (False, 4096): NormConfig(1, 4096, True, 8, 2, 4, tail=True),
+    (False, 8192): NormConfig(1, 8192, True, 16, 1, 2, tail=True),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def bwd_config(n: int, dtype: torch.dtype, rms: bool = True) -> NormConfig:
     """Backward config (from the measured tables above); ``rms``: RMSNorm (False: LayerNorm)."""
     p2 = triton.next_power_of_2(n)
+    if BWD_TAIL and 4 * n <= 3 * p2 and (rms, p2 // 2) in _BWD_TAIL_TABLE:
+        return _BWD_TAIL_TABLE[(rms, p2 // 2)]
     if p2 >= (SPLIT_BWD_FROM if rms else LN_SPLIT_BWD_FROM):
         return _SPLIT
     if not rms and p2 in _LN_BWD_OVERRIDES:
