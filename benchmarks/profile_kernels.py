@@ -198,6 +198,13 @@ def main(argv=None) -> int:
                     help="Triton: the backward's head + tail tiles at widths between the powers of "
                          "two (1) or the next power of two's config (0) (engine.triton_kernels."
                          "norms_common.BWD_TAIL), for A/B runs of the fwd+bwd rows")
+    ap.add_argument("--triton-bwd-row-phases", type=int, choices=[0, 1],
+                    help="Triton: the backward's tiles of several rows as whole tiles with their rows "
+                         "unmasked, then the last (1), or every tile masked (0) (engine.triton_kernels."
+                         "norms.BWD_ROW_PHASES), for A/B runs at M %% 16 != 0")
+    ap.add_argument("--triton-fp8-between", type=int, choices=[0, 1],
+                    help="Triton: the FP8 forward's entry at widths between 16K and 32K (1) or the 32K "
+                         "entry (0) (engine.triton_kernels.norms_common.FWD_FP8_BETWEEN), for A/B runs")
     ap.add_argument("--triton-pass2-reverse", type=int, choices=[0, 1],
                     help="Triton: the blocked forward's pass 2 from the last chunk to the first (1) or "
                          "in column order (0) (engine.triton_kernels.norms.PASS2_REVERSE), for A/B runs")
@@ -237,6 +244,15 @@ def main(argv=None) -> int:
 
         triton_nc.BWD_TAIL = bool(args.triton_bwd_tail)
         triton_nc.bwd_config.cache_clear()
+    if args.triton_bwd_row_phases is not None:
+        triton_norms.BWD_ROW_PHASES = bool(args.triton_bwd_row_phases)
+        triton_norms.BWD_PLANS.clear()
+    if args.triton_fp8_between == 0:
+        from engine.triton_kernels import norms_common as triton_nc
+
+        triton_nc.FWD_FP8_BETWEEN = {}
+        triton_nc.fwd_config.cache_clear()
+        triton_norms.FWD_PLANS.clear()
     if args.triton_pass2_reverse is not None:
         triton_norms.PASS2_REVERSE = bool(args.triton_pass2_reverse)
     if args.fp8_transpose_order is not None:

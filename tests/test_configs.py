@@ -169,6 +169,22 @@ def test_backward_tail_rule(monkeypatch):
         nc.bwd_config.cache_clear()
 
 
+def test_fp8_forward_between_entry():
+    """fwd_config takes FWD_FP8_BETWEEN's entry for the FP8 forward without a residual at widths
+    between 16K and 32K (NOTES Q94), and the tables' configs at 32K itself (Q93), with a residual,
+    for the transposed tiles, for the 16-bit outputs, and past 32K."""
+    entry = nc.FWD_FP8_BETWEEN[32768]
+    for rms in (True, False):
+        for lean in (False, True):
+            for n in (16385, 18432, 20480, 24576, 28672, 32767):
+                assert nc.fwd_config(n, torch.bfloat16, False, True, rms, False, lean) == entry, (n, rms)
+                assert nc.fwd_config(n, torch.bfloat16, False, True, rms, True, lean) != entry, (n, rms)
+                assert nc.fwd_config(n, torch.bfloat16, False, False, rms, False, lean) != entry, (n, rms)
+            for n in (16384, 32768, 40960):
+                assert nc.fwd_config(n, torch.bfloat16, False, True, rms, False, lean) != entry, (n, rms)
+        assert nc.fwd_config(18432, torch.bfloat16, True, True, rms) != entry
+
+
 def test_overrides_differ_from_the_base_table():
     """Each override entry is a measured change: one equal to the base config would be dead weight."""
     for p2, cfg in nc._FWD_FP8_OVERRIDES.items():
@@ -243,8 +259,9 @@ def test_fill_chunks_halves_a_mostly_empty_chunk():
 @pytest.mark.parametrize("fill", [0.0, 0.75])
 def test_fwd_config_applies_the_chunk_fill(monkeypatch, fill):
     """fwd_config is the table's config with FWD_CHUNK_FILL applied to the 16-bit / fp32 outputs
-    (0: the table's own); the FP8 outputs and the transposed tiles keep the tables' (the halving
-    lost RMSNorm e4m3 5 points at 18432, NOTES P189); the powers of two never change."""
+    (0: the table's own); the transposed tiles keep the tables', and so do the FP8 outputs (the
+    halving lost RMSNorm e4m3 5 points at 18432, NOTES P189) but where FWD_FP8_BETWEEN has an
+    entry (test_fp8_forward_between_entry); the powers of two never change."""
     monkeypatch.setattr(nc, "FWD_CHUNK_FILL", fill)
     nc.fwd_config.cache_clear()
     try:
@@ -254,7 +271,10 @@ def test_fwd_config_applies_the_chunk_fill(monkeypatch, fill):
                     continue
                 table = nc.table_fwd_config(n, torch.bfloat16, False, fp8, rms, res)
                 got = nc.fwd_config(n, torch.bfloat16, False, fp8, rms, res)
-                assert got == (nc.fill_chunks(table, n, fill) if fill and not fp8 else table)
+                if fp8 and not _pow2(n) and n < 32768:
+                    assert got == nc.FWD_FP8_BETWEEN[32768]
+                else:
+                    assert got == (nc.fill_chunks(table, n, fill) if fill and not fp8 else table)
                 if _pow2(n):
                     assert got == table
                 _check(got, n, nc.MAX_FUSED_N)

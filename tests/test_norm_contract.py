@@ -1805,6 +1805,52 @@ def test_triton_backward_head_and_tail(is_rms, cfg):
         assert rel_err(db, ref["dbias"]) < REDUCTION[F32]
 
 
+@pytest.mark.parametrize("is_rms", NORMS)
+@pytest.mark.parametrize("m", [1, 3, 37, 64])
+@pytest.mark.parametrize("cfg", [
+    pytest.param((2, 512, False, 300), id="register-2-rows"),
+    pytest.param((4, 128, False, 200, True), id="register-4-rows-tail"),
+    pytest.param((2, 128, True, 300), id="blocked-2-rows-3-chunks"),
+    pytest.param((4, 512, True, 300), id="blocked-4-rows-one-chunk"),
+])
+def test_triton_backward_row_phases(is_rms, m, cfg, monkeypatch):
+    """BWD_ROW_PHASES: tiles of several rows run the whole tiles with their rows unmasked, then the
+    last, part-empty tile (M = 1 and 3: no whole tile on some programs; 37: a remainder; 64: none).
+    Each program meets its tiles in the order it did with every tile masked, so dx, dW and dB are
+    bit for bit those of BWD_ROW_PHASES = False, and within the float64 oracle's tolerances."""
+    from engine.triton_kernels import norms as nm
+    from engine.triton_kernels.norms_common import NormConfig
+
+    use_backend("triton")
+    bm, bn, blocked, n, *tail = cfg
+    config = NormConfig(bm, bn, blocked, 4, 2, tail=bool(tail))
+    x = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+    w = (torch.randn(n, device=DEVICE) * 0.5).to(F32)
+    b = None if is_rms else torch.randn(n, device=DEVICE).to(F32)
+    dy = torch.randn(m, n, device=DEVICE).to(torch.bfloat16)
+    ref_f = ref_fwd(x, w, b, 1e-5, is_rms, False)
+    mu = None if is_rms else ref_f["mu"].float()
+    rsigma = ref_f["rsigma"].float()
+    got = {}
+    for phases in (True, False):
+        monkeypatch.setattr(nm, "BWD_ROW_PHASES", phases)
+        dx = poisoned((m, n), torch.bfloat16)
+        dw = poisoned((n,), F32)
+        db = None if is_rms else poisoned((n,), F32)
+        nm.launch_bwd(dy, x, mu, rsigma, w, None, dx, None, dw, db, is_rms_norm=is_rms,
+                      zero_centered_gamma=False, sm_margin=0, config=config)
+        got[phases] = (dx, dw, db)
+    for new, old in zip(got[True], got[False]):
+        if new is not None:
+            assert torch.equal(new, old)
+    dx, dw, db = got[True]
+    ref = ref_bwd(dy, x, w, b, 1e-5, is_rms, False)
+    torch.testing.assert_close(dx.double(), ref["dx"], **BWD[torch.bfloat16])
+    assert rel_err(dw, ref["dweight"]) < REDUCTION[F32]
+    if b is not None:
+        assert rel_err(db, ref["dbias"]) < REDUCTION[F32]
+
+
 def test_configs_that_cannot_hold_the_row_raise():
     """A register config narrower than the row raises unless it has a tail (backward) and in the
     forward (which has none); so does a tail where head and tail cannot hold the row (N > 2
@@ -1835,11 +1881,10 @@ def test_configs_that_cannot_hold_the_row_raise():
 
 @pytest.mark.parametrize("is_rms", [True, False])
 def test_triton_forward_filled_chunks(is_rms, monkeypatch):
-    """The Triton forward at N = 18432 on the config FWD_CHUNK_FILL makes of 32K's chunks (two
-    rows per tile in three chunks of 8192, the last a quarter full; M = 3, so the second row tile
-    is half empty) against the float64 oracle: the fp32 output through the heuristic, which takes
-    it, and e4m3 on the same shape of config given explicitly (its heuristic keeps the table's,
-    NOTES P189)."""
+    """The Triton forward at N = 18432 through the heuristic against the float64 oracle: the fp32
+    output on the config FWD_CHUNK_FILL makes of 32K's chunks (two rows per tile in three chunks
+    of 8192, the last a quarter full; M = 3, so the second row tile is half empty), and e4m3 on
+    FWD_FP8_BETWEEN's entry (one-row tiles in the same chunks; NOTES P189, Q94)."""
     from reference import fp8_quantize
     from test_fp8 import fp8_steps
 
@@ -1859,7 +1904,8 @@ def test_triton_forward_filled_chunks(is_rms, monkeypatch):
         for fp8 in (False, True):
             cfg = nc.fill_chunks(nc.table_fwd_config(n, torch.bfloat16, False, fp8, is_rms), n, 0.75)
             assert (cfg.block_m, cfg.block_n, cfg.blocked) == (2, 8192, True)
-            assert (nc.fwd_config(n, torch.bfloat16, False, fp8, is_rms) == cfg) == (not fp8)
+            assert nc.fwd_config(n, torch.bfloat16, False, fp8, is_rms) == (
+                nc.FWD_FP8_BETWEEN[32768] if fp8 else cfg)
             out = poisoned((m, n), torch.float8_e4m3fn if fp8 else F32)
             mu = poisoned((m,), F32) if not is_rms else None
             rsigma = poisoned((m,), F32)
@@ -1868,7 +1914,7 @@ def test_triton_forward_filled_chunks(is_rms, monkeypatch):
             scale_inv = poisoned((1,), F32) if fp8 else None
             norms.launch_fwd(x, w, b, None, 1e-5, out, None, mu, rsigma, scale, amax, scale_inv, None,
                              is_rms_norm=is_rms, zero_centered_gamma=False, current_scaling=False,
-                             amax_epsilon=0.0, sm_margin=0, config=cfg if fp8 else None)
+                             amax_epsilon=0.0, sm_margin=0)
             assert_stats(mu, rsigma, ref, is_rms)
             if not fp8:
                 torch.testing.assert_close(out.double(), ref["y"], **FWD[F32])

@@ -619,6 +619,7 @@ def _norm_bwd_kernel(
     EVEN: tl.constexpr,  # one row per tile and N a multiple of BLOCK_N: no masked access (_even)
     TAIL_N: tl.constexpr,  # register tile: columns BLOCK_N.. in a tile of TAIL_N (0: none; _tail_n)
     EVEN_T: tl.constexpr,  # the tail tile without masks (one row per tile, N = BLOCK_N + TAIL_N)
+    ROW_PHASES: tl.constexpr,  # multi-row tiles: whole tiles unmasked, then the last (BWD_ROW_PHASES)
 ):
     """dz = rstd * (dy*g - c2*xhat - c1) with per-row constants c2 = mean(dy*g*xhat) and
     c1 = mean(dy*g) (LayerNorm only), computed once per row; dW/dB partials per program.
@@ -655,94 +656,115 @@ def _norm_bwd_kernel(
             g_t = _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
         dw_t = tl.zeros([TAIL_N], dtype=tl.float32)
         db_t = tl.zeros([TAIL_N], dtype=tl.float32)
-    for rb in tl.range(pid, tl.cdiv(M, BLOCK_M), nprog):
-        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
-        rows64 = tl.cast(rows, tl.int64)
-        rmask = rows < M
-        mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
-        if not BLOCKED:
-            mask = rmask[:, None] & cmask[None, :]
-            dy, xhat, dyg = _bwd_load(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, "", EVEN)
-            s2, s1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
-            if TAIL_N > 0:
-                mask_t = rmask[:, None] & tmask[None, :]
-                dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean,
-                                                rstd, g_t, "", EVEN_T)
-                t2, t1 = _row_sums(dyg_t * xhat_t, dyg_t, IS_RMS_NORM, INTERPRETER)
-                s2 += t2
-                s1 += t1
-            c2 = s2 * inv_n
-            c1 = s1 * inv_n
-            dw, db = _bwd_emit(dy, xhat, dyg, rstd, c2, c1, dw, db, DRES_IN, DX, DRES, rows64, cols, mask,
-                               stride_dri, stride_dx, stride_dres, IS_RMS_NORM, HAS_DRES_IN, HAS_DRES,
-                               HAS_DB, INTERPRETER, EVEN)
-            if TAIL_N > 0:
-                dw_t, db_t = _bwd_emit(dy_t, xhat_t, dyg_t, rstd, c2, c1, dw_t, db_t, DRES_IN, DX, DRES,
-                                       rows64, tcols, mask_t, stride_dri, stride_dx, stride_dres,
-                                       IS_RMS_NORM, HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN_T)
+    # ROW_PHASES (tiles of several rows): the whole row tiles first, their rows unmasked, then the
+    # last, part-empty tile on the program whose turn it is. With every tile masked by rows < M,
+    # Triton proved the rows of a thread's pair alike only where it had specialised M as a multiple
+    # of 16, and compiled one row predicate there and one per row elsewhere: RMSNorm's 2 x 8192
+    # backward took 108.6 us at M = 8192 and 136.5 at M = 8191 (NOTES Q92b).
+    SPLIT_ROWS: tl.constexpr = ROW_PHASES and BLOCK_M > 1
+    n_tiles = tl.cdiv(M, BLOCK_M)
+    n_full = M // BLOCK_M
+    for phase in tl.static_range(2 if SPLIT_ROWS else 1):
+        if SPLIT_ROWS and phase == 0:
+            lo = pid
+            hi = n_full
+        elif SPLIT_ROWS:
+            lo = tl.where(pid == n_full % nprog, n_full, n_tiles)
+            hi = n_tiles
         else:
-            # Pass 1: the per-row constants over column chunks (with a tail: one chunk, then the
-            # tail tile).
-            head_end = N
-            if TAIL_N > 0:
-                head_end = BLOCK_N
-                mask_t = rmask[:, None] & tmask[None, :]
-            s2 = tl.zeros([BLOCK_M], dtype=tl.float32)
-            s1 = tl.zeros([BLOCK_M], dtype=tl.float32)
-            for c0 in range(0, head_end, BLOCK_N):
-                cc = c0 + cols
-                mask = rmask[:, None] & (cc[None, :] < N)
-                # evict_last: keep the lines in L2 for pass 2's re-read (evict_first there).
-                gc = g if HOLD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
-                dy, xhat, dyg = _bwd_load(DY, X, rows64, cc, mask, stride_dy, stride_x, mean, rstd, gc,
-                                          "evict_last", EVEN)
-                t2, t1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
-                s2 += t2
-                if not IS_RMS_NORM:
+            lo = pid
+            hi = n_tiles
+        for rb in tl.range(lo, hi, nprog):
+            rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+            rows64 = tl.cast(rows, tl.int64)
+            if SPLIT_ROWS and phase == 0:
+                rmask = tl.full([BLOCK_M], 1, tl.int1)
+            else:
+                rmask = rows < M
+            mean, rstd = _load_stats(MU, RSTD, rows, rmask, IS_RMS_NORM)
+            if not BLOCKED:
+                mask = rmask[:, None] & cmask[None, :]
+                dy, xhat, dyg = _bwd_load(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, "", EVEN)
+                s2, s1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
+                if TAIL_N > 0:
+                    mask_t = rmask[:, None] & tmask[None, :]
+                    dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean,
+                                                    rstd, g_t, "", EVEN_T)
+                    t2, t1 = _row_sums(dyg_t * xhat_t, dyg_t, IS_RMS_NORM, INTERPRETER)
+                    s2 += t2
                     s1 += t1
-            if TAIL_N > 0:
-                gt = g_t if HOLD_G else _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
-                dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean, rstd,
-                                                gt, "evict_last", EVEN_T)
-                t2, t1 = _row_sums(dyg_t * xhat_t, dyg_t, IS_RMS_NORM, INTERPRETER)
-                s2 += t2
-                if not IS_RMS_NORM:
-                    s1 += t1
-            c2 = s2 * inv_n
-            c1 = s1 * inv_n
-            # Pass 2: dz per chunk; this program's partials accumulate in its own row of DW_PART
-            # (the first row tile of the program writes, later ones add).
-            not_first = tl.full([BLOCK_N], rb, tl.int32) != pid
-            for c0 in range(0, head_end, BLOCK_N):
-                cc = c0 + cols
-                ccm = cc < N
-                mask = rmask[:, None] & ccm[None, :]
-                gc = g if HOLD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
-                dy, xhat, dyg = _bwd_load(DY, X, rows64, cc, mask, stride_dy, stride_x, mean, rstd, gc,
-                                          "evict_first", EVEN)
-                if ONE_CHUNK:
-                    dw, db = _bwd_emit(dy, xhat, dyg, rstd, c2, c1, dw, db, DRES_IN, DX, DRES, rows64, cc, mask,
-                                       stride_dri, stride_dx, stride_dres, IS_RMS_NORM, HAS_DRES_IN, HAS_DRES,
-                                       HAS_DB, INTERPRETER, EVEN)
-                else:
-                    _store_dx(_dz(dyg, xhat, rstd, c2, c1, IS_RMS_NORM), DRES_IN, DX, DRES, rows64, cc, mask,
-                              stride_dri, stride_dx, stride_dres, HAS_DRES_IN, HAS_DRES, INTERPRETER, EVEN)
-                    pw = tl.load(DW_PART + part_row + cc, mask=ccm & not_first, other=0.0)
-                    tl.store(DW_PART + part_row + cc, pw + tl.sum(dy * xhat, axis=0), mask=ccm)
-                    if HAS_DB:
-                        pb = tl.load(DB_PART + part_row + cc, mask=ccm & not_first, other=0.0)
-                        tl.store(DB_PART + part_row + cc, pb + tl.sum(dy, axis=0), mask=ccm)
-            if TAIL_N > 0:
-                gt = g_t if HOLD_G else _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
-                dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean, rstd,
-                                                gt, "evict_first", EVEN_T)
-                dw_t, db_t = _bwd_emit(dy_t, xhat_t, dyg_t, rstd, c2, c1, dw_t, db_t, DRES_IN, DX, DRES, rows64, tcols,
-                                       mask_t, stride_dri, stride_dx, stride_dres, IS_RMS_NORM, HAS_DRES_IN,
-                                       HAS_DRES, HAS_DB, INTERPRETER, EVEN_T)
-            if not ONE_CHUNK:
-                # Each element of the partial row is read back by the thread that wrote it (same
-                # layout), but make the ordering explicit before the next row tile reads it.
-                tl.debug_barrier()
+                c2 = s2 * inv_n
+                c1 = s1 * inv_n
+                dw, db = _bwd_emit(dy, xhat, dyg, rstd, c2, c1, dw, db, DRES_IN, DX, DRES, rows64, cols, mask,
+                                   stride_dri, stride_dx, stride_dres, IS_RMS_NORM, HAS_DRES_IN, HAS_DRES,
+                                   HAS_DB, INTERPRETER, EVEN)
+                if TAIL_N > 0:
+                    dw_t, db_t = _bwd_emit(dy_t, xhat_t, dyg_t, rstd, c2, c1, dw_t, db_t, DRES_IN, DX, DRES,
+                                           rows64, tcols, mask_t, stride_dri, stride_dx, stride_dres,
+                                           IS_RMS_NORM, HAS_DRES_IN, HAS_DRES, HAS_DB, INTERPRETER, EVEN_T)
+            else:
+                # Pass 1: the per-row constants over column chunks (with a tail: one chunk, then the
+                # tail tile).
+                head_end = N
+                if TAIL_N > 0:
+                    head_end = BLOCK_N
+                    mask_t = rmask[:, None] & tmask[None, :]
+                s2 = tl.zeros([BLOCK_M], dtype=tl.float32)
+                s1 = tl.zeros([BLOCK_M], dtype=tl.float32)
+                for c0 in range(0, head_end, BLOCK_N):
+                    cc = c0 + cols
+                    mask = rmask[:, None] & (cc[None, :] < N)
+                    # evict_last: keep the lines in L2 for pass 2's re-read (evict_first there).
+                    gc = g if HOLD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
+                    dy, xhat, dyg = _bwd_load(DY, X, rows64, cc, mask, stride_dy, stride_x, mean, rstd, gc,
+                                              "evict_last", EVEN)
+                    t2, t1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
+                    s2 += t2
+                    if not IS_RMS_NORM:
+                        s1 += t1
+                if TAIL_N > 0:
+                    gt = g_t if HOLD_G else _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
+                    dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean, rstd,
+                                                    gt, "evict_last", EVEN_T)
+                    t2, t1 = _row_sums(dyg_t * xhat_t, dyg_t, IS_RMS_NORM, INTERPRETER)
+                    s2 += t2
+                    if not IS_RMS_NORM:
+                        s1 += t1
+                c2 = s2 * inv_n
+                c1 = s1 * inv_n
+                # Pass 2: dz per chunk; this program's partials accumulate in its own row of DW_PART
+                # (the first row tile of the program writes, later ones add).
+                not_first = tl.full([BLOCK_N], rb, tl.int32) != pid
+                for c0 in range(0, head_end, BLOCK_N):
+                    cc = c0 + cols
+                    ccm = cc < N
+                    mask = rmask[:, None] & ccm[None, :]
+                    gc = g if HOLD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
+                    dy, xhat, dyg = _bwd_load(DY, X, rows64, cc, mask, stride_dy, stride_x, mean, rstd, gc,
+                                              "evict_first", EVEN)
+                    if ONE_CHUNK:
+                        dw, db = _bwd_emit(dy, xhat, dyg, rstd, c2, c1, dw, db, DRES_IN, DX, DRES, rows64, cc, mask,
+                                           stride_dri, stride_dx, stride_dres, IS_RMS_NORM, HAS_DRES_IN, HAS_DRES,
+                                           HAS_DB, INTERPRETER, EVEN)
+                    else:
+                        _store_dx(_dz(dyg, xhat, rstd, c2, c1, IS_RMS_NORM), DRES_IN, DX, DRES, rows64, cc, mask,
+                                  stride_dri, stride_dx, stride_dres, HAS_DRES_IN, HAS_DRES, INTERPRETER, EVEN)
+                        pw = tl.load(DW_PART + part_row + cc, mask=ccm & not_first, other=0.0)
+                        tl.store(DW_PART + part_row + cc, pw + tl.sum(dy * xhat, axis=0), mask=ccm)
+                        if HAS_DB:
+                            pb = tl.load(DB_PART + part_row + cc, mask=ccm & not_first, other=0.0)
+                            tl.store(DB_PART + part_row + cc, pb + tl.sum(dy, axis=0), mask=ccm)
+                if TAIL_N > 0:
+                    gt = g_t if HOLD_G else _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
+                    dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean, rstd,
+                                                    gt, "evict_first", EVEN_T)
+                    dw_t, db_t = _bwd_emit(dy_t, xhat_t, dyg_t, rstd, c2, c1, dw_t, db_t, DRES_IN, DX, DRES, rows64, tcols,
+                                           mask_t, stride_dri, stride_dx, stride_dres, IS_RMS_NORM, HAS_DRES_IN,
+                                           HAS_DRES, HAS_DB, INTERPRETER, EVEN_T)
+                if not ONE_CHUNK:
+                    # Each element of the partial row is read back by the thread that wrote it (same
+                    # layout), but make the ordering explicit before the next row tile reads it.
+                    tl.debug_barrier()
     if not BLOCKED or ONE_CHUNK:
         _st(DW_PART + part_row + cols, dw, cmask, EVEN)
         if HAS_DB:
@@ -1237,9 +1259,17 @@ def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_r
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCKED=cfg.blocked,
         ONE_CHUNK=cfg.blocked and (n <= cfg.block_n or bool(tail)),
         EVEN=cfg.block_m == 1 if tail else _even(cfg, n, False),
-        TAIL_N=tail, EVEN_T=bool(tail) and cfg.block_m == 1 and n == cfg.block_n + tail)
+        TAIL_N=tail, EVEN_T=bool(tail) and cfg.block_m == 1 and n == cfg.block_n + tail,
+        ROW_PHASES=BWD_ROW_PHASES)
     return cfg, persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm), constexprs
 
+
+#: Whether the backward's tiles of several rows run the whole tiles with their rows unmasked, then
+#: the last, part-empty one (ROW_PHASES in _norm_bwd_kernel): with every tile masked, Triton
+#: compiled one row predicate per pair of rows only where it had specialised M as a multiple of
+#: 16, and RMSNorm's f+b at 4K / 8K read 5 / 13 points lower at M % 16 != 0 (NOTES Q92, Q92b).
+#: Module attribute for A/B runs (profile_kernels.py --triton-bwd-row-phases).
+BWD_ROW_PHASES = True
 
 #: The split backward's lag: 2, phase A of row i-1 while row i loads, then phase B of row i-2
 #: (H200, 8192 x 8 warps, the backward alone: RMSNorm 32K / 128K 55.3 / 43.4 -> 72.5 / 71.4 %,

@@ -329,13 +329,28 @@ def fill_chunks(cfg: NormConfig, n: int, fill: float) -> NormConfig:
     return cfg
 
 
+#: The FP8 (rowwise) forward at widths between the powers of two, by next_pow2(N), without a
+#: residual: one-row tiles in blocked chunks of 8192 at 8 warps, 8 programs per SM, 2 stages,
+#: where the 32K entry's 16-warp chunks of 16384 left the last chunk part-empty. ci/cfg_exp.py on
+#: the H200, kernel time, % of copy, e4m3 delayed, the 32K entry -> this (NOTES Q91, Q94;
+#: h200_cfg_exp_s61_q91.log, h200_cfg_exp_s61_q94.log): RMSNorm 18432 / 20480 / 24576 / 28672
+#: 53.6 / 57.0 / 64.5 / 73.2 -> 73.3 / 77.2 / 82.4 / 75.1, LayerNorm 46.4 / 49.5 / 56.0 / 64.3 ->
+#: 62.5 / 65.3 / 74.0 / 63.1. At 32K itself the entry's own config wins (Q93). Not measured on an
+#: H100; {}: off (profile_kernels.py --triton-fp8-between 0).
+FWD_FP8_BETWEEN = {32768: NormConfig(1, 8192, True, 8, 8, 2)}
+
+
 @functools.lru_cache(maxsize=None)
 def fwd_config(n: int, dtype: torch.dtype, transpose: bool, fp8: bool = False,
                rms: bool = True, residual: bool = False, lean: bool = False) -> NormConfig:
     """Forward config for rows of ``n`` elements of ``dtype``: :func:`table_fwd_config`, its
     chunks filled by :data:`FWD_CHUNK_FILL` (:func:`fill_chunks`) for the 16-bit and fp32
-    outputs; the FP8 outputs and the transposed tiles keep the tables' configs."""
+    outputs; the FP8 outputs without a residual at widths between the powers of two take
+    :data:`FWD_FP8_BETWEEN`'s entry; the transposed tiles keep the tables' configs."""
     cfg = table_fwd_config(n, dtype, transpose, fp8, rms, residual, lean)
+    p2 = triton.next_power_of_2(n)
+    if fp8 and not transpose and not residual and n != p2 and p2 in FWD_FP8_BETWEEN:
+        return FWD_FP8_BETWEEN[p2]
     return cfg if transpose or fp8 or not FWD_CHUNK_FILL else fill_chunks(cfg, n, FWD_CHUNK_FILL)
 
 
