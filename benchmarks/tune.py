@@ -92,7 +92,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def cfg_str(c: NormConfig) -> str:
     return f"{c.block_m}x{c.block_n}{'+t' if getattr(c, 'tail', False) else ''}{'B' if c.blocked else ''}{'S' if c.split else ''} w{c.num_warps} p{c.programs_per_sm}" + (
-        f" s{c.num_stages}" if hasattr(c, "num_stages") else "") + (" P" if getattr(c, "prefetch", False) else "")
+        f" s{c.num_stages}" if hasattr(c, "num_stages") else "") + (" P" if getattr(c, "prefetch", False) else "") + (
+        " R0" if not getattr(c, "row_phases", True) else "")
 
 
 def _warps(tile: int, lo: int, hi: int, dry: bool) -> list:

@@ -42,7 +42,7 @@ from engine.triton_kernels import launch as launch_mod  # noqa: E402
 from engine.triton_kernels.norms_common import NormConfig  # noqa: E402
 from engine.triton_kernels.utils import lean_dram  # noqa: E402
 
-_CFG = re.compile(r"^(\d+)x(\d+)(\+t)?(B?) w(\d+) p(\d+) s(\d+)( P)?$")
+_CFG = re.compile(r"^(\d+)x(\d+)(\+t)?(B?) w(\d+) p(\d+) s(\d+)( P)?( R0)?$")
 #: --amax-slots: the slots the forward's per-program amax atomics spread over (NOTES Q68).
 AMAX_SLOTS = tl.constexpr(64)
 
@@ -91,9 +91,9 @@ def parse_cfg(text: str) -> NormConfig:
     m = _CFG.match(text.strip())
     if not m:
         raise ValueError(f"config {text!r}: want e.g. '1x16384B w8 p32 s3'")
-    bm, bn, tail, blocked, w, p, s, pre = m.groups()
+    bm, bn, tail, blocked, w, p, s, pre, r0 = m.groups()
     return NormConfig(int(bm), int(bn), blocked == "B", int(w), int(p), int(s), prefetch=pre is not None,
-                      tail=tail is not None)
+                      tail=tail is not None, row_phases=r0 is None)
 
 
 def main(argv=None) -> int:

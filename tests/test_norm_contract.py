@@ -1851,6 +1851,28 @@ def test_triton_backward_row_phases(is_rms, m, cfg, monkeypatch):
         assert rel_err(db, ref["dbias"]) < REDUCTION[F32]
 
 
+def test_row_phases_follow_the_entry(monkeypatch):
+    """The backward's plan compiles the row phases (ROW_PHASES) for tiles of several rows unless
+    the entry opts out (NormConfig.row_phases: RMSNorm's 4 x 1024 tile, NOTES P191b) or
+    BWD_ROW_PHASES is off; one-row tiles have no phases to run (ROW_PHASES on is a no-op there)."""
+    from engine.triton_kernels import norms as nm
+    from engine.triton_kernels import norms_common as nc
+
+    names = nm._BWD._constexpr_names
+
+    def phases(n, rms):
+        cfg, _, constexprs = nm._bwd_plan(n, torch.bfloat16, False, False, not rms, torch.device(DEVICE), 0,
+                                          rms, False, None)
+        return cfg, dict(zip(names, constexprs))["ROW_PHASES"]
+
+    cfg, on = phases(1024, True)
+    assert cfg == nc._RMS_BWD_OVERRIDES[1024] and cfg.block_m > 1 and not cfg.row_phases and not on
+    cfg, on = phases(8192, True)
+    assert cfg.block_m > 1 and on
+    monkeypatch.setattr(nm, "BWD_ROW_PHASES", False)
+    assert not phases(8192, True)[1]
+
+
 def test_configs_that_cannot_hold_the_row_raise():
     """A register config narrower than the row raises unless it has a tail (backward) and in the
     forward (which has none); so does a tail where head and tail cannot hold the row (N > 2

@@ -251,6 +251,8 @@ def test_cfg_exp_reads_tune_py_config_strings():
         with pytest.raises(ValueError):
             cfg_exp.parse_cfg(bad)
     # a trailing " P": the register forward's prefetch (NormConfig.prefetch, NOTES P175)
+    r0 = NormConfig(4, 1024, False, 4, 4, 4, row_phases=False)  # NormConfig.row_phases off
+    assert cfg_str(r0) == "4x1024 w4 p4 s4 R0" and cfg_exp.parse_cfg(cfg_str(r0)) == r0
     tail = NormConfig(2, 4096, True, 16, 1, 2, tail=True)  # a tail tile (NormConfig.tail)
     assert cfg_str(tail) == "2x4096+tB w16 p1 s2" and cfg_exp.parse_cfg(cfg_str(tail)) == tail
     pre = NormConfig(1, 16384, False, 16, 1, 3, prefetch=True)

@@ -1260,7 +1260,7 @@ def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_r
         ONE_CHUNK=cfg.blocked and (n <= cfg.block_n or bool(tail)),
         EVEN=cfg.block_m == 1 if tail else _even(cfg, n, False),
         TAIL_N=tail, EVEN_T=bool(tail) and cfg.block_m == 1 and n == cfg.block_n + tail,
-        ROW_PHASES=BWD_ROW_PHASES)
+        ROW_PHASES=BWD_ROW_PHASES and cfg.row_phases)
     return cfg, persistent_grid(1 << 62, device, sm_margin, cfg.programs_per_sm), constexprs
 
 
@@ -1268,7 +1268,9 @@ def _bwd_plan(n, x_dtype, has_dres_in, has_dres, has_db, device, sm_margin, is_r
 #: the last, part-empty one (ROW_PHASES in _norm_bwd_kernel): with every tile masked, Triton
 #: compiled one row predicate per pair of rows only where it had specialised M as a multiple of
 #: 16, and RMSNorm's f+b at 4K / 8K read 5 / 13 points lower at M % 16 != 0 (NOTES Q92, Q92b).
-#: Module attribute for A/B runs (profile_kernels.py --triton-bwd-row-phases).
+#: An entry may opt out (NormConfig.row_phases: RMSNorm's 4 x 1024 tile at 4 stages lost 14
+#: points with them, NOTES P191b). Module attribute for A/B runs (profile_kernels.py
+#: --triton-bwd-row-phases).
 BWD_ROW_PHASES = True
 
 #: The split backward's lag: 2, phase A of row i-1 while row i loads, then phase B of row i-2

@@ -45,6 +45,8 @@ class NormConfig:
     (backward only; block_n < N <= 2 block_n): the columns past ``block_n`` in one more tile of the
     next power of two of the rest (norms._tail_n), beside the register tile or the blocked path's
     one chunk: a width between the powers of two fills its lanes (5120 = 4096 + 1024).
+    row_phases (backward, tiles of several rows): the whole row tiles with their rows unmasked,
+    then the last (norms.BWD_ROW_PHASES); False where an entry measured slower so.
     """
 
     block_m: int
@@ -56,6 +58,7 @@ class NormConfig:
     split: bool = False
     prefetch: bool = False
     tail: bool = False
+    row_phases: bool = True
 
 
 # Measured on an H200 (benchmarks/tune.py, bf16, M*N = 64M; benchmarks/results/ and NOTES.md):
@@ -262,7 +265,9 @@ _LN_FWD_FP8_OVERRIDES = {
 # two-FMA dz: h200_tune_bwd_1k_s14.log): 1K four-row tiles at 4 stages, 1.09x on the backward,
 # fwd+bwd kernel time 83.2 / 82.9 -> 88.5 / 88.2 % (h200_ab_s14_rms1k.log); LayerNorm's best
 # there was 1.01x over its entry: no change
-_RMS_BWD_OVERRIDES = {1024: NormConfig(4, 1024, False, 4, 4, 4)}
+# Without the row phases (NormConfig.row_phases): with them this tile's f+b read 80.4 against 94.3
+# (two reps, h200_knob_s61_1k.log, NOTES P191b), where every other multi-row entry held or gained.
+_RMS_BWD_OVERRIDES = {1024: NormConfig(4, 1024, False, 4, 4, 4, row_phases=False)}
 _LN_BWD_OVERRIDES = {
     4096: NormConfig(1, 4096, False, 8, 2),  # 1.23x
     # 8K: two rows in one blocked chunk (ONE_CHUNK), 1.08x over the 1 x 8192 register tile that
