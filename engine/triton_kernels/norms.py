@@ -617,16 +617,18 @@ def _norm_bwd_kernel(
     BLOCKED: tl.constexpr,
     ONE_CHUNK: tl.constexpr,  # BLOCKED with N <= BLOCK_N (launch_bwd)
     EVEN: tl.constexpr,  # one row per tile and N a multiple of BLOCK_N: no masked access (_even)
-    TAIL_N: tl.constexpr,  # register tile: columns BLOCK_N.. in a tile of TAIL_N (0: none; _tail_n)
+    TAIL_N: tl.constexpr,  # columns BLOCK_N.. in a tile of TAIL_N beside the head (0: none; _tail_n)
     EVEN_T: tl.constexpr,  # the tail tile without masks (one row per tile, N = BLOCK_N + TAIL_N)
     ROW_PHASES: tl.constexpr,  # multi-row tiles: whole tiles unmasked, then the last (BWD_ROW_PHASES)
 ):
     """dz = rstd * (dy*g - c2*xhat - c1) with per-row constants c2 = mean(dy*g*xhat) and
     c1 = mean(dy*g) (LayerNorm only), computed once per row; dW/dB partials per program.
 
-    The register tile (not BLOCKED) holds a row of up to BLOCK_N columns, or with TAIL_N a head of
-    BLOCK_N columns and a tail tile of TAIL_N (both powers of two): a width between the powers of
-    two then fills its lanes (5120 = 4096 + 1024 where one 8192 tile left 3/8 of them masked)."""
+    The register tile (not BLOCKED) holds a row of up to BLOCK_N columns, the blocked path walks it
+    in chunks of BLOCK_N; with TAIL_N either holds a head of BLOCK_N columns (the register tile, or
+    the blocked path's one chunk) and a tail tile of TAIL_N (both powers of two): a width between
+    the powers of two then fills its lanes (5120 = 4096 + 1024 where one 8192 tile left 3/8 of
+    them masked)."""
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     cols = tl.arange(0, BLOCK_N)
