@@ -11,7 +11,8 @@ in-kernel transpose path, delayed scaling) and ``fwd-res`` (bf16 x + a bf16 resi
 residual_out, the candidates of ``fwd``). Each candidate is
 launched through ``engine.triton_kernels.norms.launch_fwd`` / ``launch_bwd`` with ``config=``, its
 output poisoned beforehand and checked against ``engine.reference`` (fp32) afterwards, then timed
-with do_bench (median). Search: stage 1 over (block_m, block_n, blocked, num_warps) at two programs
+with do_bench (median), or with ``--kernel-time`` by the summed device time of its kernels (the
+table's metric). Search: stage 1 over (block_m, block_n, blocked, num_warps) at two programs
 per SM (16 warps' worth for 1- and 2-warp programs); stage 2 sweeps programs_per_sm (1..32: 32 is
 about one program per tile, i.e. not persistent, at M*N = 64M for small tiles) for the three best;
 stage 3 num_stages in {1, 2, 4} (3 is the default) for the best one. Candidates:
@@ -87,7 +88,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "backward's head + tail register tiles (N between the powers of two)")
     p.add_argument("--max-seconds", type=float, default=220.0,
                    help="try no new candidate after this many seconds")
-    return p.parse_args(argv)
+    p.add_argument("--kernel-time", action="store_true",
+                   help="time each config by the summed device time of its kernels (the profiler's "
+                        "median of 15 calls, as profile_kernels.py and ci/cfg_exp.py measure the "
+                        "table) instead of do_bench's wall time, which also counts the launches and "
+                        "the partials' allocation (NOTES P190b: a tile ranked 1.22x by do_bench read "
+                        "0.98x in kernel time); GPU only")
+    args = p.parse_args(argv)
+    if args.kernel_time and args.dry_run:
+        p.error("--kernel-time needs a GPU (the profiler's device events); not with --dry-run")
+    return args
 
 
 def cfg_str(c: NormConfig) -> str:
@@ -293,7 +303,12 @@ def try_config(prob: Problem, cfg: NormConfig, args, copy_gbps: float) -> dict:
         if not all(v <= TOL[k] for k, v in errs.items()):
             rec["error"] = f"check failed {rec['err']}"
             return rec
-        ms = H.bench(lambda: prob.run(cfg), warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
+        if args.kernel_time:
+            from benchmarks.profile_kernels import device_us_per_call
+
+            ms = device_us_per_call(lambda: prob.run(cfg)) * 1e-3
+        else:
+            ms = H.bench(lambda: prob.run(cfg), warmup_ms=args.warmup_ms, rep_ms=args.rep_ms)
         rec["us"] = round(ms * 1e3, 2)
         rec["gbps"] = round(H.gbps(prob.nbytes, ms), 1)
         rec["pct_copy"] = round(100 * rec["gbps"] / copy_gbps, 1)

@@ -284,6 +284,16 @@ def test_tune_grid_holds_the_prefetch_tiles():
     assert not any(c.prefetch for c in candidates("fwd-res", 16384, False))
 
 
+def test_tune_kernel_time_option():
+    """tune.py --kernel-time (rank by the kernels' device time, the table's metric) parses on its
+    own and is refused with --dry-run, whose CPU runs have no device events to sum."""
+    from benchmarks.tune import parse_args
+
+    assert parse_args(["--kernel-time"]).kernel_time and not parse_args([]).kernel_time
+    with pytest.raises(SystemExit):
+        parse_args(["--kernel-time", "--dry-run"])
+
+
 def test_tune_grid_holds_the_backward_head_and_tail_tiles():
     """tune.py's backward grid at a width between the powers of two holds register tiles of a head
     of next_pow2(N) / 2 columns (and a tail: norms._tail_n), which ``--kinds tail`` tries alone;
