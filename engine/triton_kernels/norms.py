@@ -207,6 +207,15 @@ def _bwd_load(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, EVI
 
 
 @triton.jit
+def _bwd_sums(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, EVICT: tl.constexpr,
+              EVEN: tl.constexpr, IS_RMS_NORM: tl.constexpr, INTERPRETER: tl.constexpr):
+    """A tile's shares of the row constants, ``(sum dy*g*xhat, sum dy*g)`` per row (the blocked
+    path's pass 1, which keeps no tile)."""
+    dy, xhat, dyg = _bwd_load(DY, X, rows64, cols, mask, stride_dy, stride_x, mean, rstd, g, EVICT, EVEN)
+    return _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
+
+
+@triton.jit
 def _bwd_emit(dy, xhat, dyg, rstd, c2, c1, dw, db, DRES_IN, DX, DRES, rows64, cols, mask, stride_dri,
               stride_dx, stride_dres, IS_RMS_NORM: tl.constexpr, HAS_DRES_IN: tl.constexpr,
               HAS_DRES: tl.constexpr, HAS_DB: tl.constexpr, INTERPRETER: tl.constexpr, EVEN: tl.constexpr):
@@ -718,17 +727,15 @@ def _norm_bwd_kernel(
                     mask = rmask[:, None] & (cc[None, :] < N)
                     # evict_last: keep the lines in L2 for pass 2's re-read (evict_first there).
                     gc = g if HOLD_G else _load_gamma(W, cc, N, ZERO_CENTERED, EVEN, True)
-                    dy, xhat, dyg = _bwd_load(DY, X, rows64, cc, mask, stride_dy, stride_x, mean, rstd, gc,
-                                              "evict_last", EVEN)
-                    t2, t1 = _row_sums(dyg * xhat, dyg, IS_RMS_NORM, INTERPRETER)
+                    t2, t1 = _bwd_sums(DY, X, rows64, cc, mask, stride_dy, stride_x, mean, rstd, gc,
+                                       "evict_last", EVEN, IS_RMS_NORM, INTERPRETER)
                     s2 += t2
                     if not IS_RMS_NORM:
                         s1 += t1
                 if TAIL_N > 0:
                     gt = g_t if HOLD_G else _load_gamma(W, tcols, N, ZERO_CENTERED, EVEN_T, True)
-                    dy_t, xhat_t, dyg_t = _bwd_load(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean, rstd,
-                                                    gt, "evict_last", EVEN_T)
-                    t2, t1 = _row_sums(dyg_t * xhat_t, dyg_t, IS_RMS_NORM, INTERPRETER)
+                    t2, t1 = _bwd_sums(DY, X, rows64, tcols, mask_t, stride_dy, stride_x, mean, rstd, gt,
+                                       "evict_last", EVEN_T, IS_RMS_NORM, INTERPRETER)
                     s2 += t2
                     if not IS_RMS_NORM:
                         s1 += t1
